@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/weights.hpp"
 
@@ -152,6 +153,15 @@ void expert_ffn_fp4(const float* y /*[m, d]*/, int m, const expert_weights& e,
 void expert_ffn_fp8(const float* y, int m, const shared_expert_weights& e, float limit,
                     float* out);
 
+/// The whole MoE output of m rows (spec §2.7 steps 4-6): out[r] = sum_i (expert sel[r, i]
+/// scaled by weights[r, i]), added in top-k order, plus the shared expert, in fp32 (out is
+/// overwritten, not rounded). Each selected expert runs once over the rows routed to it.
+/// experts[e] with null w1.data (held by another shard) adds nothing; shared may be null.
+void moe_ffn(const float* y /*[m, d]*/, int m, int d, const int32_t* sel /*[m, topk]*/,
+             const float* weights /*[m, topk]*/, int topk,
+             const expert_weights* experts /*[num_experts]*/, int num_experts,
+             const shared_expert_weights* shared, float limit, float* out /*[m, d]*/);
+
 // ---- Engram -------------------------------------------------------------------------------
 
 /// Table parameters of one Engram layer (spec §2.8).
@@ -163,6 +173,17 @@ struct engram_hash_params {
   int64_t offsets[32] = {};          ///< first row of each (n, head) range
   int32_t pad_id = 2;                ///< compressed id used for slots before the sequence start
 };
+
+/// Hash parameters of each Engram layer, in layer_ids order: primes are the successive primes
+/// >= vocab_size, taken layer after layer in (n, head) order; offsets are the running sum of
+/// the layer's earlier primes. Multipliers are splitmix64(seed 10007 * layer) | 1, not the
+/// checkpoint's numpy draws (so real Engram tables need their own multipliers).
+std::vector<engram_hash_params> engram_default_params(const std::vector<int>& layer_ids,
+                                                      int max_ngram, int heads,
+                                                      int64_t vocab_size, int32_t pad_id);
+
+/// Rows of a layer's Engram table: the sum of its (max_ngram-1)*num_heads primes.
+int64_t engram_table_rows(const engram_hash_params& p);
 
 /// Row ids [m, (max_ngram-1)*num_heads] for tokens at positions [first, first+m) of a
 /// sequence whose compressed ids are cids[0..first+m) (look-back stops at position 0).
