@@ -1,0 +1,118 @@
+// Chained-hash prefix cache with session-aware LRU eviction (see prefix_cache.hpp).
+#include "actors/prefix_cache.hpp"
+
+#include <algorithm>
+
+#include "actors/errors.hpp"
+
+namespace cedar {
+
+prefix_cache::prefix_cache(int page_tokens, kv_pool& pool) : page_tokens_(page_tokens), pool_(pool) {}
+
+uint64_t prefix_cache::chain_hash(uint64_t parent, std::span<const int32_t> tokens) {
+  uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
+  for (int32_t t : tokens) {
+    h ^= uint64_t(uint32_t(t)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xff51afd7ed558ccdull;
+  }
+  return h ^ (h >> 33);
+}
+
+prefix_cache::lru_key prefix_cache::key_of(int32_t page_id, const entry& e) const {
+  return {live_sessions_.count(e.session_id) > 0, e.last_use, page_id};
+}
+
+void prefix_cache::touch(int32_t page_id, uint64_t session_id) {
+  entry& e = entries_.at(page_id);
+  lru_.erase(key_of(page_id, e));
+  if (session_id != 0 && e.session_id != session_id) {  // a sessionless hit keeps the owner
+    session_pages_[e.session_id].erase(page_id);
+    e.session_id = session_id;
+    session_pages_[session_id].insert(page_id);
+  }
+  e.last_use = ++clock_;
+  lru_.insert(key_of(page_id, e));
+}
+
+std::vector<int32_t> prefix_cache::lookup(std::span<const int32_t> tokens, int64_t max_pages, uint64_t session_id,
+                                          bool count) {
+  std::vector<int32_t> hit;
+  uint64_t parent = 0;
+  for (int64_t i = 0; i < max_pages && (i + 1) * page_tokens_ <= int64_t(tokens.size()); ++i) {
+    auto page = tokens.subspan(i * page_tokens_, page_tokens_);
+    const uint64_t h = chain_hash(parent, page);
+    auto it = by_hash_.find(h);
+    if (it == by_hash_.end()) break;
+    const entry& e = entries_.at(it->second);
+    if (e.parent_hash != parent || !std::equal(page.begin(), page.end(), e.tokens.begin())) break;
+    hit.push_back(it->second);
+    parent = h;
+  }
+  for (int32_t p : hit) {
+    pool_.retain(p);
+    touch(p, session_id);
+  }
+  if (count) {
+    queried_tokens_ += int64_t(tokens.size());
+    hit_tokens_ += int64_t(hit.size()) * page_tokens_;
+  }
+  return hit;
+}
+
+void prefix_cache::publish(std::span<const int32_t> tokens, std::span<const int32_t> page_ids,
+                           int64_t num_full_pages, uint64_t session_id) {
+  CEDAR_CHECK(num_full_pages * page_tokens_ <= int64_t(tokens.size()) && num_full_pages <= int64_t(page_ids.size()));
+  uint64_t parent = 0;
+  for (int64_t i = 0; i < num_full_pages; ++i) {
+    auto page = tokens.subspan(i * page_tokens_, page_tokens_);
+    const uint64_t h = chain_hash(parent, page);
+    const int32_t p = page_ids[i];
+    auto it = by_hash_.find(h);
+    if (it == by_hash_.end() && !pool_.is_cached(p)) {
+      by_hash_.emplace(h, p);
+      entry e{h, parent, std::vector<int32_t>(page.begin(), page.end()), session_id, ++clock_};
+      session_pages_[session_id].insert(p);
+      lru_.insert(key_of(p, e));
+      entries_.emplace(p, std::move(e));
+      pool_.set_cached(p, true);
+    } else if (it != by_hash_.end() && it->second == p) {
+      touch(p, session_id);
+    }
+    parent = h;
+  }
+}
+
+bool prefix_cache::evict_one() {
+  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+    const int32_t p = std::get<2>(*it);
+    if (pool_.ref_count(p) > 0) continue;
+    const entry& e = entries_.at(p);
+    by_hash_.erase(e.hash);
+    session_pages_[e.session_id].erase(p);
+    lru_.erase(it);
+    entries_.erase(p);
+    pool_.set_cached(p, false);
+    return true;
+  }
+  return false;
+}
+
+void prefix_cache::session_opened(uint64_t session_id) {
+  if (session_id == 0 || !live_sessions_.insert(session_id).second) return;
+  for (int32_t p : session_pages_[session_id]) {
+    const entry& e = entries_.at(p);
+    lru_.erase({false, e.last_use, p});
+    lru_.insert(key_of(p, e));
+  }
+}
+
+void prefix_cache::session_closed(uint64_t session_id) {
+  if (!live_sessions_.erase(session_id)) return;
+  for (int32_t p : session_pages_[session_id]) {
+    const entry& e = entries_.at(p);
+    lru_.erase({true, e.last_use, p});
+    lru_.insert(key_of(p, e));
+  }
+}
+
+}  // namespace cedar

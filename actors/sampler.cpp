@@ -1,0 +1,85 @@
+// Greedy and seeded temperature / top-k / top-p sampling (see sampler.hpp).
+#include "actors/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace cedar {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/// Uniform in [0, 1) from (seed, token_idx).
+double uniform01(uint64_t seed, int64_t token_idx) {
+  const uint64_t r = splitmix64(splitmix64(seed) ^ uint64_t(token_idx));
+  return double(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/// Ids sorted by logit, highest first; ties -> lowest id first.
+std::vector<int32_t> order_by_logit(std::span<const float> logits, std::size_t keep) {
+  std::vector<int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  keep = std::min(keep, ids.size());
+  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), better);
+  ids.resize(keep);
+  return ids;
+}
+
+double log_sum_exp(std::span<const float> logits) {
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double s = 0;
+  for (float v : logits) s += std::exp(double(v) - mx);
+  return mx + std::log(s);
+}
+
+int32_t pick_random(std::span<const float> logits, const sampling_params& p, int64_t token_idx) {
+  const std::size_t k = p.top_k > 0 ? std::size_t(p.top_k) : logits.size();
+  const auto ids = order_by_logit(logits, k);
+  std::vector<double> prob(ids.size());
+  const double mx = logits[ids[0]] / p.temperature;
+  double total = 0;
+  for (std::size_t i = 0; i < ids.size(); ++i) total += prob[i] = std::exp(logits[ids[i]] / p.temperature - mx);
+  std::size_t n = ids.size();
+  if (p.top_p < 1.f) {
+    double cum = 0;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      if ((cum += prob[i] / total) >= p.top_p) { n = i + 1; break; }
+    total = std::accumulate(prob.begin(), prob.begin() + n, 0.0);
+  }
+  const double u = uniform01(p.seed, token_idx) * total;
+  double cum = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    if ((cum += prob[i]) > u) return ids[i];
+  return ids[n - 1];
+}
+
+}  // namespace
+
+std::string validate(const sampling_params& p, int vocab_size) {
+  if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature)) return "temperature must be a finite number >= 0";
+  if (p.top_k < 0) return "top_k must be >= 0";
+  if (!(p.top_p > 0.f && p.top_p <= 1.f)) return "top_p must be in (0, 1]";
+  if (p.logprobs < 0 || p.logprobs > 20 || p.logprobs > vocab_size) return "logprobs must be in [0, 20]";
+  return {};
+}
+
+sampled_token sample(std::span<const float> logits, const sampling_params& p, int64_t token_idx) {
+  sampled_token out;
+  out.token_id = p.temperature == 0.f ? order_by_logit(logits, 1)[0] : pick_random(logits, p, token_idx);
+  const double lse = log_sum_exp(logits);
+  out.logprob = float(logits[out.token_id] - lse);
+  if (p.logprobs > 0) {
+    out.top_ids = order_by_logit(logits, std::size_t(p.logprobs));
+    for (int32_t id : out.top_ids) out.top_logprobs.push_back(float(logits[id] - lse));
+  }
+  return out;
+}
+
+}  // namespace cedar

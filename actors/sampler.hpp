@@ -1,0 +1,37 @@
+// Token sampling from one row of logits: greedy, or temperature / top-k / top-p with a
+// per-request seed. Stateless: the random draw depends only on (seed, token_idx), so a
+// request preempted and resumed, or run on another shard, samples the same tokens.
+// Plain C++, called by the shard after each forward call.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace cedar {
+
+/// How one request picks its next token. temperature 0 = greedy (ties -> lowest id).
+struct sampling_params {
+  float temperature = 0.f;  ///< 0 = greedy; otherwise logits are divided by it
+  int top_k = 0;            ///< keep the k most likely tokens; 0 = all
+  float top_p = 1.f;        ///< keep the smallest set whose probability reaches top_p; 1 = all
+  uint64_t seed = 0;        ///< with token_idx, fixes the random draw
+  int logprobs = 0;         ///< return this many top alternatives (0 = none; the sampled token's is always given)
+};
+
+/// Empty when valid, else a message naming the bad field.
+std::string validate(const sampling_params& p, int vocab_size);
+
+struct sampled_token {
+  int32_t token_id = 0;
+  float logprob = 0.f;                     ///< log-softmax of the raw logits at token_id
+  std::vector<int32_t> top_ids;            ///< the `logprobs` most likely ids, best first
+  std::vector<float> top_logprobs;         ///< their log-probabilities
+};
+
+/// Samples from logits [vocab] fp32. token_idx = index of the token being generated within its
+/// request (0 for the first completion token); it seeds the draw together with p.seed.
+sampled_token sample(std::span<const float> logits, const sampling_params& p, int64_t token_idx);
+
+}  // namespace cedar

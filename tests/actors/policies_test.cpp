@@ -1,0 +1,227 @@
+// The plain-C++ policies of the runtime, without actors: engine options, sampling, KV page
+// accounting, the prefix cache, replay planning and the two stages of the batch plan.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "actors/batch_plan.hpp"
+#include "actors/prefix_cache.hpp"
+#include "actors/replay.hpp"
+#include "actors/sampler.hpp"
+#include "config/engine_options.hpp"
+#include "tests/actors/toy_model.hpp"
+
+using namespace cedar;
+
+TEST_CASE("engine options: every flag parses, bad values are named, unknown flags pass through") {
+  auto r = parse_engine_options({"--prefix-cache", "off", "--swa-replay=full", "--decoder-truncation", "off",
+                                 "--kv-dtype", "fp8", "--max-num-seqs", "7", "--max-batched-tokens=99",
+                                 "--kv-budget-bytes", "123456789", "--port", "80"});
+  CHECK(r.errors.empty());
+  CHECK(!r.options.prefix_cache);
+  CHECK(r.options.swa_replay == swa_replay_mode::full);
+  CHECK(!r.options.decoder_truncation);
+  CHECK(r.options.kv_fp8);
+  CHECK(r.options.max_num_seqs == 7);
+  CHECK(r.options.max_batched_tokens == 99);
+  CHECK(r.options.kv_budget_bytes == 123456789);
+  CHECK(r.rest == std::vector<std::string>{"--port", "80"});
+  auto bad = parse_engine_options({"--swa-replay", "some", "--max-num-seqs", "0", "--kv-dtype"});
+  REQUIRE(bad.errors.size() == 3);
+  CHECK(bad.errors[0].find("--swa-replay") != std::string::npos);
+  CHECK(bad.errors[1].find("--kv-dtype") != std::string::npos);
+  CHECK(bad.errors[2].find("--max-num-seqs") != std::string::npos);
+}
+
+namespace {
+
+std::vector<float> random_logits(int n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.f, 2.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+/// The distribution sampling should follow, computed the slow way.
+std::vector<double> reference_probs(const std::vector<float>& l, const sampling_params& p) {
+  const int n = int(l.size());
+  std::vector<int> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = i;
+  std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return l[a] > l[b]; });
+  const int k = p.top_k > 0 ? std::min(p.top_k, n) : n;
+  std::vector<double> w(n, 0.0);
+  double z = 0;
+  for (int i = 0; i < k; ++i) z += w[ids[i]] = std::exp(double(l[ids[i]]) / p.temperature);
+  double cum = 0;
+  std::vector<double> out(n, 0.0);
+  double kept = 0;
+  for (int i = 0; i < k; ++i) {
+    out[ids[i]] = w[ids[i]];
+    kept += w[ids[i]];
+    if ((cum += w[ids[i]] / z) >= p.top_p) break;
+  }
+  for (auto& x : out) x /= kept;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sampler: greedy picks the arg-max (ties to the lowest id) and reports exact logprobs") {
+  std::vector<float> l = random_logits(50, 1);
+  l[17] = l[31] = 100.f;
+  sampling_params p;
+  p.logprobs = 3;
+  const sampled_token t = sample(l, p, 0);
+  CHECK(t.token_id == 17);
+  double z = 0;
+  for (float x : l) z += std::exp(double(x) - 100.0);
+  CHECK(t.logprob == doctest::Approx(-std::log(z)).epsilon(1e-5));
+  REQUIRE(t.top_ids.size() == 3);
+  CHECK(t.top_ids[0] == 17);
+  CHECK(t.top_ids[1] == 31);
+}
+
+TEST_CASE("sampler: seeded draws are reproducible and follow temperature / top-k / top-p") {
+  const std::vector<float> l = random_logits(12, 2);
+  for (auto [temp, k, top_p] : {std::tuple{1.f, 0, 1.f}, {0.7f, 5, 1.f}, {1.3f, 0, 0.8f}, {1.f, 4, 0.6f}}) {
+    sampling_params p;
+    p.temperature = temp, p.top_k = k, p.top_p = top_p, p.seed = 42;
+    const auto ref = reference_probs(l, p);
+    std::vector<double> freq(l.size(), 0.0);
+    const int n = 40000;
+    for (int i = 0; i < n; ++i) freq[sample(l, p, i).token_id] += 1.0 / n;
+    for (std::size_t v = 0; v < l.size(); ++v) {
+      if (ref[v] == 0.0) CHECK(freq[v] == 0.0);
+      CHECK(std::abs(freq[v] - ref[v]) < 0.012);
+    }
+    CHECK(sample(l, p, 7).token_id == sample(l, p, 7).token_id);
+  }
+  sampling_params bad;
+  bad.top_p = 0.f;
+  CHECK(!validate(bad, 12).empty());
+  bad = {};
+  bad.temperature = -1.f;
+  CHECK(!validate(bad, 12).empty());
+}
+
+TEST_CASE("kv_pool: the budget splits exactly into slots and pages; refs return pages to the free list") {
+  const auto args = test::toy_args();
+  const kv_layout layout = kv_layout::make(args, kv_dtype::fp4, 16);
+  const std::size_t slot = layout.ring_bytes() + layout.tail_floats() * 4;
+  const int64_t budget = int64_t(3 * slot + 10 * layout.page_bytes + 5);
+  const kv_capacity cap = plan_kv_capacity(layout, budget, 3);
+  CHECK(cap.num_slots == 3);
+  CHECK(cap.num_pages == 10);
+  kv_pool pool(cap);
+  std::vector<int32_t> got;
+  for (int i = 0; i < 10; ++i) got.push_back(pool.alloc_page());
+  CHECK(pool.alloc_page() == -1);
+  CHECK(pool.bytes_in_use() == int64_t(10 * layout.page_bytes));
+  pool.retain(got[0]);
+  CHECK(pool.release(got[0]) == 1);
+  CHECK(pool.release(got[0]) == 0);
+  CHECK(pool.num_pages_free() == 1);
+  pool.set_cached(got[1], true);
+  pool.release(got[1]);
+  CHECK(pool.num_pages_idle_cached() == 1);
+  CHECK(pool.num_pages_free() == 1);
+  pool.set_cached(got[1], false);
+  CHECK(pool.num_pages_free() == 2);
+  const int32_t s = pool.alloc_slot();
+  CHECK(pool.bytes_in_use() == int64_t(8 * layout.page_bytes + slot));
+  pool.free_slot(s);
+  CHECK(pool.num_slots_free() == 3);
+}
+
+TEST_CASE("prefix_cache: chained full-page hits, token re-check, LRU that keeps live sessions") {
+  const auto args = test::toy_args();
+  const kv_layout layout = kv_layout::make(args, kv_dtype::fp4, 4);
+  const std::size_t slot = layout.ring_bytes() + layout.tail_floats() * sizeof(float);
+  kv_pool pool(plan_kv_capacity(layout, int64_t(layout.page_bytes * 6 + slot), 1));
+  REQUIRE(pool.capacity().num_pages == 6);
+  prefix_cache cache(4, pool);
+  const std::vector<int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  std::vector<int32_t> pages = {pool.alloc_page(), pool.alloc_page(), pool.alloc_page()};
+  cache.session_opened(7);
+  cache.publish(a, pages, 2, 7);  // the third page is partial
+  CHECK(cache.num_cached_pages() == 2);
+  auto hit = cache.lookup(a, 10, 7);
+  CHECK(hit == std::vector<int32_t>{pages[0], pages[1]});
+  CHECK(cache.hit_tokens() == 8);
+  CHECK(cache.queried_tokens() == 10);
+  for (int32_t p : hit) pool.release(p);
+  std::vector<int32_t> b = a;
+  b[5] = 99;  // second page differs: only the first page matches
+  hit = cache.lookup(b, 10, 0);
+  CHECK(hit == std::vector<int32_t>{pages[0]});
+  pool.release(hit[0]);
+  for (int32_t p : pages) pool.release(p);
+  CHECK(pool.num_pages_idle_cached() == 2);
+  // A page of a closed session goes before a more recently used... page of a live one.
+  const std::vector<int32_t> c = {50, 51, 52, 53};
+  std::vector<int32_t> pc = {pool.alloc_page()};
+  cache.publish(c, pc, 1, 8);  // session 8 was never opened: not live
+  pool.release(pc[0]);
+  CHECK(cache.evict_one());
+  CHECK(cache.lookup(c, 1, 0, false).empty());
+  CHECK(cache.lookup(a, 2, 0, false).size() == 2);  // session 7's pages survived
+  pool.release(pages[0]), pool.release(pages[1]);
+  cache.session_closed(7);
+  CHECK(cache.evict_one());
+  CHECK(cache.evict_one());
+  CHECK(!cache.evict_one());
+  CHECK(pool.num_pages_free() == 6);
+}
+
+TEST_CASE("replay: bounded replays the last window, full the whole layer halo; short hits are not taken") {
+  auto b = plan_replay(512, 128, 40, swa_replay_mode::bounded);
+  CHECK(b.cached_tokens == 512);
+  CHECK(b.replay_from == 384);
+  CHECK(plan_replay(128, 128, 40, swa_replay_mode::bounded).cached_tokens == 0);
+  auto f = plan_replay(8192, 128, 40, swa_replay_mode::full);
+  CHECK(f.replay_from == 8192 - 128 - 40 * 127);
+  CHECK(plan_replay(1024, 128, 40, swa_replay_mode::full).replay_from == 0);
+  CHECK(plan_replay(256, 8, 5, swa_replay_mode::full).replay_from % 2 == 0);
+}
+
+TEST_CASE("batch plan: decodes first, replays whole, prefill chunks capped per request and by the budget") {
+  std::vector<budget_candidate> c = {
+      {1, 1000, false, false}, {2, 1, true, false}, {3, 8, false, true}, {4, 1, true, false}, {5, 50, false, false}};
+  auto s = plan_token_budget(c, 100, 64);
+  REQUIRE(s.size() == 5);
+  CHECK(s[0].request_id == 2);
+  CHECK(s[1].request_id == 4);
+  CHECK((s[2].request_id == 3 && s[2].num_tokens == 8));
+  CHECK((s[3].request_id == 1 && s[3].num_tokens == 64));
+  CHECK((s[4].request_id == 5 && s[4].num_tokens == 100 - 2 - 8 - 64));
+  // A budget smaller than the decodes: decodes still go first.
+  s = plan_token_budget(c, 1, 64);
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].request_id == 2);
+  // A replay bigger than the budget runs alone rather than never.
+  std::vector<budget_candidate> big = {{9, 300, false, true}};
+  s = plan_token_budget(big, 100, 64);
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].num_tokens == 300);
+}
+
+TEST_CASE("batch plan: the capacity stage preempts the newest and admits in order while pages last") {
+  std::vector<capacity_candidate> running = {{1, 2, 5}, {2, 1, 3}, {3, 1, 4}};
+  auto p = plan_capacity(running, {}, 2, 0, 8);
+  CHECK(p.preempt == std::vector<uint64_t>{3});  // 4 needed, 2 free + 4 freed by the newest
+  p = plan_capacity(running, {}, 4, 0, 8);
+  CHECK(p.preempt.empty());
+  std::vector<capacity_candidate> waiting = {{4, 2, 0}, {5, 5, 0}, {6, 1, 0}};
+  p = plan_capacity(running, waiting, 10, 5, 8);
+  CHECK(p.admit == std::vector<uint64_t>{4});  // 5 does not fit; 6 may not overtake it
+  p = plan_capacity(running, waiting, 100, 1, 8);
+  CHECK(p.admit == std::vector<uint64_t>{4});  // one free slot
+  p = plan_capacity(running, waiting, 100, 5, 4);
+  CHECK(p.admit == std::vector<uint64_t>{4});  // max running
+  std::vector<capacity_candidate> alone = {{1, 9, 0}};
+  CHECK(plan_capacity(alone, waiting, 3, 5, 8).preempt == std::vector<uint64_t>{1});
+}

@@ -1,0 +1,103 @@
+// A small stand-in for the V4.1 model with the same forward contract, for runtime tests that
+// must not depend on the model's speed: each position's "KV" is a running hash of every token
+// up to it, written into its page; the SWA ring keeps (position, hash) of the last window;
+// the last row's logits are a hash of the page value and the whole ring. A wrong page table,
+// a stale ring slot or a skipped position changes the tokens (and throws when detectable).
+#pragma once
+
+#include <cstring>
+#include <stdexcept>
+
+#include "actors/shard.hpp"
+
+namespace cedar::test {
+
+inline model_args toy_args(int window = 8, int vocab = 64) {
+  model_args a;
+  a.vocab_size = vocab;
+  a.num_hidden_layers = 4;
+  a.head_dim = 64;
+  a.qk_rope_head_dim = 16;
+  a.index_head_dim = 32;
+  a.sliding_window = window;
+  a.compress_ratios = {0, 0, 2, 1, 0};
+  a.kv_source_layer_ids = {2, 3};
+  a.max_position_embeddings = 1 << 20;
+  a.eos_token_id = 1;
+  return a;
+}
+
+class toy_model final : public step_model {
+ public:
+  explicit toy_model(model_args a, int page_tokens = 16)
+      : args_(std::move(a)), layout_(kv_layout::make(args_, kv_dtype::fp4, page_tokens)) {
+    if (layout_.page_bytes < std::size_t(page_tokens) * 16) throw std::logic_error("toy pages too small");
+  }
+  const model_args& args() const override { return args_; }
+  const kv_layout& layout() const override { return layout_; }
+
+  void forward(std::span<forward_item> batch, std::vector<float>& logits) override {
+    logits.clear();
+    for (auto& it : batch) run_item(it, logits);
+  }
+
+  static uint64_t mix(uint64_t a, uint64_t b) {
+    uint64_t x = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    return x ^ (x >> 31);
+  }
+
+ private:
+  struct cell {
+    uint64_t tag;   // position + 1 when written
+    uint64_t hash;  // running hash of tokens [0, position]
+  };
+  cell* page_cell(request_kv& kv, int64_t pos) const {
+    const auto page = std::size_t(pos / layout_.page_tokens);
+    if (page >= kv.pages.size()) throw std::runtime_error("position beyond the page table");
+    return reinterpret_cast<cell*>(kv.pages[page]) + pos % layout_.page_tokens;
+  }
+  cell* ring_cell(request_kv& kv, int64_t pos) const {
+    return reinterpret_cast<cell*>(kv.swa_ring) + pos % layout_.window;
+  }
+
+  void run_item(forward_item& it, std::vector<float>& logits) const {
+    request_kv& kv = *it.kv;
+    if (int64_t(it.history.size()) != kv.num_tokens) throw std::runtime_error("history / num_tokens mismatch");
+    for (std::size_t i = 0; i < it.tokens.size(); ++i) {
+      const int64_t pos = kv.num_tokens + int64_t(i);
+      cell c = *page_cell(kv, pos);
+      if (!it.replay) {
+        uint64_t prev = 0;
+        if (pos > 0) {
+          const cell p = *page_cell(kv, pos - 1);
+          if (p.tag != uint64_t(pos)) throw std::runtime_error("previous position was never written");
+          prev = p.hash;
+        }
+        c = {uint64_t(pos + 1), mix(prev, uint64_t(it.tokens[i]))};
+        *page_cell(kv, pos) = c;
+      } else if (c.tag != uint64_t(pos + 1)) {
+        throw std::runtime_error("replay over a position the cached page does not hold");
+      }
+      *ring_cell(kv, pos) = c;
+    }
+    kv.num_tokens += int64_t(it.tokens.size());
+    if (it.logits == logits_mode::last) append_logits(kv, logits);
+  }
+
+  void append_logits(request_kv& kv, std::vector<float>& logits) const {
+    const int64_t last = kv.num_tokens - 1;
+    uint64_t h = page_cell(kv, last)->hash;
+    for (int64_t p = std::max<int64_t>(0, last - layout_.window + 1); p <= last; ++p) {
+      const cell c = *ring_cell(kv, p);
+      if (c.tag != uint64_t(p + 1)) throw std::runtime_error("stale SWA ring entry");
+      h = mix(h, c.hash);
+    }
+    for (int v = 0; v < args_.vocab_size; ++v) logits.push_back(float(mix(h, uint64_t(v)) % 1000) / 100.f);
+  }
+
+  model_args args_;
+  kv_layout layout_;
+};
+
+}  // namespace cedar::test
