@@ -5,6 +5,7 @@
 // a stale ring slot or a skipped position changes the tokens (and throws when detectable).
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -66,6 +67,10 @@ class toy_model final : public step_model {
     if (int64_t(it.history.size()) != kv.num_tokens) throw std::runtime_error("history / num_tokens mismatch");
     for (std::size_t i = 0; i < it.tokens.size(); ++i) {
       const int64_t pos = kv.num_tokens + int64_t(i);
+      // Like SWA attention, every row reads the window before it; a replay clips at its start.
+      const int64_t lo = std::max<int64_t>(it.replay ? kv.num_tokens : 0, pos - layout_.window + 1);
+      for (int64_t w = lo; w < pos; ++w)
+        if (ring_cell(kv, w)->tag != uint64_t(w + 1)) throw std::runtime_error("stale SWA ring entry");
       cell c = *page_cell(kv, pos);
       if (!it.replay) {
         uint64_t prev = 0;

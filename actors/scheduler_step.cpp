@@ -1,0 +1,136 @@
+// The scheduler's step, as named stages: reap cancelled requests, the capacity stage
+// (preempt under KV pressure, admit with a prefix-cache lookup and a replay plan), the
+// token-budget stage (decodes, replays, prefill chunks), then one step_item per request.
+#include <algorithm>
+
+#include "actors/batch_plan.hpp"
+#include "actors/replay.hpp"
+#include "actors/scheduler.hpp"
+
+namespace cedar {
+
+std::optional<run_step> scheduler::next_step() {
+  CEDAR_CHECK(!in_flight_);
+  reap_cancelled();
+  run_capacity_stage();
+  std::vector<step_item> items = run_budget_stage();
+  if (items.empty()) return std::nullopt;
+  run_step step{next_step_id_++, std::move(items)};
+  in_flight_step flight{step.step_id, {}};
+  for (const auto& it : step.items) flight.items.push_back({it.request_id, int64_t(it.tokens.size()), it.replay});
+  in_flight_ = std::move(flight);
+  return step;
+}
+
+void scheduler::reap_cancelled() {
+  std::vector<uint64_t> ids;
+  for (auto& [id, r] : requests_)
+    if (r.cancel_requested) ids.push_back(id);
+  for (uint64_t id : ids) finish(requests_.at(id), "cancelled");
+}
+
+void scheduler::run_capacity_stage() {
+  const int P = layout_.page_tokens;
+  const int64_t cap = options_.max_prefill_tokens_per_request;
+  std::vector<capacity_candidate> running, waiting;
+  for (uint64_t id : running_) {
+    const request_state& r = requests_.at(id);
+    const int64_t next = r.has_replay() ? 0 : std::min(r.pending_tokens(), cap);
+    int64_t sole = 0;
+    for (int32_t p : r.pages) sole += pool_.ref_count(p) == 1;
+    running.push_back({id, std::max<int64_t>(0, pages_for(r.num_computed + next, P) - int64_t(r.pages.size())), sole});
+  }
+  for (uint64_t id : waiting_)
+    waiting.push_back({id, pages_for(std::min(requests_.at(id).pending_tokens(), cap), P), 0});
+  const int64_t available = pool_.num_pages_free() + pool_.num_pages_idle_cached();
+  const capacity_plan plan =
+      plan_capacity(running, waiting, available, pool_.num_slots_free(), options_.max_num_seqs);
+  for (uint64_t id : plan.preempt) preempt(id);
+  for (uint64_t id : plan.admit) admit(id);
+}
+
+void scheduler::preempt(uint64_t request_id) {
+  request_state& r = requests_.at(request_id);
+  release_kv(r);  // full pages stay in the prefix cache; the tokens stay here
+  ++r.num_preemptions;
+  ++counters_.preemptions;
+  std::erase(running_, request_id);
+  waiting_.push_front(request_id);
+}
+
+void scheduler::admit(uint64_t request_id) {
+  request_state& r = requests_.at(request_id);
+  std::erase(waiting_, request_id);
+  r.slot = pool_.alloc_slot();
+  CEDAR_CHECK(r.slot >= 0);
+  const int P = layout_.page_tokens;
+  if (options_.prefix_cache) {
+    const int64_t max_pages = (int64_t(r.tokens.size()) - 1) / P;  // keep one token to run
+    std::vector<int32_t> hit = cache_.lookup(r.tokens, max_pages, r.spec.session_id, !r.admitted_once);
+    const replay_plan plan =
+        plan_replay(int64_t(hit.size()) * P, layout_.window, layout_.num_layers, options_.swa_replay);
+    const std::size_t keep = std::size_t(plan.cached_tokens / P);
+    for (std::size_t i = keep; i < hit.size(); ++i) pool_.release(hit[i]);
+    hit.resize(keep);
+    r.pages = std::move(hit);
+    r.published_pages = int64_t(keep);
+    r.num_computed = plan.cached_tokens;
+    if (plan.replay_tokens() > 0) r.replay_from = plan.replay_from, r.replay_to = plan.cached_tokens;
+    if (!r.admitted_once) r.cached_prompt_tokens = std::min(plan.cached_tokens, r.prompt_len);
+  }
+  if (!r.admitted_once && options_.decoder_truncation) r.truncate_below = r.prompt_len - layout_.window;
+  r.admitted_once = true;
+  running_.push_back(request_id);
+}
+
+std::vector<step_item> scheduler::run_budget_stage() {
+  std::vector<budget_candidate> candidates;
+  for (uint64_t id : running_) {
+    const request_state& r = requests_.at(id);
+    if (r.has_replay())
+      candidates.push_back({id, r.replay_to - r.replay_from, false, true});
+    else
+      candidates.push_back({id, r.pending_tokens(), r.num_computed >= r.prompt_len, false});
+  }
+  std::vector<step_item> items;
+  for (const budget_slice& s :
+       plan_token_budget(candidates, options_.max_batched_tokens, options_.max_prefill_tokens_per_request)) {
+    request_state& r = requests_.at(s.request_id);
+    if (!r.has_replay() && !ensure_pages(r, r.num_computed + s.num_tokens)) continue;  // retried next step
+    items.push_back(make_item(r, s.num_tokens));
+  }
+  return items;
+}
+
+bool scheduler::ensure_pages(request_state& r, int64_t end_pos) {
+  while (int64_t(r.pages.size()) < pages_for(end_pos, layout_.page_tokens)) {
+    int32_t p = pool_.alloc_page();
+    if (p < 0 && cache_.evict_one()) p = pool_.alloc_page();
+    if (p < 0) return false;
+    r.pages.push_back(p);
+  }
+  return true;
+}
+
+step_item scheduler::make_item(request_state& r, int64_t num_tokens) {
+  step_item it;
+  it.request_id = r.id;
+  it.page_ids = r.pages;
+  it.ring_slot = r.slot;
+  it.truncate_below = r.truncate_below;
+  it.sampling = r.spec.sampling;
+  it.token_idx = r.completion_tokens();
+  if (r.has_replay()) {
+    it.replay = true;
+    it.start_pos = r.replay_from;
+    it.tokens.assign(r.tokens.begin(), r.tokens.begin() + r.replay_to);
+    counters_.replay_tokens += r.replay_to - r.replay_from;
+  } else {
+    it.start_pos = r.num_computed;
+    it.tokens.assign(r.tokens.begin(), r.tokens.begin() + r.num_computed + num_tokens);
+    it.sample = int64_t(it.tokens.size()) == int64_t(r.tokens.size());
+  }
+  return it;
+}
+
+}  // namespace cedar

@@ -1,0 +1,94 @@
+// Runs a step on one shard: page ids -> request_kv, forward, sample (see shard.hpp).
+#include "actors/shard.hpp"
+
+#include <exception>
+
+#include "actors/errors.hpp"
+
+namespace cedar {
+namespace {
+
+class model_adapter final : public step_model {
+ public:
+  explicit model_adapter(std::shared_ptr<const model> m) : m_(std::move(m)) {}
+  const model_args& args() const override { return m_->args(); }
+  const kv_layout& layout() const override { return m_->layout(); }
+  void forward(std::span<forward_item> batch, std::vector<float>& logits) override { m_->forward(batch, logits); }
+
+ private:
+  std::shared_ptr<const model> m_;
+};
+
+}  // namespace
+
+std::unique_ptr<step_model> wrap_model(std::shared_ptr<const model> m) {
+  return std::make_unique<model_adapter>(std::move(m));
+}
+
+kv_arena::kv_arena(const kv_layout& layout, kv_capacity cap)
+    : layout_(layout), cap_(cap), pages_(cap.num_pages), rings_(cap.num_slots), tails_(cap.num_slots) {}
+
+uint8_t* kv_arena::page(int32_t id) {
+  CEDAR_CHECK(id >= 0 && id < cap_.num_pages);
+  if (!pages_[id]) pages_[id] = std::make_unique<uint8_t[]>(layout_.page_bytes);
+  return pages_[id].get();
+}
+
+uint8_t* kv_arena::ring(int32_t slot) {
+  CEDAR_CHECK(slot >= 0 && slot < cap_.num_slots);
+  if (!rings_[slot]) rings_[slot] = std::make_unique<uint8_t[]>(layout_.ring_bytes());
+  return rings_[slot].get();
+}
+
+float* kv_arena::tails(int32_t slot) {
+  CEDAR_CHECK(slot >= 0 && slot < cap_.num_slots);
+  if (!tails_[slot]) tails_[slot] = std::make_unique<float[]>(std::max<std::size_t>(1, layout_.tail_floats()));
+  return tails_[slot].get();
+}
+
+shard::shard(std::unique_ptr<step_model> m, kv_capacity cap)
+    : model_(std::move(m)), arena_(model_->layout(), cap) {}
+
+step_output shard::run(const run_step& step) {
+  const std::size_t n = step.items.size();
+  std::vector<request_kv> kvs(n);
+  std::vector<forward_item> batch(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const step_item& s = step.items[i];
+    for (int32_t p : s.page_ids) kvs[i].pages.push_back(arena_.page(p));
+    kvs[i].swa_ring = arena_.ring(s.ring_slot);
+    kvs[i].tails = arena_.tails(s.ring_slot);
+    kvs[i].num_tokens = s.start_pos;
+    std::span<const int32_t> all(s.tokens);
+    batch[i].kv = &kvs[i];
+    batch[i].history = all.first(s.start_pos);
+    batch[i].tokens = all.subspan(s.start_pos);
+    batch[i].logits = s.sample ? logits_mode::last : logits_mode::none;
+    batch[i].replay = s.replay;
+    batch[i].truncate_below = s.truncate_below;
+  }
+  std::vector<float> logits;
+  step_output out;
+  out.step_id = step.step_id;
+  try {
+    model_->forward(batch, logits);
+  } catch (const std::exception& e) {
+    out.error = e.what();
+    return out;
+  }
+  const std::size_t vocab = std::size_t(model_->args().vocab_size);
+  std::size_t row = 0;
+  for (const step_item& s : step.items) {
+    item_result r;
+    r.request_id = s.request_id;
+    if (s.sample) {
+      CEDAR_CHECK((row + 1) * vocab <= logits.size());
+      r.has_token = true;
+      r.token = sample(std::span<const float>(logits).subspan(row++ * vocab, vocab), s.sampling, s.token_idx);
+    }
+    out.results.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace cedar

@@ -1,0 +1,275 @@
+// The scheduler policy driven step by step against a shard running the toy model (no
+// actors): batching invariance, chunked prefill, prefix hits with replay, preemption under
+// KV pressure, cancellation, stop conditions and bad input, with every page and ring slot
+// accounted for at the end.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+
+#include "actors/scheduler.hpp"
+#include "tests/actors/toy_model.hpp"
+
+using namespace cedar;
+
+namespace {
+
+struct rig {
+  engine_options opts;
+  model_args args = test::toy_args();
+  std::unique_ptr<shard> sh;
+  std::unique_ptr<scheduler> sched;
+  std::map<uint64_t, std::vector<int32_t>> out;
+  std::map<uint64_t, std::string> reason;
+
+  explicit rig(engine_options o) : opts(o) {
+    opts.page_tokens = 16;
+    auto m = std::make_unique<test::toy_model>(args, opts.page_tokens);
+    const kv_layout layout = m->layout();
+    sched = std::make_unique<scheduler>(args, layout, opts);
+    sh = std::make_unique<shard>(std::move(m), sched->pool().capacity());
+  }
+  /// One step; false when nothing ran.
+  bool step() {
+    auto s = sched->next_step();
+    if (!s) return false;
+    const step_output o = sh->run(*s);
+    REQUIRE(o.error.empty());
+    REQUIRE(sched->apply(o));
+    collect();
+    return true;
+  }
+  void collect() {
+    for (auto& b : sched->take_events()) {
+      auto& v = out[b.request_id];
+      v.insert(v.end(), b.ids.begin(), b.ids.end());
+      if (b.finished) reason[b.request_id] = b.finish_reason;
+    }
+  }
+  void run_all() {
+    while (step()) {
+    }
+    collect();
+  }
+  /// Every ring slot free and no page referenced (idle cached pages are reusable).
+  void check_nothing_held() const {
+    CHECK(sched->pool().num_slots_used() == 0);
+    CHECK(sched->pool().num_pages_referenced() == 0);
+    CHECK(sched->pool().num_pages_free() + sched->pool().num_pages_idle_cached() ==
+          sched->pool().capacity().num_pages);
+    CHECK(!sched->has_work());
+  }
+};
+
+engine_options small_options() {
+  engine_options o;
+  o.max_num_seqs = 16;
+  o.max_batched_tokens = 48;
+  o.max_prefill_tokens_per_request = 20;
+  o.kv_budget_bytes = 64 << 20;
+  return o;
+}
+
+request_spec make_spec(std::mt19937& g, int max_prompt, int max_new, bool sampled) {
+  request_spec s;
+  const int n = std::uniform_int_distribution<int>(1, max_prompt)(g);
+  for (int i = 0; i < n; ++i) s.prompt.push_back(std::uniform_int_distribution<int>(2, 63)(g));
+  s.max_tokens = std::uniform_int_distribution<int>(1, max_new)(g);
+  if (sampled) s.sampling.temperature = 0.8f, s.sampling.top_p = 0.9f, s.sampling.seed = g();
+  s.ignore_eos = true;
+  return s;
+}
+
+std::vector<int32_t> run_alone(const request_spec& s, engine_options o) {
+  rig r(o);
+  const uint64_t id = r.sched->submit(s).value();
+  r.run_all();
+  return r.out[id];
+}
+
+}  // namespace
+
+TEST_CASE("scheduler: concurrent requests give exactly the tokens each gives alone") {
+  std::mt19937 g(3);
+  rig r(small_options());
+  std::vector<request_spec> specs;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 24; ++i) {
+    specs.push_back(make_spec(g, 70, 12, i % 3 == 0));
+    ids.push_back(r.sched->submit(specs.back()).value());
+  }
+  r.run_all();
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    CHECK(r.out[ids[i]] == run_alone(specs[i], small_options()));
+    CHECK(int64_t(r.out[ids[i]].size()) == specs[i].max_tokens);
+    CHECK(r.reason[ids[i]] == "length");
+  }
+  r.check_nothing_held();
+}
+
+TEST_CASE("scheduler: a long prompt is chunked and never stalls running decodes") {
+  engine_options o = small_options();
+  rig r(o);
+  request_spec d;
+  d.prompt = {5, 6, 7};
+  d.max_tokens = 30;
+  d.ignore_eos = true;
+  const uint64_t decoder = r.sched->submit(d).value();
+  r.step();  // its prefill
+  request_spec big;
+  big.prompt.assign(400, 9);
+  big.max_tokens = 2;
+  r.sched->submit(big).value();
+  for (int i = 0; i < 10; ++i) {
+    auto s = r.sched->next_step();
+    REQUIRE(s);
+    bool decoder_in = false;
+    int64_t tokens = 0;
+    for (auto& it : s->items) {
+      decoder_in |= it.request_id == decoder;
+      tokens += int64_t(it.tokens.size()) - it.start_pos;
+      if (it.request_id != decoder) CHECK(int64_t(it.tokens.size()) - it.start_pos <= o.max_prefill_tokens_per_request);
+    }
+    CHECK(decoder_in);
+    CHECK(tokens <= o.max_batched_tokens);
+    r.sched->apply(r.sh->run(*s));
+    r.collect();
+  }
+  r.run_all();
+  r.check_nothing_held();
+}
+
+TEST_CASE("scheduler: a follow-up prompt hits the prefix cache, replays one window, and matches a cold run") {
+  engine_options o = small_options();
+  rig r(o);
+  request_spec a;
+  for (int i = 0; i < 100; ++i) a.prompt.push_back(2 + i % 50);
+  a.max_tokens = 5;
+  a.ignore_eos = true;
+  const uint64_t first = r.sched->submit(a).value();
+  r.run_all();
+  request_spec b = a;
+  b.prompt.insert(b.prompt.end(), r.out[first].begin(), r.out[first].end());
+  for (int i = 0; i < 30; ++i) b.prompt.push_back(3 + i);
+  const uint64_t second = r.sched->submit(b).value();
+  r.run_all();
+  const auto m = r.sched->metrics();
+  CHECK(m.prefix_hit_tokens == 96);  // 6 full pages of the first prompt; 105 tokens ran
+  CHECK(m.replay_tokens == r.args.sliding_window);
+  engine_options cold = o;
+  cold.prefix_cache = false;
+  CHECK(r.out[second] == run_alone(b, cold));
+  r.check_nothing_held();
+}
+
+TEST_CASE("scheduler: KV pressure preempts, the victims resume through the cache, nothing is lost") {
+  for (auto mode : {swa_replay_mode::bounded, swa_replay_mode::full}) {
+    engine_options o = small_options();
+    o.swa_replay = mode;
+    const auto layout = kv_layout::make(test::toy_args(), kv_dtype::fp4, 16);
+    o.kv_budget_bytes = int64_t(16 * (layout.ring_bytes() + layout.tail_floats() * 4) + 14 * layout.page_bytes);
+    rig r(o);
+    std::mt19937 g(11);
+    std::vector<request_spec> specs;
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < 12; ++i) {
+      specs.push_back(make_spec(g, 60, 40, i % 2 == 0));
+      ids.push_back(r.sched->submit(specs.back()).value());
+    }
+    r.run_all();
+    CHECK(r.sched->metrics().preemptions > 0);
+    for (std::size_t i = 0; i < specs.size(); ++i) CHECK(r.out[ids[i]] == run_alone(specs[i], small_options()));
+    r.check_nothing_held();
+  }
+}
+
+TEST_CASE("scheduler: many requests, random lengths, 20% cancelled mid-stream, KV pressure: no leaks") {
+  engine_options o = small_options();
+  o.swa_replay = swa_replay_mode::full;
+  const auto layout = kv_layout::make(test::toy_args(), kv_dtype::fp4, 16);
+  o.kv_budget_bytes = int64_t(16 * (layout.ring_bytes() + layout.tail_floats() * 4) + 24 * layout.page_bytes);
+  rig r(o);
+  std::mt19937 g(5);
+  const int num_requests = 400;
+  std::map<uint64_t, request_spec> specs;
+  std::map<uint64_t, int> cancel_after;  // cancel once this many tokens arrived
+  int submitted = 0;
+  while (submitted < num_requests || r.sched->has_work()) {
+    while (submitted < num_requests && r.sched->metrics().requests_waiting < 8) {
+      auto s = make_spec(g, 80, 30, submitted % 2 == 0);
+      const uint64_t id = r.sched->submit(s).value();
+      specs[id] = s;
+      if (g() % 5 == 0) cancel_after[id] = int(g() % 10);
+      ++submitted;
+    }
+    r.step();
+    for (auto& [id, n] : cancel_after)
+      if (!r.reason.count(id) && int(r.out[id].size()) >= n) r.sched->cancel(id);
+  }
+  r.collect();
+  CHECK(r.sched->metrics().preemptions > 0);
+  int completed = 0;
+  for (auto& [id, s] : specs) {
+    REQUIRE(r.reason.count(id));
+    if (r.reason[id] == "cancelled") continue;
+    ++completed;
+    if (id % 8 == 0) CHECK(r.out[id] == run_alone(s, small_options()));  // a sample, to keep it fast
+  }
+  CHECK(completed >= num_requests * 7 / 10);
+  r.check_nothing_held();
+}
+
+TEST_CASE("scheduler: stop ids, EOS, max tokens and context length end a request") {
+  rig r(small_options());
+  std::mt19937 g(8);
+  request_spec s = make_spec(g, 10, 40, false);
+  s.max_tokens = 40;
+  const uint64_t a = r.sched->submit(s).value();
+  r.run_all();
+  REQUIRE(r.out[a].size() >= 3);
+  request_spec stop = s;
+  stop.stop_ids = {r.out[a][2]};
+  const uint64_t b = r.sched->submit(stop).value();
+  r.run_all();
+  auto first_stop = std::find(r.out[a].begin(), r.out[a].end(), r.out[a][2]) - r.out[a].begin();
+  CHECK(int64_t(r.out[b].size()) == first_stop + 1);
+  CHECK(r.reason[b] == "stop");
+  request_spec eos = s;
+  eos.ignore_eos = false;
+  const uint64_t c = r.sched->submit(eos).value();
+  r.run_all();
+  auto eos_at = std::find(r.out[a].begin(), r.out[a].end(), r.args.eos_token_id);
+  CHECK(r.reason[c] == (eos_at == r.out[a].end() ? "length" : "stop"));
+  CHECK(int64_t(r.out[c].size()) == std::min<int64_t>(40, eos_at - r.out[a].begin() + 1));
+  r.check_nothing_held();
+}
+
+TEST_CASE("scheduler: bad input gets a clear error and leaves the runtime working") {
+  rig r(small_options());
+  request_spec s;
+  s.prompt = {3, 4};
+  s.max_tokens = 0;
+  auto e = r.sched->submit(s);
+  REQUIRE(!e.ok());
+  CHECK(e.error().code == engine_errc::bad_params);
+  CHECK(e.error().message.find("max_tokens") != std::string::npos);
+  s.max_tokens = -3;
+  CHECK(r.sched->submit(s).error().code == engine_errc::bad_params);
+  s.max_tokens = 4;
+  s.prompt.assign(size_t(r.sched->context_tokens()), 3);
+  e = r.sched->submit(s);
+  REQUIRE(!e.ok());
+  CHECK((e.error().code == engine_errc::prompt_too_long || e.error().code == engine_errc::kv_exhausted));
+  s.prompt = {3, 1000};
+  CHECK(r.sched->submit(s).error().code == engine_errc::bad_params);
+  s.prompt = {};
+  CHECK(r.sched->submit(s).error().code == engine_errc::bad_params);
+  CHECK(r.sched->cancel(12345).error().code == engine_errc::unknown_request);
+  s.prompt = {3, 4, 5};
+  const uint64_t id = r.sched->submit(s).value();
+  r.run_all();
+  CHECK(r.out[id].size() > 0);
+  CHECK(r.sched->cancel(id).error().code == engine_errc::unknown_request);
+  r.check_nothing_held();
+}
