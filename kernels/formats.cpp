@@ -6,22 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
+
+#include "kernels/cpu/op_check.hpp"
 
 namespace cedar::fmt {
 
 namespace {
-
-[[noreturn]] void fail(const char* file, int line, const char* what) {
-  std::fprintf(stderr, "%s:%d: check failed: %s\n", file, line, what);
-  std::abort();
-}
-#define FMT_CHECK(cond) \
-  do {                  \
-    if (!(cond)) fail(__FILE__, __LINE__, #cond); \
-  } while (0)
 
 /// ceil(log2(v)) for a finite v > 0, exact: frexp gives v = f * 2^e with f in [0.5, 1),
 /// and v is a power of two exactly when f == 0.5.
@@ -50,6 +41,23 @@ uint8_t pow2_code(float s) {
   int e = 0;
   std::frexp(s, &e);
   return ue8m0_from_exponent(e - 1);
+}
+
+/// The value of e4m3 code f32_to_e4m3(v) for |v| <= 448, without building the code: below
+/// 2^-6 adding 2^14 rounds to the subnormal step 2^-9 (fp32 round-half-even), above it the
+/// mantissa is rounded to 3 bits on the fp32 bit pattern (a carry moves into the exponent).
+float round_to_e4m3(float v) {
+  const float a = std::fabs(v);
+  float r;
+  if (a < 0x1p-6f) {
+    r = (a + 0x1p14f) - 0x1p14f;
+  } else {
+    uint32_t u;
+    std::memcpy(&u, &a, 4);
+    u = (u + 0x7FFFF + ((u >> 20) & 1)) & 0xFFF00000u;
+    std::memcpy(&r, &u, 4);
+  }
+  return std::copysign(r, v);
 }
 
 /// E2M1 codes of one group of values divided by `scale` (exact for power-of-two scales).
@@ -122,7 +130,7 @@ float ue8m0_to_f32(uint8_t code) {
 }
 
 uint8_t ue8m0_from_exponent(int e) {
-  FMT_CHECK(e >= -127 && e <= 127);
+  CEDAR_OP_CHECK(e >= -127 && e <= 127, "ue8m0 exponent in range");
   return uint8_t(e + 127);
 }
 
@@ -150,7 +158,7 @@ uint8_t f32_to_e2m1(float x) {
 float fp8_group_scale(float amax) { return pow2_scale(amax, 1e-4f, 1.0f / 448.0f); }
 
 void quantize_fp8(const float* x, int n, uint8_t* codes, uint8_t* scale_codes) {
-  FMT_CHECK(n % fp8_group == 0);
+  CEDAR_OP_CHECK(n % fp8_group == 0, "length is a multiple of the group");
   for (int g = 0; g < n / fp8_group; ++g) {
     const float* xg = x + g * fp8_group;
     const float s = fp8_group_scale(group_amax(xg, fp8_group));
@@ -161,19 +169,19 @@ void quantize_fp8(const float* x, int n, uint8_t* codes, uint8_t* scale_codes) {
 }
 
 void fake_quant_fp8(float* x, int n) {
-  FMT_CHECK(n % fp8_group == 0);
+  CEDAR_OP_CHECK(n % fp8_group == 0, "length is a multiple of the group");
   for (int g = 0; g < n / fp8_group; ++g) {
     float* xg = x + g * fp8_group;
     const float s = fp8_group_scale(group_amax(xg, fp8_group));
     for (int i = 0; i < fp8_group; ++i)
-      xg[i] = e4m3_to_f32(f32_to_e4m3(std::clamp(xg[i] / s, -448.0f, 448.0f))) * s;
+      xg[i] = round_to_e4m3(std::clamp(xg[i] / s, -448.0f, 448.0f)) * s;
   }
 }
 
 float fp4_pow2_scale(float amax) { return pow2_scale(amax, 6.0f * 0x1p-126f, 1.0f / 6.0f); }
 
 void fake_quant_fp4_pow2(float* x, int n) {
-  FMT_CHECK(n % fp4_pow2_group == 0);
+  CEDAR_OP_CHECK(n % fp4_pow2_group == 0, "length is a multiple of the group");
   for (int g = 0; g < n / fp4_pow2_group; ++g) {
     float* xg = x + g * fp4_pow2_group;
     const float s = fp4_pow2_scale(group_amax(xg, fp4_pow2_group));
@@ -186,7 +194,7 @@ uint8_t fp4_e4m3_scale_code(float amax) {
 }
 
 void fake_quant_fp4_e4m3(float* x, int n) {
-  FMT_CHECK(n % fp4_kv_group == 0);
+  CEDAR_OP_CHECK(n % fp4_kv_group == 0, "length is a multiple of the group");
   for (int g = 0; g < n / fp4_kv_group; ++g) {
     float* xg = x + g * fp4_kv_group;
     const float s = e4m3_to_f32(fp4_e4m3_scale_code(group_amax(xg, fp4_kv_group)));
@@ -197,7 +205,7 @@ void fake_quant_fp4_e4m3(float* x, int n) {
 // ---- KV records ----------------------------------------------------------------------
 
 void pack_fp4_e4m3(const float* x, int d, uint8_t* rec) {
-  FMT_CHECK(d % 32 == 0);
+  CEDAR_OP_CHECK(d % 32 == 0, "length is a multiple of the group");
   uint8_t* scales = rec + d / 2;
   for (int g = 0; g < d / fp4_kv_group; ++g) {
     const float* xg = x + g * fp4_kv_group;
@@ -209,7 +217,7 @@ void pack_fp4_e4m3(const float* x, int d, uint8_t* rec) {
 }
 
 void unpack_fp4_e4m3(const uint8_t* rec, int d, float* x) {
-  FMT_CHECK(d % 32 == 0);
+  CEDAR_OP_CHECK(d % 32 == 0, "length is a multiple of the group");
   const uint8_t* scales = rec + d / 2;
   for (int i = 0; i < d; ++i) {
     const uint8_t code = (rec[i / 2] >> (4 * (i & 1))) & 0xF;
@@ -218,7 +226,7 @@ void unpack_fp4_e4m3(const uint8_t* rec, int d, float* x) {
 }
 
 void pack_fp4_pow2(const float* x, int d, uint8_t* rec) {
-  FMT_CHECK(d % 32 == 0);
+  CEDAR_OP_CHECK(d % 32 == 0, "length is a multiple of the group");
   uint8_t* scales = rec + d / 2;
   for (int g = 0; g < d / fp4_pow2_group; ++g) {
     const float* xg = x + g * fp4_pow2_group;
@@ -231,7 +239,7 @@ void pack_fp4_pow2(const float* x, int d, uint8_t* rec) {
 }
 
 void unpack_fp4_pow2(const uint8_t* rec, int d, float* x) {
-  FMT_CHECK(d % 32 == 0);
+  CEDAR_OP_CHECK(d % 32 == 0, "length is a multiple of the group");
   const uint8_t* scales = rec + d / 2;
   for (int i = 0; i < d; ++i) {
     const uint8_t code = (rec[i / 2] >> (4 * (i & 1))) & 0xF;
@@ -240,12 +248,12 @@ void unpack_fp4_pow2(const uint8_t* rec, int d, float* x) {
 }
 
 void pack_fp8(const float* x, int d, uint8_t* rec) {
-  FMT_CHECK(d % 32 == 0);
+  CEDAR_OP_CHECK(d % 32 == 0, "length is a multiple of the group");
   quantize_fp8(x, d, rec, rec + d);
 }
 
 void unpack_fp8(const uint8_t* rec, int d, float* x) {
-  FMT_CHECK(d % 32 == 0);
+  CEDAR_OP_CHECK(d % 32 == 0, "length is a multiple of the group");
   const uint8_t* scales = rec + d;
   for (int i = 0; i < d; ++i) x[i] = e4m3_to_f32(rec[i]) * ue8m0_to_f32(scales[i / fp8_group]);
 }

@@ -1,0 +1,161 @@
+// The fixed-order dot products and row decoders of dot.hpp. GCC vector extensions spell out the
+// lane order; the AVX-512, AVX2 and baseline clones run the same operations in the same order
+// with contraction into fused multiply-adds switched off, so every x86-64 machine gets the same
+// bits.
+#pragma GCC optimize("fp-contract=off")
+
+#include "kernels/cpu/dot.hpp"
+
+#include <cstring>
+
+#include "kernels/formats.hpp"
+
+namespace cedar::cpu {
+
+namespace {
+
+// Everything passing vector types is internal to this file, so the ABI note does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef int16_t v16i16 __attribute__((vector_size(32)));
+typedef uint8_t v8u8 __attribute__((vector_size(8)));
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+
+#define CEDAR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+template <class V>
+[[gnu::always_inline]] inline V load(const void* p) {
+  V v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <class V>
+[[gnu::always_inline]] inline void store(void* p, V v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+[[gnu::always_inline]] inline float fold(v16f v) {
+  for (int half = 8; half >= 1; half /= 2)
+    for (int l = 0; l < half; ++l) v[l] += v[l + half];
+  return v[0];
+}
+
+/// R weight rows times X rows of x (the R*X dots interleaved, each in dot_order).
+template <int R, int X>
+[[gnu::always_inline]] inline void dot_block(const float* x, int n, const float* const* w,
+                                             float* y, int ldy) {
+  v16f a[X][R][2] = {};
+  const int n32 = n - n % 32;
+  for (int k = 0; k < n32; k += 32) {
+    v16f xv[X][2];
+    for (int r = 0; r < X; ++r) {
+      xv[r][0] = load<v16f>(x + static_cast<long>(r) * n + k);
+      xv[r][1] = load<v16f>(x + static_cast<long>(r) * n + k + 16);
+    }
+    for (int i = 0; i < R; ++i) {
+      const v16f w0 = load<v16f>(w[i] + k), w1 = load<v16f>(w[i] + k + 16);
+      for (int r = 0; r < X; ++r) {
+        a[r][i][0] += w0 * xv[r][0];
+        a[r][i][1] += w1 * xv[r][1];
+      }
+    }
+  }
+  for (int r = 0; r < X; ++r)
+    for (int i = 0; i < R; ++i) {
+      const float* xr = x + static_cast<long>(r) * n;
+      float s = fold(a[r][i][0] + a[r][i][1]);
+      for (int k = n32; k < n; ++k) s += xr[k] * w[i][k];
+      y[static_cast<long>(r) * ldy + i] = s;
+    }
+}
+
+template <int R>
+[[gnu::always_inline]] inline void dot_rows(const float* x, int m, int n, const float* const* w,
+                                            float* y, int ldy) {
+  int r = 0;
+  for (; r + 2 <= m; r += 2)
+    dot_block<R, 2>(x + static_cast<long>(r) * n, n, w, y + static_cast<long>(r) * ldy, ldy);
+  if (r < m) dot_block<R, 1>(x + static_cast<long>(r) * n, n, w, y + static_cast<long>(r) * ldy, ldy);
+}
+
+/// 16 bytes widened to 32-bit lanes (in two 2x steps, which GCC keeps in vector registers).
+[[gnu::always_inline]] inline v16i widen(v16u8 b) {
+  return __builtin_convertvector(__builtin_convertvector(b, v16i16), v16i);
+}
+
+/// UE8M0 code -> fp32 scale, one table for all decoders.
+struct scale_table {
+  float v[256];
+  scale_table() {
+    for (int c = 0; c < 256; ++c) v[c] = fmt::ue8m0_to_f32(uint8_t(c));
+  }
+};
+const scale_table scales_f32;
+
+}  // namespace
+
+CEDAR_CLONES
+void dot_tile(const float* x, int m, int n, const float* const* w, int rows, float* y, int ldy) {
+  switch (rows) {
+    case 4: dot_rows<4>(x, m, n, w, y, ldy); break;
+    case 3: dot_rows<3>(x, m, n, w, y, ldy); break;
+    case 2: dot_rows<2>(x, m, n, w, y, ldy); break;
+    default: dot_rows<1>(x, m, n, w, y, ldy); break;
+  }
+}
+
+float dot(const float* a, const float* b, int n) {
+  float y = 0.0f;
+  dot_tile(a, 1, n, &b, 1, &y, 1);
+  return y;
+}
+
+// e4m3 -> fp32 by bits: a normal code (exponent field e > 0) is the fp32 with exponent
+// e - 7 + 127 and the 3 mantissa bits on top; a subnormal code is m * 2^-9.
+CEDAR_CLONES
+void decode_fp8_row(const uint8_t* codes, const uint8_t* scales, int n, float* dst) {
+  for (int k = 0; k < n; k += 16) {
+    const v16i c = widen(load<v16u8>(codes + k));
+    const v16i mag = c & 0x7F;
+    const v16i normal_bits = (mag << 20) + (120 << 23);
+    const v16f sub = __builtin_convertvector(mag & 7, v16f) * 0x1p-9f;
+    v16i bits = (mag >> 3) != 0 ? normal_bits : (v16i)sub;
+    bits |= (c & 0x80) << 24;
+    const v16f v = (v16f)bits * scales_f32.v[scales[k / 32]];
+    store(dst + k, v);
+  }
+}
+
+// e2m1 -> fp32 through an 8-entry magnitude table and the sign bit.
+CEDAR_CLONES
+void decode_fp4_row(const uint8_t* packed, const uint8_t* scales, int n, float* dst) {
+  const v16f grid = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                     0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (int k = 0; k < n; k += 16) {
+    // byte i -> 16-bit lane (low nibble, high nibble): read as bytes, nibbles in element order
+    const v8u16 b = __builtin_convertvector(load<v8u8>(packed + k / 2), v8u16);
+    const v8u16 pairs = (b & 0xF) | ((b >> 4) << 8);
+    const v16i c = widen((v16u8)pairs);
+    const v16f mag = __builtin_shuffle(grid, c & 7);
+    const v16i bits = (v16i)mag | ((c & 8) << 28);
+    const v16f v = (v16f)bits * scales_f32.v[scales[k / 32]];
+    store(dst + k, v);
+  }
+}
+
+CEDAR_CLONES
+void decode_bf16_row(const uint16_t* bits, int n, float* dst) {
+  int k = 0;
+  for (; k + 16 <= n; k += 16) {
+    const v16i b = __builtin_convertvector(load<v16u16>(bits + k), v16i) << 16;
+    store(dst + k, (v16f)b);
+  }
+  for (; k < n; ++k) dst[k] = fmt::bf16_to_f32(bits[k]);
+}
+
+}  // namespace cedar::cpu
