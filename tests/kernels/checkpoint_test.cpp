@@ -11,6 +11,7 @@
 #include "kernels/checkpoint/safetensors.hpp"
 #include "kernels/formats.hpp"
 #include "kernels/model/inventory.hpp"
+#include "kernels/model/param_count.hpp"
 #include "kernels/model/random_weights.hpp"
 
 using namespace cedar;
@@ -262,4 +263,18 @@ TEST_CASE("random weights follow the hygiene rules") {
       CHECK(sigmoid(mix * scale[0] + base[j]) >= 0.25);
       CHECK(std::abs(2 * sigmoid(mix * scale[1] + base[a.hc_mult + j]) - 1) < 0.4);
     }
+}
+
+TEST_CASE("parameter counts reproduce spec §2.6, §4.1 and §6.2") {
+  std::string error;
+  const param_counts real = count_params(*load_model_args("deepseek-v4.1-flash", &error));
+  CHECK(real.backbone / 1e9 == doctest::Approx(551.9).epsilon(0.0002));        // "552B"
+  CHECK(real.engram_tables / 1e9 == doctest::Approx(196.6).epsilon(0.0005));
+  CHECK(real.active_per_prompt_token / 1e9 == doctest::Approx(7.9).epsilon(0.015));     // "8B in"
+  CHECK(real.active_per_generated_token / 1e9 == doctest::Approx(15.7).epsilon(0.01));  // "16B out"
+  const model_args bench = *load_model_args("bench-40L-E64", &error);
+  CHECK(count_params(bench).total / 1e9 == doctest::Approx(123.4).epsilon(0.001));
+  double bytes = 0;
+  for (const tensor_spec& s : model_inventory(bench)) bytes += double(s.num_bytes());
+  CHECK(bytes / double(1ull << 30) == doctest::Approx(77.5).epsilon(0.001));
 }
