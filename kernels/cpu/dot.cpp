@@ -1,11 +1,13 @@
 // The fixed-order dot products and row decoders of dot.hpp. GCC vector extensions spell out the
-// lane order; the AVX-512, AVX2 and baseline clones run the same operations in the same order
-// with contraction into fused multiply-adds switched off, so every x86-64 machine gets the same
-// bits.
+// lane order; the AVX-512, AVX2 and baseline builds of each function run the same operations in
+// the same order with contraction into fused multiply-adds switched off, so every x86-64
+// machine gets the same bits. The build is picked once at run time by a plain branch (not an
+// ifunc, whose resolver runs before sanitizer runtimes are up).
 #pragma GCC optimize("fp-contract=off")
 
 #include "kernels/cpu/dot.hpp"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/formats.hpp"
@@ -25,7 +27,40 @@ typedef int16_t v16i16 __attribute__((vector_size(32)));
 typedef uint8_t v8u8 __attribute__((vector_size(8)));
 typedef uint16_t v8u16 __attribute__((vector_size(16)));
 
-#define CEDAR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+enum class isa_level { base, avx2, avx512 };
+
+/// The widest build this CPU runs, capped by CEDAR_CPU_ISA (base | avx2 | avx512) if set.
+isa_level detect_isa() {
+  __builtin_cpu_init();
+  isa_level level = __builtin_cpu_supports("avx512f") ? isa_level::avx512
+                    : __builtin_cpu_supports("avx2")  ? isa_level::avx2
+                                                      : isa_level::base;
+  if (const char* cap = std::getenv("CEDAR_CPU_ISA")) {
+    if (std::strcmp(cap, "base") == 0) level = isa_level::base;
+    if (std::strcmp(cap, "avx2") == 0 && level == isa_level::avx512) level = isa_level::avx2;
+  }
+  return level;
+}
+
+isa_level cpu_isa() {
+  static const isa_level level = detect_isa();
+  return level;
+}
+
+/// Defines AVX-512, AVX2 and baseline builds of name##_body (always_inline, so each is
+/// compiled for its target).
+#define CEDAR_MULTIVERSION(name, params, args)                                      \
+  __attribute__((target("avx512f"))) void name##_avx512 params { name##_body args; } \
+  __attribute__((target("avx2"))) void name##_avx2 params { name##_body args; }      \
+  void name##_base params { name##_body args; }
+
+/// Calls the build of `name` for this CPU.
+#define CEDAR_DISPATCH(name, args)                 \
+  switch (cpu_isa()) {                             \
+    case isa_level::avx512: return name##_avx512 args; \
+    case isa_level::avx2: return name##_avx2 args;     \
+    default: return name##_base args;                  \
+  }
 
 template <class V>
 [[gnu::always_inline]] inline V load(const void* p) {
@@ -35,11 +70,12 @@ template <class V>
 }
 
 template <class V>
-[[gnu::always_inline]] inline void store(void* p, V v) {
+[[gnu::always_inline]] inline void store(void* p, const V& v) {
   std::memcpy(p, &v, sizeof v);
 }
 
-[[gnu::always_inline]] inline float fold(v16f v) {
+[[gnu::always_inline]] inline float fold(const v16f& lanes) {
+  v16f v = lanes;
   for (int half = 8; half >= 1; half /= 2)
     for (int l = 0; l < half; ++l) v[l] += v[l + half];
   return v[0];
@@ -97,10 +133,8 @@ struct scale_table {
 };
 const scale_table scales_f32;
 
-}  // namespace
-
-CEDAR_CLONES
-void dot_tile(const float* x, int m, int n, const float* const* w, int rows, float* y, int ldy) {
+[[gnu::always_inline]] inline void dot_tile_body(const float* x, int m, int n, const float* const* w,
+                                                 int rows, float* y, int ldy) {
   switch (rows) {
     case 4: dot_rows<4>(x, m, n, w, y, ldy); break;
     case 3: dot_rows<3>(x, m, n, w, y, ldy); break;
@@ -109,16 +143,10 @@ void dot_tile(const float* x, int m, int n, const float* const* w, int rows, flo
   }
 }
 
-float dot(const float* a, const float* b, int n) {
-  float y = 0.0f;
-  dot_tile(a, 1, n, &b, 1, &y, 1);
-  return y;
-}
-
 // e4m3 -> fp32 by bits: a normal code (exponent field e > 0) is the fp32 with exponent
 // e - 7 + 127 and the 3 mantissa bits on top; a subnormal code is m * 2^-9.
-CEDAR_CLONES
-void decode_fp8_row(const uint8_t* codes, const uint8_t* scales, int n, float* dst) {
+[[gnu::always_inline]] inline void decode_fp8_row_body(const uint8_t* codes, const uint8_t* scales,
+                                                       int n, float* dst) {
   for (int k = 0; k < n; k += 16) {
     const v16i c = widen(load<v16u8>(codes + k));
     const v16i mag = c & 0x7F;
@@ -132,8 +160,8 @@ void decode_fp8_row(const uint8_t* codes, const uint8_t* scales, int n, float* d
 }
 
 // e2m1 -> fp32 through an 8-entry magnitude table and the sign bit.
-CEDAR_CLONES
-void decode_fp4_row(const uint8_t* packed, const uint8_t* scales, int n, float* dst) {
+[[gnu::always_inline]] inline void decode_fp4_row_body(const uint8_t* packed, const uint8_t* scales,
+                                                       int n, float* dst) {
   const v16f grid = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                      0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   for (int k = 0; k < n; k += 16) {
@@ -148,14 +176,46 @@ void decode_fp4_row(const uint8_t* packed, const uint8_t* scales, int n, float* 
   }
 }
 
-CEDAR_CLONES
-void decode_bf16_row(const uint16_t* bits, int n, float* dst) {
+[[gnu::always_inline]] inline void decode_bf16_row_body(const uint16_t* bits, int n, float* dst) {
   int k = 0;
   for (; k + 16 <= n; k += 16) {
     const v16i b = __builtin_convertvector(load<v16u16>(bits + k), v16i) << 16;
     store(dst + k, (v16f)b);
   }
   for (; k < n; ++k) dst[k] = fmt::bf16_to_f32(bits[k]);
+}
+
+CEDAR_MULTIVERSION(dot_tile,
+                   (const float* x, int m, int n, const float* const* w, int rows, float* y, int ldy),
+                   (x, m, n, w, rows, y, ldy))
+CEDAR_MULTIVERSION(decode_fp8_row, (const uint8_t* codes, const uint8_t* scales, int n, float* dst),
+                   (codes, scales, n, dst))
+CEDAR_MULTIVERSION(decode_fp4_row, (const uint8_t* packed, const uint8_t* scales, int n, float* dst),
+                   (packed, scales, n, dst))
+CEDAR_MULTIVERSION(decode_bf16_row, (const uint16_t* bits, int n, float* dst), (bits, n, dst))
+
+}  // namespace
+
+void dot_tile(const float* x, int m, int n, const float* const* w, int rows, float* y, int ldy) {
+  CEDAR_DISPATCH(dot_tile, (x, m, n, w, rows, y, ldy))
+}
+
+void decode_fp8_row(const uint8_t* codes, const uint8_t* scales, int n, float* dst) {
+  CEDAR_DISPATCH(decode_fp8_row, (codes, scales, n, dst))
+}
+
+void decode_fp4_row(const uint8_t* packed, const uint8_t* scales, int n, float* dst) {
+  CEDAR_DISPATCH(decode_fp4_row, (packed, scales, n, dst))
+}
+
+void decode_bf16_row(const uint16_t* bits, int n, float* dst) {
+  CEDAR_DISPATCH(decode_bf16_row, (bits, n, dst))
+}
+
+float dot(const float* a, const float* b, int n) {
+  float y = 0.0f;
+  dot_tile(a, 1, n, &b, 1, &y, 1);
+  return y;
 }
 
 }  // namespace cedar::cpu

@@ -6,6 +6,9 @@
 // rounded product, then a rounded sum; never a fused multiply-add). Then v = a0 + a1, and the
 // 16 lanes are folded in halves: v[l] += v[l + 8], then + 4, + 2, + 1. The tail k >= n32 is
 // added to that sum one element at a time in ascending k.
+//
+// The widest vector build the CPU supports is used (AVX-512, AVX2 or baseline x86-64; all give
+// the same bits); CEDAR_CPU_ISA=base|avx2 caps it, to check exactly that.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // CPU reference linear layers (ops.hpp): FP8 and FP4 weights with FP8 activations, bf16 and
-// fp32 weights. Each output row is computed by one thread in one fixed order (dot_order below),
-// independent of m, so the ops are batch-invariant and deterministic.
+// fp32 weights. Each output element is computed by one thread in one fixed order (dot_order in
+// dot.hpp), independent of m, so the ops are batch-invariant and deterministic.
 //
 // Exactness: fake-quantized activations (e4m3 * 2^k) and dequantized weights (e4m3 or e2m1
 // times a power-of-two scale) have at most 4 significant bits, so every product x*w is exact
@@ -21,6 +21,9 @@ namespace {
 
 /// Output rows decoded per tile: one dot_tile call shares each x load among them.
 constexpr int tile_rows = 4;
+/// Activation rows per pass over the weight: bounds the x rows a tile streams through (128 rows
+/// of 5120 fp32 = 2.6 MB) at the price of decoding the weight once per pass.
+constexpr int block_rows = 128;
 
 /// Runs y = W x over tiles of output rows. decode(n, buf) returns row n of W as fp32 [in]:
 /// decoded into buf, or a pointer straight into an fp32 weight.
@@ -28,17 +31,20 @@ template <class Decode>
 void gemm(const float* x /*[m, in]*/, int m, int out, int in, Decode decode,
           float* y /*[m, out]*/) {
   const int num_tiles = (out + tile_rows - 1) / tile_rows;
-  parallel_for_chunks(0, num_tiles, 0, [&](int64_t lo, int64_t hi) {
-    thread_local std::vector<float> buf;
-    buf.resize(std::size_t(tile_rows) * in);
-    for (int64_t t = lo; t < hi; ++t) {
-      const int n0 = int(t) * tile_rows;
-      const int rows = std::min(tile_rows, out - n0);
-      const float* w[tile_rows];
-      for (int i = 0; i < rows; ++i) w[i] = decode(n0 + i, buf.data() + std::size_t(i) * in);
-      dot_tile(x, m, in, w, rows, y + n0, out);
-    }
-  });
+  for (int r0 = 0; r0 < m; r0 += block_rows) {
+    const int rows_x = std::min(block_rows, m - r0);
+    parallel_for_chunks(0, num_tiles, 0, [&](int64_t lo, int64_t hi) {
+      thread_local std::vector<float> buf;
+      buf.resize(std::size_t(tile_rows) * in);
+      for (int64_t t = lo; t < hi; ++t) {
+        const int n0 = int(t) * tile_rows;
+        const int rows_w = std::min(tile_rows, out - n0);
+        const float* w[tile_rows];
+        for (int i = 0; i < rows_w; ++i) w[i] = decode(n0 + i, buf.data() + std::size_t(i) * in);
+        dot_tile(x + std::size_t(r0) * in, rows_x, in, w, rows_w, y + std::size_t(r0) * out + n0, out);
+      }
+    });
+  }
 }
 
 /// x with every row FP8-fake-quantized per 32 (the activation side of the FP8/FP4 GEMMs).

@@ -117,6 +117,18 @@ TEST_CASE("linear_bf16 and linear_f32 match plain loops, including a length that
   }
 }
 
+TEST_CASE("linear_fp8 over more rows than one activation block stays batch-invariant") {
+  std::mt19937 rng(16);
+  const int m = 300, out = 40, in = 96;  // 300 rows: three passes over the weight
+  const auto w = test::random_fp8_weight(out, in, rng);
+  const auto x = activations(m, in, rng);
+  std::vector<float> y(std::size_t(m) * out);
+  cpu::linear_fp8(x.data(), m, w.view, y.data());
+  check_against_reference(fake_quant_rows(x, in), m, test::dequantize(w.view), out, in, y);
+  check_batch_invariant(x, m, in, out,
+                        [&](const float* xs, int rows, float* ys) { cpu::linear_fp8(xs, rows, w.view, ys); });
+}
+
 TEST_CASE("linear_fp8 gives the same bits on repeated runs over many output rows") {
   std::mt19937 rng(15);
   const int m = 3, out = 1000, in = 512;

@@ -95,6 +95,26 @@ TEST_CASE("hc_mix matches the spec in double; comb is doubly stochastic after Si
   }
 }
 
+TEST_CASE("hc_mix is batch-invariant: a token's bits do not depend on the other tokens") {
+  std::mt19937 rng(43);
+  const int m = 5, d = 64;
+  const auto X = test::random_floats(std::size_t(m) * hc * d, rng);
+  const auto fn = test::random_floats(std::size_t(n_mix) * hc * d, rng, 0.1f);
+  const auto base = test::random_floats(n_mix, rng);
+  const float scale[3] = {1.0f, 1.0f, 1.0f};
+  std::vector<float> pre(m * hc), post(m * hc), comb(m * hc * hc);
+  cpu::hc_mix(X.data(), m, hc, d, fn.data(), scale, base.data(), 20, 1e-6f, 1e-20f, pre.data(),
+              post.data(), comb.data());
+  for (int r = 0; r < m; ++r) {
+    float p1[hc], q1[hc], c1[hc * hc];
+    cpu::hc_mix(X.data() + r * hc * d, 1, hc, d, fn.data(), scale, base.data(), 20, 1e-6f, 1e-20f,
+                p1, q1, c1);
+    CHECK(std::memcmp(p1, &pre[r * hc], sizeof p1) == 0);
+    CHECK(std::memcmp(q1, &post[r * hc], sizeof q1) == 0);
+    CHECK(std::memcmp(c1, &comb[r * hc * hc], sizeof c1) == 0);
+  }
+}
+
 TEST_CASE("hc_mix reads the comb logits row-major: logit j*hc+k is the weight of copy j in copy k") {
   const int d = 32;
   std::vector<float> X(hc * d, 1.0f), fn(std::size_t(n_mix) * hc * d, 0.0f), base(n_mix, 0.0f);
