@@ -30,13 +30,16 @@ struct forward_item {
   /// rewriting their global KV (pages are shared with the prefix cache).
   bool replay = false;
   /// Decoder truncation: layers >= args.truncate_from_layer skip rows whose position is below
-  /// this value (prompt length - window at prefill); -1 = run every row.
+  /// this value (prompt length - window at prefill); -1 = run every row. Their window then
+  /// starts at this position. With logits `all`, only the kept rows return logits.
   int64_t truncate_below = -1;
 };
 
 /// Counters a caller (or a test) can read after a forward call.
 struct forward_stats {
   int64_t rows_per_layer[64] = {};  ///< rows processed by each layer's attention and MoE
+  /// Largest |X| of the residual streams after each layer (+inf if any value is not finite).
+  float max_abs_residual[64] = {};
 };
 
 class model {
