@@ -10,7 +10,7 @@
 #include "kernels/cpu/dot.hpp"
 #include "kernels/formats.hpp"
 #include "kernels/ops.hpp"
-#include "tests/kernels/random_weights.hpp"
+#include "tests/kernels/op_reference.hpp"
 
 using namespace cedar;
 
@@ -50,8 +50,8 @@ void check_batch_invariant(const std::vector<float>& x, int m, int in, int out, 
   }
 }
 
-std::vector<float> activations(int m, int in, std::mt19937& rng) {
-  auto x = test::random_floats(std::size_t(m) * in, rng);
+std::vector<float> activations(int m, int in, std::mt19937_64& rng) {
+  auto x = op_reference::random_floats(rng, std::size_t(m) * in, -2.0f, 2.0f);
   // groups of very different magnitude, so the per-32 activation scales differ
   for (std::size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.0f, int(i / 32 % 7) - 3);
   return x;
@@ -60,55 +60,55 @@ std::vector<float> activations(int m, int in, std::mt19937& rng) {
 }  // namespace
 
 TEST_CASE("linear_fp8 equals the block-scaled FP8 formula on random weights") {
-  std::mt19937 rng(11);
+  std::mt19937_64 rng(11);
   const int m = 7, out = 70, in = 256;  // out not a multiple of 32: a partial scale tile
-  const auto w = test::random_fp8_weight(out, in, rng);
+  const auto w = op_reference::random_fp8(rng, out, in);
   const auto x = activations(m, in, rng);
   std::vector<float> y(std::size_t(m) * out);
   cpu::linear_fp8(x.data(), m, w.view, y.data());
-  check_against_reference(fake_quant_rows(x, in), m, test::dequantize(w.view), out, in, y);
+  check_against_reference(fake_quant_rows(x, in), m, op_reference::dequant(w.view), out, in, y);
   check_batch_invariant(x, m, in, out,
                         [&](const float* xs, int rows, float* ys) { cpu::linear_fp8(xs, rows, w.view, ys); });
 }
 
 TEST_CASE("linear_fp8 does not change its input and quantizes the activation") {
-  std::mt19937 rng(12);
+  std::mt19937_64 rng(12);
   const int out = 32, in = 64;
-  const auto w = test::random_fp8_weight(out, in, rng);
+  const auto w = op_reference::random_fp8(rng, out, in);
   auto x = activations(1, in, rng);
   x[3] = 0.1234567f;  // not on the FP8 grid of its group
   const auto x_before = x;
   std::vector<float> y(out);
   cpu::linear_fp8(x.data(), 1, w.view, y.data());
   CHECK(std::memcmp(x.data(), x_before.data(), in * sizeof(float)) == 0);
-  check_against_reference(fake_quant_rows(x, in), 1, test::dequantize(w.view), out, in, y);
+  check_against_reference(fake_quant_rows(x, in), 1, op_reference::dequant(w.view), out, in, y);
 }
 
 TEST_CASE("linear_fp4 (W4A8) equals the formula on random weights") {
-  std::mt19937 rng(13);
+  std::mt19937_64 rng(13);
   const int m = 7, out = 45, in = 320;
-  const auto w = test::random_fp4_weight(out, in, rng);
+  const auto w = op_reference::random_fp4(rng, out, in);
   const auto x = activations(m, in, rng);
   std::vector<float> y(std::size_t(m) * out);
   cpu::linear_fp4(x.data(), m, w.view, y.data());
-  check_against_reference(fake_quant_rows(x, in), m, test::dequantize(w.view), out, in, y);
+  check_against_reference(fake_quant_rows(x, in), m, op_reference::dequant(w.view), out, in, y);
   check_batch_invariant(x, m, in, out,
                         [&](const float* xs, int rows, float* ys) { cpu::linear_fp4(xs, rows, w.view, ys); });
 }
 
 TEST_CASE("linear_bf16 and linear_f32 match plain loops, including a length that is not a multiple of 32") {
-  std::mt19937 rng(14);
+  std::mt19937_64 rng(14);
   for (int in : {100, 256}) {
     const int m = 7, out = 33;
-    const auto w = test::random_bf16_weight(out, in, rng);
+    const auto w = op_reference::random_bf16(rng, out, in, 0.5f);
     const auto x = activations(m, in, rng);
     std::vector<float> y(std::size_t(m) * out);
     cpu::linear_bf16(x.data(), m, w.view, y.data());
-    check_against_reference(x, m, test::dequantize(w.view), out, in, y);
+    check_against_reference(x, m, op_reference::dequant(w.view), out, in, y);
     check_batch_invariant(x, m, in, out,
                           [&](const float* xs, int rows, float* ys) { cpu::linear_bf16(xs, rows, w.view, ys); });
 
-    const auto wf = test::random_floats(std::size_t(out) * in, rng);
+    const auto wf = op_reference::random_floats(rng, std::size_t(out) * in, -2.0f, 2.0f);
     cpu::linear_f32(x.data(), m, wf.data(), out, in, y.data());
     check_against_reference(x, m, wf, out, in, y);
     check_batch_invariant(x, m, in, out, [&](const float* xs, int rows, float* ys) {
@@ -118,27 +118,27 @@ TEST_CASE("linear_bf16 and linear_f32 match plain loops, including a length that
 }
 
 TEST_CASE("linear_fp8 over more rows than one activation block stays batch-invariant") {
-  std::mt19937 rng(16);
+  std::mt19937_64 rng(16);
   const int m = 300, out = 40, in = 96;  // 300 rows: three passes over the weight
-  const auto w = test::random_fp8_weight(out, in, rng);
+  const auto w = op_reference::random_fp8(rng, out, in);
   const auto x = activations(m, in, rng);
   std::vector<float> y(std::size_t(m) * out);
   cpu::linear_fp8(x.data(), m, w.view, y.data());
-  check_against_reference(fake_quant_rows(x, in), m, test::dequantize(w.view), out, in, y);
+  check_against_reference(fake_quant_rows(x, in), m, op_reference::dequant(w.view), out, in, y);
   check_batch_invariant(x, m, in, out,
                         [&](const float* xs, int rows, float* ys) { cpu::linear_fp8(xs, rows, w.view, ys); });
 }
 
 TEST_CASE("linear_fp8 gives the same bits on repeated runs over many output rows") {
-  std::mt19937 rng(15);
+  std::mt19937_64 rng(15);
   const int m = 3, out = 1000, in = 512;
-  const auto w = test::random_fp8_weight(out, in, rng);
+  const auto w = op_reference::random_fp8(rng, out, in);
   const auto x = activations(m, in, rng);
   std::vector<float> a(std::size_t(m) * out), b(a.size());
   cpu::linear_fp8(x.data(), m, w.view, a.data());
   cpu::linear_fp8(x.data(), m, w.view, b.data());
   CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-  check_against_reference(fake_quant_rows(x, in), m, test::dequantize(w.view), out, in, a);
+  check_against_reference(fake_quant_rows(x, in), m, op_reference::dequant(w.view), out, in, a);
 }
 
 TEST_CASE("row decoders give the scalar codecs' values for every code") {

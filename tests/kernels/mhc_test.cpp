@@ -10,7 +10,7 @@
 
 #include "kernels/formats.hpp"
 #include "kernels/ops.hpp"
-#include "tests/kernels/random_weights.hpp"
+#include "tests/kernels/op_reference.hpp"
 
 using namespace cedar;
 
@@ -69,11 +69,11 @@ void hc_mix_reference(const float* X, int d, const float* fn, const float* scale
 }  // namespace
 
 TEST_CASE("hc_mix matches the spec in double; comb is doubly stochastic after Sinkhorn") {
-  std::mt19937 rng(41);
+  std::mt19937_64 rng(41);
   const int m = 3, d = 96;
-  const auto X = test::random_floats(std::size_t(m) * hc * d, rng);
-  const auto fn = test::random_floats(std::size_t(n_mix) * hc * d, rng, 0.1f);
-  const auto base = test::random_floats(n_mix, rng);
+  const auto X = op_reference::random_floats(rng, std::size_t(m) * hc * d, -2.0f, 2.0f);
+  const auto fn = op_reference::random_floats(rng, std::size_t(n_mix) * hc * d, -0.2f, 0.2f);
+  const auto base = op_reference::random_floats(rng, n_mix, -2.0f, 2.0f);
   const float scale[3] = {0.7f, 1.3f, 0.9f};
   std::vector<float> pre(m * hc), post(m * hc), comb(m * hc * hc);
   cpu::hc_mix(X.data(), m, hc, d, fn.data(), scale, base.data(), 20, 1e-6f, 1e-20f, pre.data(),
@@ -96,11 +96,11 @@ TEST_CASE("hc_mix matches the spec in double; comb is doubly stochastic after Si
 }
 
 TEST_CASE("hc_mix is batch-invariant: a token's bits do not depend on the other tokens") {
-  std::mt19937 rng(43);
+  std::mt19937_64 rng(43);
   const int m = 5, d = 64;
-  const auto X = test::random_floats(std::size_t(m) * hc * d, rng);
-  const auto fn = test::random_floats(std::size_t(n_mix) * hc * d, rng, 0.1f);
-  const auto base = test::random_floats(n_mix, rng);
+  const auto X = op_reference::random_floats(rng, std::size_t(m) * hc * d, -2.0f, 2.0f);
+  const auto fn = op_reference::random_floats(rng, std::size_t(n_mix) * hc * d, -0.2f, 0.2f);
+  const auto base = op_reference::random_floats(rng, n_mix, -2.0f, 2.0f);
   const float scale[3] = {1.0f, 1.0f, 1.0f};
   std::vector<float> pre(m * hc), post(m * hc), comb(m * hc * hc);
   cpu::hc_mix(X.data(), m, hc, d, fn.data(), scale, base.data(), 20, 1e-6f, 1e-20f, pre.data(),
@@ -132,13 +132,13 @@ TEST_CASE("hc_mix reads the comb logits row-major: logit j*hc+k is the weight of
 }
 
 TEST_CASE("hc_collapse and hc_post follow X'[k] = bf16(post[k] f + sum_j C[j,k] X[j])") {
-  std::mt19937 rng(42);
+  std::mt19937_64 rng(42);
   const int m = 2, d = 50;
-  const auto X = test::random_floats(std::size_t(m) * hc * d, rng);
-  const auto f = test::random_floats(std::size_t(m) * d, rng);
-  const auto pre = test::random_floats(m * hc, rng);
-  const auto post = test::random_floats(m * hc, rng);
-  const auto comb = test::random_floats(m * hc * hc, rng);
+  const auto X = op_reference::random_floats(rng, std::size_t(m) * hc * d, -2.0f, 2.0f);
+  const auto f = op_reference::random_floats(rng, std::size_t(m) * d, -2.0f, 2.0f);
+  const auto pre = op_reference::random_floats(rng, m * hc, -2.0f, 2.0f);
+  const auto post = op_reference::random_floats(rng, m * hc, -2.0f, 2.0f);
+  const auto comb = op_reference::random_floats(rng, m * hc * hc, -2.0f, 2.0f);
 
   std::vector<float> collapsed(std::size_t(m) * d);
   cpu::hc_collapse(X.data(), pre.data(), m, hc, d, collapsed.data());

@@ -8,15 +8,15 @@
 
 #include "kernels/formats.hpp"
 #include "kernels/ops.hpp"
-#include "tests/kernels/random_weights.hpp"
+#include "tests/kernels/op_reference.hpp"
 
 using namespace cedar;
 
 TEST_CASE("rmsnorm matches a double reference and may run in place") {
-  std::mt19937 rng(21);
+  std::mt19937_64 rng(21);
   const int m = 5, d = 300;
-  auto x = test::random_floats(std::size_t(m) * d, rng, 3.0f);
-  const auto w = test::random_floats(d, rng);
+  auto x = op_reference::random_floats(rng, std::size_t(m) * d, -6.0f, 6.0f);
+  const auto w = op_reference::random_floats(rng, d, -2.0f, 2.0f);
   std::vector<float> y(x.size());
   cpu::rmsnorm(x.data(), m, d, w.data(), 1e-6f, y.data());
   for (int r = 0; r < m; ++r) {
@@ -39,8 +39,8 @@ TEST_CASE("rmsnorm with the model's eps 1e-20 normalizes small rows to unit RMS"
 }
 
 TEST_CASE("embed returns the bf16 rows of the tokens") {
-  std::mt19937 rng(22);
-  const auto table = test::random_bf16_weight(50, 40, rng);
+  std::mt19937_64 rng(22);
+  const auto table = op_reference::random_bf16(rng, 50, 40, 0.5f);
   const int32_t tokens[3] = {7, 0, 49};
   std::vector<float> out(3 * 40);
   cpu::embed(tokens, 3, table.view, out.data());

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/ops.hpp"
-#include "tests/kernels/random_weights.hpp"
+#include "tests/kernels/op_reference.hpp"
 
 using namespace cedar;
 
@@ -50,11 +50,11 @@ TEST_CASE("rope frequencies: plain theta table, and YaRN with low 15 / high 25 f
 }
 
 TEST_CASE("rope rotates adjacent pairs of the last rope_dim dims; inverse undoes it") {
-  std::mt19937 rng(31);
+  std::mt19937_64 rng(31);
   const int m = 4, heads = 3, head_dim = 96;
   auto p = compressed_layer_params();
   const int32_t positions[m] = {0, 1, 777, 1000000};
-  const auto x = test::random_floats(std::size_t(m) * heads * head_dim, rng);
+  const auto x = op_reference::random_floats(rng, std::size_t(m) * heads * head_dim, -2.0f, 2.0f);
   auto y = x;
   cpu::rope(y.data(), m, heads, head_dim, positions, p, false);
   std::vector<double> freqs(32);
