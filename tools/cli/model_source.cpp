@@ -1,0 +1,64 @@
+// Model opening and request memory for the model commands (see model_source.hpp).
+#include "tools/cli/model_source.hpp"
+
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+
+#include "config/model_config.hpp"
+#include "kernels/checkpoint/safetensors.hpp"
+#include "kernels/model/inventory.hpp"
+#include "kernels/model/random_weights.hpp"
+
+namespace cedar::cli {
+
+std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t seed,
+                                  kv_dtype dtype, std::string* error) {
+  auto args = load_model_args(dir_or_preset, error);
+  if (!args) return nullptr;
+  auto weights = std::make_shared<tensor_map>();
+  if (std::filesystem::is_directory(dir_or_preset)) {
+    if (!read_safetensors(dir_or_preset, *weights, error)) return nullptr;
+    const auto problems = check_tensors(*args, *weights);
+    if (!problems.empty()) {
+      *error = "checkpoint " + dir_or_preset + " does not match its config.json:";
+      for (const std::string& p : problems) *error += "\n  " + p;
+      return nullptr;
+    }
+  } else {
+    *weights = make_random_weights(*args, seed);
+  }
+  try {
+    return std::make_unique<model>(*args, std::move(weights), dtype);
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return nullptr;
+  }
+}
+
+std::optional<std::vector<int32_t>> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  const char* p = text.c_str();
+  while (*p) {
+    char* end = nullptr;
+    const long v = std::strtol(p, &end, 10);
+    if (end == p || v < 0 || v > INT32_MAX) return std::nullopt;
+    ids.push_back(int32_t(v));
+    p = end;
+    if (*p == ',') ++p;
+    else if (*p) return std::nullopt;
+  }
+  if (ids.empty()) return std::nullopt;
+  return ids;
+}
+
+owned_request::owned_request(const kv_layout& layout, int64_t max_tokens) {
+  pages.assign(max_tokens / layout.page_tokens + 1, std::vector<uint8_t>(layout.page_bytes, 0));
+  for (auto& p : pages) kv.pages.push_back(p.data());
+  ring.assign(layout.ring_bytes(), 0);
+  tails.assign(layout.tail_floats(), 0.0f);
+  kv.swa_ring = ring.data();
+  kv.tails = tails.data();
+}
+
+}  // namespace cedar::cli
