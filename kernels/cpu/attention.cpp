@@ -1,6 +1,8 @@
 // CPU reference of the attention core (spec §2.3 steps 7 and 9): sparse MQA over a gathered
 // candidate set with a per-head sink, and the grouped output LoRA. fp32 throughout; each
-// (row, head) is reduced in candidate order, so results do not depend on the batch.
+// (row, head) is reduced in candidate order (scores in dot_order), so results do not depend
+// on the batch.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -13,29 +15,34 @@
 namespace cedar::cpu {
 namespace {
 
-/// One (row, head): out = sum_c p_c kv[idx_c] with p = exp(s - max) / (exp(sink - max) + sum).
-void attend_one(const float* q /*[dim]*/, int dim, const float* kv /*[num_kv, dim]*/,
-                const int32_t* idx /*[num_idx]*/, int num_idx, float sink, float scale,
-                float* probs /*[num_idx] scratch*/, float* out /*[dim]*/) {
-  float mx = sink;
-  for (int c = 0; c < num_idx; ++c) {
-    if (idx[c] < 0) continue;
-    probs[c] = dot(q, kv + static_cast<int64_t>(idx[c]) * dim, dim) * scale;
-    mx = std::max(mx, probs[c]);
+/// Heads attended together: each gathered kv row is read once for all of them.
+constexpr int head_block = 8;
+
+/// Heads [h0, h0 + nh) of one row: out_h = sum_c p_hc kv[c] over the non-empty candidates,
+/// p_hc = exp(s_hc - max_h) / (exp(sink_h - max_h) + sum_c exp(s_hc - max_h)).
+void attend_heads(const float* q /*[nh, dim]*/, int nh, int dim,
+                  const std::vector<const float*>& rows /*[nc] kv rows*/, const float* sink,
+                  float scale, float* probs /*[nh, nc] scratch*/, float* out /*[nh, dim]*/) {
+  const int nc = static_cast<int>(rows.size());
+  for (int c = 0; c < nc; c += 4) {
+    dot_tile(q, nh, dim, rows.data() + c, std::min(4, nc - c), probs + c, nc);
   }
-  float denom = std::exp(sink - mx);
-  for (int c = 0; c < num_idx; ++c) {
-    if (idx[c] < 0) continue;
-    probs[c] = std::exp(probs[c] - mx);
-    denom += probs[c];
+  for (int h = 0; h < nh; ++h) {
+    float* p = probs + static_cast<int64_t>(h) * nc;
+    float mx = sink[h];
+    for (int c = 0; c < nc; ++c) mx = std::max(mx, p[c] *= scale);
+    float denom = std::exp(sink[h] - mx);
+    for (int c = 0; c < nc; ++c) denom += (p[c] = std::exp(p[c] - mx));
+    const float inv = 1.0f / denom;
+    for (int c = 0; c < nc; ++c) p[c] *= inv;
   }
-  const float inv = 1.0f / denom;
-  for (int i = 0; i < dim; ++i) out[i] = 0.0f;
-  for (int c = 0; c < num_idx; ++c) {
-    if (idx[c] < 0) continue;
-    const float p = probs[c] * inv;
-    const float* v = kv + static_cast<int64_t>(idx[c]) * dim;
-    for (int i = 0; i < dim; ++i) out[i] += p * v[i];
+  std::fill(out, out + static_cast<int64_t>(nh) * dim, 0.0f);
+  for (int c = 0; c < nc; ++c) {
+    for (int h = 0; h < nh; ++h) {
+      const float p = probs[static_cast<int64_t>(h) * nc + c];
+      float* o = out + static_cast<int64_t>(h) * dim;
+      for (int i = 0; i < dim; ++i) o[i] += p * rows[c][i];
+    }
   }
 }
 
@@ -44,12 +51,18 @@ void attend_one(const float* q /*[dim]*/, int dim, const float* kv /*[num_kv, di
 void sparse_attention(const float* q, int m, int num_heads, int dim, const float* kv,
                       const int32_t* idx, int num_idx, const float* sink, float scale,
                       float* out) {
-  parallel_for(0, static_cast<int64_t>(m) * num_heads, [&](int64_t rh) {
-    const int64_t r = rh / num_heads;
-    const int h = static_cast<int>(rh % num_heads);
-    std::vector<float> probs(num_idx);
-    attend_one(q + rh * dim, dim, kv, idx + r * num_idx, num_idx, sink[h], scale,
-               probs.data(), out + rh * dim);
+  const int blocks = (num_heads + head_block - 1) / head_block;
+  parallel_for(0, static_cast<int64_t>(m) * blocks, [&](int64_t rb) {
+    const int64_t r = rb / blocks;
+    const int h0 = static_cast<int>(rb % blocks) * head_block;
+    const int nh = std::min(head_block, num_heads - h0);
+    std::vector<const float*> rows;  // the non-empty candidates, in candidate order
+    for (int c = 0; c < num_idx; ++c) {
+      if (idx[r * num_idx + c] >= 0) rows.push_back(kv + static_cast<int64_t>(idx[r * num_idx + c]) * dim);
+    }
+    std::vector<float> probs(static_cast<size_t>(nh) * rows.size());
+    const int64_t first = (r * num_heads + h0) * dim;
+    attend_heads(q + first, nh, dim, rows, sink + h0, scale, probs.data(), out + first);
   });
 }
 
