@@ -16,15 +16,17 @@ namespace {
 
 constexpr float neg_inf = -std::numeric_limits<float>::infinity();
 
-/// score = sum_h w[h] * relu(q[h] . key), heads ascending.
-float index_score(const float* q /*[heads, dim]*/, const float* w /*[heads]*/, int heads,
-                  int dim, const float* key /*[dim]*/) {
-  float score = 0.0f;
-  for (int h = 0; h < heads; ++h) {
-    const float* qh = q + static_cast<int64_t>(h) * dim;
-    score += w[h] * std::max(dot(qh, key, dim), 0.0f);
+/// scores[i] = sum_h w[h] * relu(q[h] . keys[i]) for up to 4 keys (heads ascending); the dots
+/// of a 4-key tile share each q load.
+void score_tile(const float* q /*[heads, dim]*/, const float* w /*[heads]*/, int heads, int dim,
+                const float* const* keys /*[n] -> [dim]*/, int n, float* dots /*[heads, 4]*/,
+                float* scores /*[n]*/) {
+  dot_tile(q, heads, dim, keys, n, dots, 4);
+  for (int i = 0; i < n; ++i) {
+    float score = 0.0f;
+    for (int h = 0; h < heads; ++h) score += w[h] * std::max(dots[h * 4 + i], 0.0f);
+    scores[i] = score;
   }
-  return score;
 }
 
 }  // namespace
@@ -36,8 +38,12 @@ void index_scores(const float* q, const float* w, int m, int heads, int dim, con
     const float* w_r = w + r * heads;
     const int visible = std::clamp(num_visible[r], 0, num_keys);
     float* s = scores + r * num_keys;
-    for (int j = 0; j < visible; ++j) {
-      s[j] = index_score(q_r, w_r, heads, dim, keys + static_cast<int64_t>(j) * dim);
+    std::vector<float> dots(static_cast<size_t>(heads) * 4);
+    for (int j = 0; j < visible; j += 4) {
+      const int n = std::min(4, visible - j);
+      const float* tile[4];
+      for (int i = 0; i < n; ++i) tile[i] = keys + static_cast<int64_t>(j + i) * dim;
+      score_tile(q_r, w_r, heads, dim, tile, n, dots.data(), s + j);
     }
     std::fill(s + visible, s + num_keys, neg_inf);
   });
