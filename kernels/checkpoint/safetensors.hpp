@@ -15,8 +15,8 @@
 namespace cedar {
 
 /// Reads a checkpoint into `out` (tensors are added; names must not repeat). `path` may be a
-/// directory holding model.safetensors.index.json (sharded), model.safetensors, or any
-/// *.safetensors files; or one .safetensors file. On failure returns false and sets *error
+/// directory holding model.safetensors.index.json (then exactly the files it names are read),
+/// else model.safetensors, else every *.safetensors file in it; or one .safetensors file. On failure returns false and sets *error
 /// naming the file (and the tensor when one is at fault); `out` may then hold some tensors.
 bool read_safetensors(const std::string& path, tensor_map& out, std::string* error);
 

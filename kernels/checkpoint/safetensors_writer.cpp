@@ -1,11 +1,13 @@
 // safetensors writer: plans shards, writes each file's header, then streams every tensor in
-// chunks of at most chunk_bytes, filling each chunk with several threads (see safetensors.hpp).
+// chunks of at most chunk_bytes, filling each chunk with several threads while the previous
+// chunk is written (see safetensors.hpp).
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <thread>
 
@@ -82,20 +84,28 @@ bool write_shard(const fs::path& dir, const shard_plan& shard, const safetensors
   const uint64_t header_len = header.size();
   bool ok = std::fwrite(&header_len, 8, 1, f.get()) == 1 &&
             std::fwrite(header.data(), 1, header.size(), f.get()) == header.size();
-  std::vector<uint8_t> buf;
+  // Double buffering: chunk k+1 is filled while chunk k is written.
+  std::vector<uint8_t> bufs[2];
+  std::future<bool> pending;
+  int64_t chunk_idx = 0;
   for (const tensor_source* t : shard.tensors) {
     const int64_t rows = t->num_rows();
     const std::size_t row_bytes = rows ? t->num_bytes() / rows : 0;
     const int64_t rows_per_chunk = std::max<int64_t>(1, int64_t(chunk_bytes / std::max<std::size_t>(row_bytes, 1)));
     for (int64_t r = 0; ok && r < rows; r += rows_per_chunk) {
       const int64_t r_end = std::min(rows, r + rows_per_chunk);
-      buf.assign(std::size_t(r_end - r) * row_bytes, 0);
+      std::vector<uint8_t>& buf = bufs[chunk_idx++ & 1];
+      buf.resize(std::size_t(r_end - r) * row_bytes);  // every byte is then filled
       fill_parallel(*t, buf.data(), r, r_end, row_bytes, opt.num_threads);
-      ok = std::fwrite(buf.data(), 1, buf.size(), f.get()) == buf.size();
+      if (pending.valid()) ok = pending.get();
+      pending = std::async(std::launch::async, [&buf, file = f.get()] {
+        return std::fwrite(buf.data(), 1, buf.size(), file) == buf.size();
+      });
       done += buf.size();
       if (opt.progress) opt.progress(done, total);
     }
   }
+  if (pending.valid()) ok = pending.get() && ok;
   if (!ok || std::fflush(f.get()) != 0) return error = path + ": write failed (" + std::strerror(errno) + ")", false;
   return true;
 }

@@ -30,8 +30,8 @@ struct row_rng {
   /// Approximately N(0, 1): sum of four 16-bit uniforms, centred and scaled (bounded by ~3.5).
   float normal() {
     const uint64_t r = next();
-    const double sum = double(r & 0xFFFF) + double((r >> 16) & 0xFFFF) + double((r >> 32) & 0xFFFF) + double(r >> 48);
-    return float((sum - 4 * 32767.5) / 37837.2);  // 4 x (mean, std) of a 16-bit uniform
+    const int sum = int(r & 0xFFFF) + int((r >> 16) & 0xFFFF) + int((r >> 32) & 0xFFFF) + int(r >> 48);
+    return float(sum - 131070) * (1.0f / 37837.2f);  // 4 x mean 32767.5; 2 x std 18918.6
   }
   float uniform(float lo, float hi) { return lo + float(next() >> 40) * (hi - lo) / float(1 << 24); }
 };
@@ -42,15 +42,19 @@ uint64_t tensor_seed(const std::string& name, uint64_t seed) {
   return mix64(h ^ mix64(seed + 0x632BE59BD9B4E019ull));
 }
 
-/// E4M3 weight codes: random sign, exponent field 5..8 (|v| in [0.25, 3.75]), any mantissa.
-/// The largest code is 0x47 | sign, far from the NaN codes 0x7F / 0xFF.
-uint8_t e4m3_code(uint8_t r) { return uint8_t((r & 0x80) | ((5 + ((r >> 3) & 3)) << 3) | (r & 7)); }
+/// Eight E4M3 weight codes from 64 random bits: each byte keeps its sign and mantissa and gets
+/// exponent field 5..8 (|v| in [0.25, 3.75]): (r & 0x9F) + 0x28 never carries across bytes, and
+/// the largest code is 0x47 | sign, far from the NaN codes 0x7F / 0xFF.
+uint64_t e4m3_codes8(uint64_t r) { return (r & 0x9F9F9F9F9F9F9F9Full) + 0x2828282828282828ull; }
 
 /// RMS of the values e4m3_code() produces (every byte equally likely).
 float e4m3_code_rms() {
   static const float rms = [] {
     double sum = 0;
-    for (int b = 0; b < 256; ++b) sum += double(fmt::e4m3_to_f32(e4m3_code(uint8_t(b)))) * fmt::e4m3_to_f32(e4m3_code(uint8_t(b)));
+    for (int b = 0; b < 256; ++b) {
+      const double v = fmt::e4m3_to_f32(uint8_t(e4m3_codes8(uint64_t(b))));
+      sum += v * v;
+    }
     return float(std::sqrt(sum / 256));
   }();
   return rms;
@@ -73,9 +77,19 @@ int scale_code_for(float code_rms, double fan_in, double gain) {
 
 double gain_of(const tensor_spec& s) { return s.residual_out ? 0.25 : 1.0; }
 
+/// Finite float -> bf16 bits, round to nearest even: fmt::f32_to_bf16 without its NaN case, inline
+/// because embed and head (2 x 662M values for the real shapes) go through it.
+inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
 void fill_bf16(uint8_t* dst, int64_t n, row_rng& rng, float std_dev) {
-  auto* out = reinterpret_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) out[i] = fmt::f32_to_bf16(rng.normal() * std_dev);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t b = bf16_bits(rng.normal() * std_dev);
+    std::memcpy(dst + 2 * i, &b, 2);
+  }
 }
 
 void fill_f32(uint8_t* dst, int64_t n, row_rng& rng, float lo, float hi) {
@@ -85,10 +99,11 @@ void fill_f32(uint8_t* dst, int64_t n, row_rng& rng, float lo, float hi) {
   }
 }
 
-void fill_bytes(uint8_t* dst, int64_t n, row_rng& rng, uint8_t (*code)(uint8_t)) {
+/// n bytes: uniformly random (packed E2M1 pairs) or E4M3 weight codes.
+void fill_bytes(uint8_t* dst, int64_t n, row_rng& rng, bool e4m3) {
   for (int64_t i = 0; i < n; i += 8) {
-    uint64_t r = rng.next();
-    for (int64_t j = i; j < std::min(n, i + 8); ++j, r >>= 8) dst[j] = code ? code(uint8_t(r)) : uint8_t(r);
+    const uint64_t r = e4m3 ? e4m3_codes8(rng.next()) : rng.next();
+    std::memcpy(dst + i, &r, std::size_t(std::min<int64_t>(8, n - i)));  // little-endian byte order
   }
 }
 
@@ -131,8 +146,8 @@ void fill_row(const tensor_spec& s, uint8_t* dst, int64_t row, row_rng& rng) {
     case tensor_role::gate_bias: return fill_f32(dst, 1, rng, -0.01f, 0.01f);
     case tensor_role::engram_qk: return fill_f32(dst, cols, rng, 0.9f, 1.1f);
     case tensor_role::fp8_weight:
-    case tensor_role::engram_table: return fill_bytes(dst, cols, rng, e4m3_code);
-    case tensor_role::fp4_weight: return fill_bytes(dst, cols, rng, nullptr);
+    case tensor_role::engram_table: return fill_bytes(dst, cols, rng, true);
+    case tensor_role::fp4_weight: return fill_bytes(dst, cols, rng, false);
     case tensor_role::fp8_scale: return fill_scales(dst, cols, rng, scale_code_for(e4m3_code_rms(), 32 * in, gain_of(s)));
     case tensor_role::fp4_scale: return fill_scales(dst, cols, rng, scale_code_for(e2m1_code_rms(), 32 * in, gain_of(s)));
     case tensor_role::engram_scale: return fill_scales(dst, cols, rng, scale_code_for(e4m3_code_rms(), 1, 1));
