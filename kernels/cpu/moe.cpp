@@ -91,6 +91,11 @@ void expert_ffn_fp8(const float* y, int m, const shared_expert_weights& e, float
                 });
 }
 
+namespace {
+
+/// Rows per moe_ffn chunk: bounds the [rows, topk, d] slot buffer (126 MB at real shapes).
+constexpr int moe_chunk_rows = 1024;
+
 /// Runs one expert over the rows of its slots (gathered), writing each slot's output to
 /// partial[slot] [d].
 void run_expert(const float* y /*[m, d]*/, int d, const std::vector<int64_t>& slots, int topk,
@@ -111,9 +116,11 @@ void run_expert(const float* y /*[m, d]*/, int d, const std::vector<int64_t>& sl
   }
 }
 
-void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
-             const expert_weights* experts, int num_experts,
-             const shared_expert_weights* shared, float limit, float* out) {
+/// moe_ffn over one chunk of m rows.
+void moe_chunk(const float* y /*[m, d]*/, int m, int d, const int32_t* sel /*[m, topk]*/,
+               const float* weights /*[m, topk]*/, int topk, const expert_weights* experts,
+               int num_experts, const shared_expert_weights* shared, float limit,
+               float* out /*[m, d]*/) {
   // Slots routed to each expert: slot = r * topk + i.
   std::vector<std::vector<int64_t>> slots(num_experts);
   for (int64_t slot = 0; slot < static_cast<int64_t>(m) * topk; ++slot) {
@@ -137,6 +144,21 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
     }
     for (int c = 0; c < d; ++c) o[c] += shared_out[r * d + c];
   });
+}
+
+}  // namespace
+
+void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
+             const expert_weights* experts, int num_experts,
+             const shared_expert_weights* shared, float limit, float* out) {
+  // Rows go through in chunks so the per-slot buffer stays bounded; a row's result does not
+  // depend on its chunk.
+  for (int r0 = 0; r0 < m; r0 += moe_chunk_rows) {
+    const int rows = std::min(moe_chunk_rows, m - r0);
+    const int64_t first_slot = static_cast<int64_t>(r0) * topk;
+    moe_chunk(y + static_cast<int64_t>(r0) * d, rows, d, sel + first_slot, weights + first_slot,
+              topk, experts, num_experts, shared, limit, out + static_cast<int64_t>(r0) * d);
+  }
 }
 
 }  // namespace cedar::cpu

@@ -108,7 +108,7 @@ TEST_CASE("expert_ffn_fp4 and expert_ffn_fp8 match the SwiGLU over dequantized w
 
 TEST_CASE("moe_ffn sums routed experts in top-k order plus the shared expert, batch-invariant") {
   std::mt19937_64 rng(53);
-  const int m = 7, d = 64, inter = 32, num_experts = 5, topk = 2;
+  const int m = 1030, d = 64, inter = 32, num_experts = 5, topk = 2;  // rows span two chunks
   std::vector<owned_fp4> owned;
   std::vector<cpu::expert_weights> experts(num_experts);
   for (int e = 0; e < num_experts; ++e) {
