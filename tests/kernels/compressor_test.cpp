@@ -85,4 +85,7 @@ TEST_CASE("compress_ratio1 normalizes each token's projection") {
     rmsnorm_reference(v, c.norm);
     CHECK(rel_error(got.data() + size_t(t) * c.d, v.data(), c.d) < 1e-5);
   }
+  std::vector<float> one(c.d);
+  cpu::compress_ratio1(c.x.data() + size_t(4) * c.in, 1, c.wkv.view, c.norm.data(), eps, one.data());
+  CHECK(same_bits(one.data(), got.data() + size_t(4) * c.d, c.d));
 }

@@ -47,6 +47,12 @@ TEST_CASE("moe_route: sqrt-softplus scores, biased top-k with ties to the lowest
   std::vector<int32_t> sel(size_t(m) * topk);
   std::vector<float> w(size_t(m) * topk);
   cpu::moe_route(y.data(), m, gate.view, bias.data(), topk, 1.5f, sel.data(), w.data());
+  std::vector<int32_t> sel_one(topk);
+  std::vector<float> w_one(topk);
+  cpu::moe_route(y.data() + size_t(m - 1) * d, 1, gate.view, bias.data(), topk, 1.5f,
+                 sel_one.data(), w_one.data());
+  CHECK(std::equal(sel_one.begin(), sel_one.end(), sel.begin() + size_t(m - 1) * topk));
+  CHECK(same_bits(w_one.data(), w.data() + size_t(m - 1) * topk, topk));
   for (int r = 0; r < m; ++r) {
     CHECK(sel[size_t(r) * topk + 0] == 2);
     CHECK(sel[size_t(r) * topk + 1] == 7);
