@@ -47,7 +47,7 @@ uint64_t tensor_seed(const std::string& name, uint64_t seed) {
 /// the largest code is 0x47 | sign, far from the NaN codes 0x7F / 0xFF.
 uint64_t e4m3_codes8(uint64_t r) { return (r & 0x9F9F9F9F9F9F9F9Full) + 0x2828282828282828ull; }
 
-/// RMS of the values e4m3_code() produces (every byte equally likely).
+/// RMS of the values e4m3_codes8() produces (every byte equally likely).
 float e4m3_code_rms() {
   static const float rms = [] {
     double sum = 0;

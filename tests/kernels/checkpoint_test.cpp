@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "config/model_config.hpp"
 #include "kernels/checkpoint/safetensors.hpp"
 #include "kernels/formats.hpp"
