@@ -4,8 +4,8 @@
 //
 // Exactness: fake-quantized activations (e4m3 * 2^k) and dequantized weights (e4m3 or e2m1
 // times a power-of-two scale) have at most 4 significant bits, so every product x*w is exact
-// in fp32 and equals xq*wq*sx*sw of the spec formula; only the order of the fp32 sums is a
-// choice, and it is the one written down in dot_order.
+// in fp32 (barring underflow below 2^-126) and equals xq*wq*sx*sw of the spec formula; only the
+// order of the fp32 sums is a choice, and it is the one written down in dot_order.
 #include <algorithm>
 #include <vector>
 
