@@ -31,7 +31,8 @@ struct forward_item {
   bool replay = false;
   /// Decoder truncation: layers >= args.truncate_from_layer skip rows whose position is below
   /// this value (prompt length - window at prefill); -1 = run every row. Their window then
-  /// starts at this position. With logits `all`, only the kept rows return logits.
+  /// starts at this position. With logits `all`, only the kept rows return logits; an item
+  /// whose rows all lie below it must ask for `none` (the chunks of a prompt before its end).
   int64_t truncate_below = -1;
 };
 

@@ -146,6 +146,26 @@ TEST_CASE("model: chunked prefill equals one-shot prefill") {
   }
 }
 
+TEST_CASE("model: chunked prefill with decoder truncation equals one-shot truncation") {
+  const model& m = load("micro");
+  const int total = 29, cut = total - m.args().sliding_window;
+  const auto tokens = random_tokens(total, m.args().vocab_size, 14);
+  test_request one(m.layout(), total);
+  const auto expect = run(m, one, tokens, logits_mode::last, cut);
+  for (int chunk : {3, 7, 22}) {
+    INFO("chunk " << chunk);
+    test_request r(m.layout(), total);
+    std::vector<float> got;
+    for (int p = 0; p < total; p += chunk) {
+      // Only the last chunk asks for logits: earlier ones may lie wholly below the cut.
+      const auto mode = p + chunk >= total ? logits_mode::last : logits_mode::none;
+      got = run(m, r, std::span(tokens).subspan(p, std::min(chunk, total - p)), mode, cut);
+    }
+    CHECK(got == expect);
+    CHECK(r.ring == one.ring);
+  }
+}
+
 TEST_CASE("model: a request's logits do not depend on the rest of the batch") {
   const model& m = load("micro");
   const int vocab = m.args().vocab_size;

@@ -1,6 +1,7 @@
 // Model opening and request memory for the model commands (see model_source.hpp).
 #include "tools/cli/model_source.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
@@ -22,7 +23,10 @@ std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t see
     const auto problems = check_tensors(*args, *weights);
     if (!problems.empty()) {
       *error = "checkpoint " + dir_or_preset + " does not match its config.json:";
-      for (const std::string& p : problems) *error += "\n  " + p;
+      const std::size_t shown = std::min<std::size_t>(problems.size(), 8);
+      for (std::size_t i = 0; i < shown; ++i) *error += "\n  " + problems[i];
+      if (shown < problems.size())
+        *error += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
       return nullptr;
     }
   } else {
