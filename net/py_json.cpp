@@ -66,10 +66,12 @@ bool convert(od::value v, json_value* out, std::string* error, int depth) {
   od::json_type t;
   if (v.type().get(t)) return fail(error, "invalid JSON value");
   switch (t) {
-    case od::json_type::null:
-      if (!v.is_null()) return fail(error, "invalid JSON literal");
+    case od::json_type::null: {
+      bool is_null = false;
+      if (v.is_null().get(is_null) || !is_null) return fail(error, "invalid JSON literal");
       out->type = json_value::kind::null;
       return true;
+    }
     case od::json_type::boolean: {
       bool b;
       if (v.get_bool().get(b)) return fail(error, "invalid JSON literal");
@@ -141,8 +143,14 @@ std::optional<json_value> parse_json(std::string_view text, std::string* error) 
   od::value root;
   json_value out;
   std::string why;
-  if (parser.iterate(padded).get(doc) || doc.get_value().get(root) || !convert(root, &out, &why, -1) ||
-      out.items.size() != 1) {
+  bool ok = false;
+  try {  // simdjson reports through error codes here; a throw would be its bug, still not a crash
+    ok = !parser.iterate(padded).get(doc) && !doc.get_value().get(root) && convert(root, &out, &why, -1) &&
+         out.items.size() == 1;
+  } catch (const std::exception& e) {
+    why = std::string("invalid JSON: ") + e.what();
+  }
+  if (!ok) {
     fail(error, why.empty() ? "invalid JSON" : why);
     return std::nullopt;
   }
