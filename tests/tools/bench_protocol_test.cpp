@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "tools/bench/client.hpp"
 #include "tools/bench/conversation.hpp"
 #include "tools/bench/filler.hpp"
 #include "tools/bench/protocol.hpp"
@@ -162,4 +163,20 @@ TEST_CASE("a pull-back rebuilds the history") {
   CHECK(in.rewritten);
   CHECK(conv.messages().size() == 2);
   CHECK(conv.num_tokens() == 64 * 8 + 10);
+}
+
+TEST_CASE("server URLs give host, port and the API prefix") {
+  endpoint e;
+  std::string error;
+  REQUIRE(parse_url("http://127.0.0.1:8000", e, error));
+  CHECK(e.host == "127.0.0.1");
+  CHECK(e.port == "8000");
+  CHECK(e.api_path == "/v1");
+  REQUIRE(parse_url("http://localhost:9/v1/", e, error));
+  CHECK(e.api_path == "/v1");
+  REQUIRE(parse_url("ws://gateway/team/a", e, error));
+  CHECK(e.port == "80");
+  CHECK(e.api_path == "/team/a/v1");
+  CHECK_FALSE(parse_url("https://example.com", e, error));
+  CHECK_FALSE(parse_url("http://:80", e, error));
 }

@@ -102,6 +102,15 @@ TEST_CASE("prefix-cache hit rate from Prometheus counters, or a gauge, or nothin
   CHECK(*vllm.prompt_tokens == 400);
   CHECK(*vllm.hit_tokens == 300);
   CHECK_FALSE(prefix_hit_rate({}, parse_prefix_cache_metrics("http_requests_total 5\n")));
+  // The looked-up tokens are the denominator when exported; "cached prompt" counters never are.
+  auto cedar = parse_prefix_cache_metrics(
+      "cedar_prefix_cache_hit_rate 0.5\ncedar_prefix_cache_lookup_tokens_total 800\n"
+      "cedar_prefix_cache_hit_tokens_total 600\ncedar_prompt_tokens_total 1000\n"
+      "cedar_cached_prompt_tokens_total 600\n");
+  CHECK(*cedar.prompt_tokens == 800);
+  auto no_lookup = parse_prefix_cache_metrics(
+      "x_prefix_cache_hit_tokens_total 600\nx_prompt_tokens_total 1000\nx_cached_prompt_tokens_total 600\n");
+  CHECK(*no_lookup.prompt_tokens == 1000);
 }
 
 TEST_CASE("chart ticks are 1-2-5 steps and the SVG names every curve") {

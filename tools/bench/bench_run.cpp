@@ -73,6 +73,7 @@ int run_bench(const bench_options& o) {
     std::fprintf(stderr, "cedar bench: %s\n", error.c_str());
     return 2;
   }
+  cfg.server.api_key = o.api_key;
   std::vector<session_trace> traces;
   if (!load_traces(o, traces)) return 1;
   bench_report report;

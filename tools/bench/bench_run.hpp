@@ -13,6 +13,7 @@ namespace cedar::bench {
 
 struct bench_options {
   std::string url;
+  std::string api_key;                ///< "Authorization: Bearer" for servers that want one
   std::string model = "default";
   std::string traces = "synthetic";   ///< "synthetic", a trace file or a directory of them
   int num_synthetic_sessions = 64;

@@ -127,6 +127,7 @@ class sse_client final : public stream_client {
     req.set(http::field::host, ep_.host + ":" + ep_.port);
     req.set(http::field::content_type, "application/json");
     req.set(http::field::accept, "text/event-stream");
+    if (!ep_.api_key.empty()) req.set(http::field::authorization, "Bearer " + ep_.api_key);
     req.keep_alive(true);
     req.body() = body;
     req.prepare_payload();
@@ -207,6 +208,11 @@ class ws_client final : public stream_client {
     beast::error_code ec;
     if (!ws_) {
       ws_ = std::make_unique<websocket::stream<beast::tcp_stream>>(ex_);
+      if (!ep_.api_key.empty())
+        ws_->set_option(websocket::stream_base::decorator(
+            [key = ep_.api_key](websocket::request_type& req) {
+              req.set(http::field::authorization, "Bearer " + key);
+            }));
       beast::get_lowest_layer(*ws_).expires_after(timeout);
       ec = co_await connect(beast::get_lowest_layer(*ws_), ep_);
       if (!ec)

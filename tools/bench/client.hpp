@@ -25,6 +25,7 @@ namespace cedar::bench {
 struct endpoint {
   std::string host, port;
   std::string api_path = "/v1";
+  std::string api_key;  ///< sent as "Authorization: Bearer <key>" when not empty
 };
 bool parse_url(const std::string& url, endpoint& out, std::string& error);
 

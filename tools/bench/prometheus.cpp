@@ -13,7 +13,7 @@ void add(std::optional<double>& slot, double v) { slot = slot.value_or(0) + v; }
 prefix_cache_sample parse_prefix_cache_metrics(std::string_view text) {
   prefix_cache_sample s;
   // Two naming schemes, kept apart so that a server exporting both is not counted twice.
-  std::optional<double> hit_tokens, prompt_tokens, hits, queries;
+  std::optional<double> hit_tokens, lookup_tokens, prompt_tokens, hits, queries;
   int num_rates = 0;
   while (!text.empty()) {
     size_t nl = text.find('\n');
@@ -34,7 +34,10 @@ prefix_cache_sample parse_prefix_cache_metrics(std::string_view text) {
       ++num_rates;
     } else if (name.ends_with("prefix_cache_hit_tokens_total")) {
       add(hit_tokens, value);
-    } else if (name.ends_with("prompt_tokens_total") && name.find("prefix") == name.npos) {
+    } else if (name.ends_with("prefix_cache_lookup_tokens_total")) {
+      add(lookup_tokens, value);
+    } else if (name.ends_with("prompt_tokens_total") && name.find("prefix") == name.npos &&
+               name.find("cached") == name.npos) {
       add(prompt_tokens, value);
     } else if (name.ends_with("prefix_cache_hits_total")) {
       add(hits, value);
@@ -42,9 +45,9 @@ prefix_cache_sample parse_prefix_cache_metrics(std::string_view text) {
       add(queries, value);
     }
   }
-  if (hit_tokens && prompt_tokens) {
+  if (hit_tokens && (lookup_tokens || prompt_tokens)) {
     s.hit_tokens = hit_tokens;
-    s.prompt_tokens = prompt_tokens;
+    s.prompt_tokens = lookup_tokens ? lookup_tokens : prompt_tokens;
   } else if (hits && queries) {
     s.hit_tokens = hits;
     s.prompt_tokens = queries;

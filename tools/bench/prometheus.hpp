@@ -1,7 +1,8 @@
 // Reads a server's prefix-cache hit rate from its Prometheus text exposition (/metrics), knowing
 // nothing of the server but common metric names:
 //   *prefix_cache_hit_rate                      a gauge in [0,1]
-//   *prefix_cache_hit_tokens_total / *prompt_tokens_total   token counters
+//   *prefix_cache_hit_tokens_total / *prefix_cache_lookup_tokens_total (or *prompt_tokens_total,
+//                                               not a "cached" one)  token counters
 //   *prefix_cache_hits_total / *prefix_cache_queries_total  token counters (vLLM's names)
 #pragma once
 

@@ -17,6 +17,7 @@ constexpr const char* kUsage =
     "usage: cedar bench --url URL --out DIR [options]\n"
     "       cedar bench compare --out DIR A_DIR B_DIR [--bound TOK_S_PER_USER]\n\n"
     "  --url URL            server, e.g. http://127.0.0.1:8000 (API under /v1)\n"
+    "  --api-key KEY        bearer token for servers started with an API key\n"
     "  --model NAME         model field of requests (default: default)\n"
     "  --traces SRC         synthetic | FILE | DIR of Weka JSON traces (default: synthetic)\n"
     "  --sessions N         synthetic sessions to generate (default: 64)\n"
@@ -57,6 +58,7 @@ bool parse_bench_args(int argc, char** argv, bench_options& o) {
     const char* v = argv[++i];
     std::vector<std::string> items;
     if (arg == "--url") o.url = v;
+    else if (arg == "--api-key") o.api_key = v;
     else if (arg == "--model") o.model = v;
     else if (arg == "--traces") o.traces = v;
     else if (arg == "--sessions") o.num_synthetic_sessions = std::atoi(v);
