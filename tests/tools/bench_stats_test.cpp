@@ -3,9 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "tools/bench/prometheus.hpp"
+#include "tools/bench/report.hpp"
 #include "tools/bench/stats.hpp"
 #include "tools/bench/svg.hpp"
 
@@ -124,4 +127,37 @@ TEST_CASE("chart ticks are 1-2-5 steps and the SVG names every curve") {
   CHECK(svg.find("ws &lt;b&gt;") != std::string::npos);
   CHECK(svg.find("<polyline") != std::string::npos);
   CHECK(svg.find("stroke-dasharray") != std::string::npos);
+}
+
+TEST_CASE("report curves keep sweep order and concurrency, and read back from results.json") {
+  bench_report report;
+  config_result cfg{"a", "chat", {}};
+  for (int c : {1, 2, 4}) {
+    point_result p;
+    p.concurrency = c;
+    p.output_tokens_per_s = 100.0 * c;
+    p.interactivity = 90.0 / c;
+    cfg.points.push_back(p);
+  }
+  cfg.points.push_back(point_result{});  // no interactivity: left out of the curve
+  report.configs.push_back(cfg);
+  auto curves = report_curves(report);
+  REQUIRE(curves.size() == 1);
+  REQUIRE(curves[0].points.size() == 3);
+  CHECK(curves[0].points[2].concurrency == 4);
+  auto path = std::filesystem::temp_directory_path() / "cedar_bench_report_test.json";
+  { std::ofstream(path) << report_json(report); }
+  std::vector<named_curve> back;
+  std::string error;
+  REQUIRE(read_report_curves(path.string(), back, error));
+  std::filesystem::remove(path);
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].name == "a");
+  REQUIRE(back[0].points.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(back[0].points[i].concurrency == curves[0].points[i].concurrency);
+    CHECK(back[0].points[i].throughput == doctest::Approx(curves[0].points[i].throughput));
+    CHECK(back[0].points[i].interactivity == doctest::Approx(curves[0].points[i].interactivity));
+  }
+  CHECK(render_svg(curves, {}).find(">c=4</text>") != std::string::npos);
 }

@@ -1,3 +1,4 @@
+// The sweep (configurations x concurrency points) and the A/B compare, with their output files.
 #include "tools/bench/bench_run.hpp"
 
 #include <algorithm>

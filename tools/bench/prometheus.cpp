@@ -1,3 +1,4 @@
+// Prometheus text scan: one pass over the lines, metric names matched by suffix.
 #include "tools/bench/prometheus.hpp"
 
 #include <cstdlib>

@@ -1,3 +1,4 @@
+// results.json / results.md writers and the results.json reader used by `compare`.
 #include "tools/bench/report.hpp"
 
 #include <simdjson.h>
@@ -121,7 +122,8 @@ std::vector<named_curve> report_curves(const bench_report& report) {
   for (auto& cfg : report.configs) {
     named_curve c{cfg.label, {}};
     for (auto& p : cfg.points)
-      if (p.interactivity) c.points.push_back({*p.interactivity, p.output_tokens_per_s});
+      if (p.interactivity)
+        c.points.push_back({*p.interactivity, p.output_tokens_per_s, p.concurrency});
     out.push_back(std::move(c));
   }
   return out;
@@ -150,7 +152,9 @@ bool read_report_curves(const std::string& path, std::vector<named_curve>& out,
         double x, y;
         if (run["interactivity_tok_s_user"].get_double().get(x)) continue;
         if (run["output_tokens_per_s"].get_double().get(y)) continue;
-        c.points.push_back({x, y});
+        int64_t concurrency = 0;
+        if (run["concurrency"].get_int64().get(concurrency)) concurrency = 0;
+        c.points.push_back({x, y, int(concurrency)});
       }
     out.push_back(std::move(c));
   }

@@ -1,3 +1,4 @@
+// Percentiles and the bound reading; both sort copies, never the caller's data.
 #include "tools/bench/stats.hpp"
 
 #include <algorithm>

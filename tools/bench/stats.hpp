@@ -20,6 +20,7 @@ percentiles summarize(const std::vector<double>& values);
 struct curve_point {
   double interactivity = 0;
   double throughput = 0;
+  int concurrency = 0;  ///< the sweep point it came from (0: unknown); labels only
 };
 
 /// The best throughput reachable at interactivity >= `bound` along the piecewise-linear curve

@@ -1,3 +1,4 @@
+// SVG text by hand: grid, ticks, axis labels, curves, legend.
 #include "tools/bench/svg.hpp"
 
 #include <algorithm>
@@ -97,17 +98,19 @@ std::string render_svg(const std::vector<named_curve>& curves, const plot_option
   }
   for (size_t i = 0; i < curves.size(); ++i) {
     const char* color = kColors[i % (sizeof kColors / sizeof kColors[0])];
-    auto pts = curves[i].points;
-    std::sort(pts.begin(), pts.end(), [](const curve_point& a, const curve_point& b) {
-      return a.interactivity < b.interactivity;
-    });
+    const auto& pts = curves[i].points;  // in sweep order, so the line follows concurrency
     std::string path;
     for (auto& p : pts) path += fmt("%.1f,", px(p.interactivity)) + fmt("%.1f ", py(p.throughput));
     s += "<polyline fill=\"none\" stroke=\"" + std::string(color) +
          "\" stroke-width=\"2\" points=\"" + path + "\"/>\n";
-    for (auto& p : pts)
+    for (auto& p : pts) {
       s += "<circle cx=\"" + fmt("%.1f", px(p.interactivity)) + "\" cy=\"" +
            fmt("%.1f", py(p.throughput)) + "\" r=\"3.5\" fill=\"" + color + "\"/>\n";
+      if (p.concurrency > 0)
+        s += "<text x=\"" + fmt("%.1f", px(p.interactivity) + 5) + "\" y=\"" +
+             fmt("%.1f", py(p.throughput) - 5) + "\" font-size=\"10\" fill=\"" + color + "\">c=" +
+             std::to_string(p.concurrency) + "</text>\n";
+    }
     double ly = kTop + 10 + 20 * double(i);
     s += "<line x1=\"" + fmt("%.0f", kWidth - kRight + 15) + "\" y1=\"" + fmt("%.0f", ly) +
          "\" x2=\"" + fmt("%.0f", kWidth - kRight + 40) + "\" y2=\"" + fmt("%.0f", ly) +

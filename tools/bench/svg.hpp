@@ -1,5 +1,5 @@
-// A hand-written SVG line chart: throughput against interactivity, one polyline per curve, axes
-// from zero with 1-2-5 ticks, axis labels, a legend, and an optional vertical marker (the A/B bound).
+// A hand-written SVG line chart: throughput against interactivity, one polyline per curve (points
+// in sweep order, each labelled with its concurrency), axes from zero with 1-2-5 ticks, axis labels, a legend, and an optional vertical marker (the A/B bound).
 #pragma once
 
 #include <optional>
