@@ -1,0 +1,32 @@
+// JSON in: parses request bodies with simdjson into the native structs of api_types.hpp and
+// validates every field a handler reads. Unknown fields are ignored. Each function returns an
+// api_error (400, naming the field) or nothing on success. Thread-compatible: one parser per call.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+#include "net/api_error.hpp"
+#include "net/api_types.hpp"
+
+namespace cedar::net {
+
+std::optional<api_error> parse_chat_request(std::string_view body, chat_request& out);
+std::optional<api_error> parse_completion_request(std::string_view body, completion_request& out);
+std::optional<api_error> parse_responses_request(std::string_view body, responses_request& out);
+
+/// A client event on the Responses WebSocket.
+struct ws_client_event {
+  enum class kind { create, cancel } type = kind::create;
+  responses_request create;          ///< when type == create
+  bool previous_response_id_set = false;  ///< the event named previous_response_id (maybe null)
+};
+
+/// Parses {"type":"response.create", ...fields | "response":{...}} or {"type":"response.cancel"}.
+std::optional<api_error> parse_ws_event(std::string_view text, ws_client_event& out);
+
+/// Maps reasoning_effort values to 1-100: "low" 50, "medium"/"high"/"xhigh" 75, "max" 100;
+/// "none" turns thinking off. Returns false for anything else.
+bool parse_effort(std::string_view name, reasoning_options& out);
+
+}  // namespace cedar::net

@@ -1,0 +1,87 @@
+// The OpenAI-compatible requests as native structs: what net/api_parse.cpp fills from JSON at the
+// edge and what the handlers read. No JSON types leak past this point.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "net/bridge.hpp"
+
+namespace cedar::net {
+
+/// A tool call as the client or the model states it.
+struct tool_call {
+  std::string id;
+  std::string name;
+  std::string arguments;  ///< a JSON text, as OpenAI carries it
+};
+
+/// One chat message after normalisation (content lists joined, Responses items mapped).
+struct chat_message {
+  std::string role;  ///< system, user, assistant, tool, latest_reminder (developer -> system)
+  std::string content;
+  std::string reasoning_content;
+  std::vector<tool_call> tool_calls;
+  std::string tool_call_id;  ///< role tool
+};
+
+/// A function tool offered to the model.
+struct tool_def {
+  std::string name;
+  std::string function_json;  ///< the "function" object, re-serialized compactly
+};
+
+/// Reasoning on/off and effort (1-100).
+struct reasoning_options {
+  bool thinking = true;
+  int effort = 75;
+};
+
+/// Everything a generation needs beyond the conversation.
+struct generation_options {
+  sampling_params sampling;
+  int max_tokens = 0;  ///< 0 = server default
+  std::vector<std::string> stop;
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool stream = false;
+  bool include_usage = false;
+};
+
+/// POST /v1/chat/completions
+struct chat_request {
+  std::string model;
+  std::vector<chat_message> messages;
+  std::vector<tool_def> tools;
+  std::string tool_choice = "auto";  ///< auto, none, required, or a function name
+  reasoning_options reasoning;
+  generation_options gen;
+  std::string user;
+};
+
+/// POST /v1/completions
+struct completion_request {
+  std::string model;
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  bool echo = false;
+  generation_options gen;
+};
+
+/// POST /v1/responses (also the body of a WebSocket response.create event).
+struct responses_request {
+  std::string model;
+  std::string instructions;
+  std::vector<chat_message> input;  ///< the new items, mapped to messages
+  std::string previous_response_id;
+  std::vector<tool_def> tools;
+  std::string tool_choice = "auto";
+  reasoning_options reasoning;
+  generation_options gen;
+  bool store = true;
+};
+
+}  // namespace cedar::net

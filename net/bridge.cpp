@@ -1,0 +1,189 @@
+// The runtime behind the bridge: net's requests become actors' request_specs, the runtime's
+// token batches become net's. The only net/ file that includes actors/. Cancels and session
+// closes go through one worker thread, so an I/O strand never waits on an actor round trip.
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "actors/engine.hpp"
+#include "net/bridge.hpp"
+
+namespace cedar::net {
+
+namespace {
+
+finish_reason finish_of(const std::string& reason) {
+  if (reason == "stop") return finish_reason::stop;
+  if (reason == "length") return finish_reason::length;
+  if (reason == "cancelled") return finish_reason::cancelled;
+  return finish_reason::error;
+}
+
+submit_status status_of(engine_errc c) {
+  switch (c) {
+    case engine_errc::prompt_too_long: return submit_status::too_long;
+    case engine_errc::kv_exhausted: return submit_status::too_long;
+    case engine_errc::draining: return submit_status::not_ready;
+    case engine_errc::shard_failed: return submit_status::not_ready;
+    case engine_errc::session_busy: return submit_status::overloaded;
+    default: return submit_status::invalid;
+  }
+}
+
+class runtime_bridge final : public engine_bridge {
+ public:
+  runtime_bridge(std::unique_ptr<cedar::engine> runtime, std::string name, std::string layout, int page_tokens)
+      : runtime_(std::move(runtime)), name_(std::move(name)), layout_(std::move(layout)),
+        page_tokens_(page_tokens) {
+    worker_ = std::thread([this] { work(); });
+  }
+  ~runtime_bridge() override { shutdown(); }
+
+  engine_summary summary() const override {
+    auto m = runtime_->metrics();
+    const auto& a = runtime_->args();
+    return {name_, layout_, m.pages_total * page_tokens_, a.vocab_size,
+            int(std::min<int64_t>(a.max_position_embeddings, int64_t(m.pages_total) * page_tokens_))};
+  }
+
+  submit_result submit(generate_request r, token_callback on_tokens) override {
+    request_spec spec;
+    spec.prompt = std::move(r.prompt_ids);
+    spec.max_tokens = r.max_tokens;
+    spec.stop_ids = std::move(r.stop_ids);
+    spec.sampling.temperature = r.sampling.temperature;
+    spec.sampling.top_p = r.sampling.top_p;
+    spec.sampling.top_k = r.sampling.top_k;
+    spec.sampling.seed = r.sampling.has_seed ? r.sampling.seed : random_seed();
+    spec.sampling.logprobs = std::max(0, r.top_logprobs);
+    bool want_logprobs = r.top_logprobs >= 0;
+    auto id = runtime_->submit(std::move(spec), [this, cb = std::move(on_tokens), want_logprobs](const cedar::token_batch& b) {
+      if (b.finished) forget(b.request_id);
+      cb(convert(b, want_logprobs));
+    });
+    if (!id) return {status_of(id.error().code), 0, id.error().message};
+    std::lock_guard lock(mutex_);
+    live_.insert(id.value());
+    return {submit_status::ok, id.value(), {}};
+  }
+
+  void cancel(uint64_t request_id) override {
+    post([this, request_id] { runtime_->cancel(request_id); });
+  }
+
+  void close_session(uint64_t) override {}  // full prompts each turn: the prefix cache keeps KV
+
+  engine_metrics metrics() const override {
+    auto m = runtime_->metrics();
+    engine_metrics e;
+    e.num_running = int(m.requests_running);
+    e.num_waiting = int(m.requests_waiting);
+    e.num_kv_pages_used = m.pages_used + m.pages_cached_idle;
+    e.num_kv_pages_free = m.pages_free;
+    e.num_prefix_lookup_tokens = m.prefix_queried_tokens;
+    e.num_prefix_hit_tokens = m.prefix_hit_tokens;
+    e.topology = "single";
+    e.topology_state = stopping_ ? "draining" : "serving";
+    return e;
+  }
+
+  bool ready() const override {
+    // ready() asks the scheduler; cache it briefly so every request does not pay a round trip.
+    auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(ready_mutex_);
+    if (now - ready_checked_ > std::chrono::milliseconds(200)) {
+      ready_ = !stopping_ && runtime_->ready();
+      ready_checked_ = now;
+    }
+    return ready_;
+  }
+
+  void shutdown() override {
+    std::set<uint64_t> live;
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return;
+      stopping_ = true;
+      wake_.notify_one();
+      live = live_;
+    }
+    worker_.join();
+    for (uint64_t id : live) runtime_->cancel(id);
+    runtime_->drain(2000);
+  }
+
+ private:
+  static token_batch convert(const cedar::token_batch& b, bool want_logprobs) {
+    token_batch out;
+    out.ids = b.ids;
+    if (want_logprobs) {
+      out.logprobs = b.logprobs;
+      out.top.resize(b.top_ids.size());
+      for (size_t i = 0; i < b.top_ids.size(); ++i)
+        for (size_t k = 0; k < b.top_ids[i].size(); ++k)
+          out.top[i].push_back({b.top_ids[i][k], k < b.top_logprobs[i].size() ? b.top_logprobs[i][k] : 0.f});
+    }
+    if (b.finished) out.finished = finish_of(b.finish_reason);
+    out.error = b.error;
+    out.num_prompt_tokens = int(b.usage.prompt_tokens);
+    out.num_cached_tokens = int(b.usage.cached_prompt_tokens);
+    return out;
+  }
+
+  void forget(uint64_t request_id) {
+    std::lock_guard lock(mutex_);
+    live_.erase(request_id);
+  }
+
+  static uint64_t random_seed() {
+    static thread_local std::mt19937_64 rng{std::random_device{}()};
+    return rng();
+  }
+
+  void post(std::function<void()> job) {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    jobs_.push_back(std::move(job));
+    wake_.notify_one();
+  }
+
+  void work() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::unique_ptr<cedar::engine> runtime_;
+  std::string name_, layout_;
+  int page_tokens_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> jobs_;
+  std::set<uint64_t> live_;  ///< submitted and not finished
+  std::atomic<bool> stopping_{false};
+  std::thread worker_;
+  mutable std::mutex ready_mutex_;
+  mutable bool ready_ = false;
+  mutable std::chrono::steady_clock::time_point ready_checked_{};
+};
+
+}  // namespace
+
+std::unique_ptr<engine_bridge> make_runtime_bridge(std::unique_ptr<cedar::engine> runtime, std::string model_name,
+                                                   std::string layout, int page_tokens) {
+  return std::make_unique<runtime_bridge>(std::move(runtime), std::move(model_name), std::move(layout),
+                                          page_tokens);
+}
+
+}  // namespace cedar::net

@@ -1,0 +1,198 @@
+// Endpoint logic: validation beyond JSON shape (model name, limits), prompt building, and
+// starting generations with the right writer.
+#include "net/handlers.hpp"
+
+#include "net/api_writers.hpp"
+#include "net/json_writer.hpp"
+
+namespace cedar::net {
+
+namespace {
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::optional<api_error> check_model(const server_state& state, const std::string& model) {
+  if (model.empty() || model == state.model_name || model == "cedar" || model == "default") return {};
+  return not_found("The model '" + model + "' does not exist", "model", "model_not_found");
+}
+
+std::optional<api_error> check_ready(const server_state& state) {
+  if (state.draining.load()) return not_ready("server is shutting down");
+  if (!state.engine->ready()) return not_ready("engine is not ready");
+  return {};
+}
+
+generate_request make_request(const server_state& state, std::vector<int32_t> ids,
+                              const generation_options& g) {
+  generate_request req;
+  req.prompt_ids = std::move(ids);
+  req.sampling = g.sampling;
+  req.max_tokens = g.max_tokens > 0 ? g.max_tokens : state.options.default_max_tokens;
+  req.stop_ids = state.codec->stop_ids();
+  req.top_logprobs = g.logprobs ? g.top_logprobs : -1;
+  return req;
+}
+
+started launch(const std::shared_ptr<server_state>& state, boost::asio::any_io_executor strand,
+               std::unique_ptr<output_stream> parser, std::unique_ptr<response_writer> writer,
+               const generation_options& g, generate_request req, frame_sink* sink) {
+  auto gen = std::make_shared<generation>(state, std::move(strand), std::move(parser),
+                                          std::move(writer), g.stop, sink);
+  if (auto err = gen->start(std::move(req))) return {nullptr, std::move(err), g.stream};
+  return {std::move(gen), {}, g.stream};
+}
+
+writer_context context(const server_state& state, std::string id, const generation_options& g) {
+  return {std::move(id), state.model_name, unix_now(), g.stream, g.include_usage, g.logprobs,
+          state.codec.get()};
+}
+
+/// tool_choice "none" hides the tools from the model; other choices are advisory.
+const std::vector<tool_def>& visible_tools(const std::vector<tool_def>& tools, const std::string& choice) {
+  static const std::vector<tool_def> none;
+  return choice == "none" ? none : tools;
+}
+
+}  // namespace
+
+simple_response error_response(const api_error& e) {
+  return {e.status, "application/json", e.to_json()};
+}
+
+std::optional<simple_response> handle_get(server_state& state, std::string_view target) {
+  std::string_view path = target.substr(0, target.find('?'));
+  if (path == "/" || path == "/index.html")
+    return simple_response{200, "text/html; charset=utf-8", std::string(chat_page_html())};
+  if (path == "/health") {
+    bool ok = state.ready();
+    json_writer w;
+    w.obj().kv("status", ok ? "ok" : state.draining ? "draining" : "starting").end_obj();
+    return simple_response{ok ? 200 : 503, "application/json", w.take()};
+  }
+  if (path == "/metrics")
+    return simple_response{200, "text/plain; version=0.0.4",
+                           state.metrics.render(state.engine->metrics(), state.engine->ready(),
+                                                state.draining)};
+  if (path == "/v1/models") {
+    auto s = state.engine->summary();
+    json_writer w;
+    w.obj().kv("object", "list").key("data").arr().obj().kv("id", state.model_name)
+        .kv("object", "model")
+        .kv("created", int64_t(std::chrono::system_clock::to_time_t(state.started)))
+        .kv("owned_by", "cedar").kv("max_model_len", int64_t{s.max_context_tokens}).end_obj()
+        .end_arr().end_obj();
+    return simple_response{200, "application/json", w.take()};
+  }
+  if (path.substr(0, 14) == "/v1/responses/") {
+    auto stored = state.responses->get(std::string(path.substr(14)));
+    if (!stored)
+      return error_response(not_found("No response with id '" + std::string(path.substr(14)) + "'",
+                                      "response_id", "response_not_found"));
+    return simple_response{200, "application/json", stored->json};
+  }
+  return {};
+}
+
+simple_response handle_admin(server_state& state, std::string_view method, std::string_view target) {
+  if (method == "GET" && target == "/admin/state") {
+    auto m = state.engine->metrics();
+    auto s = state.engine->summary();
+    json_writer w;
+    w.obj().kv("model", state.model_name).kv("layout", s.layout)
+        .kv("kv_capacity_tokens", s.kv_capacity_tokens).kv("running", m.num_running)
+        .kv("waiting", m.num_waiting).kv("topology", m.topology).kv("topology_state", m.topology_state)
+        .kv("stored_responses", int64_t(state.responses->size()))
+        .kv("draining", state.draining.load()).end_obj();
+    return {200, "application/json", w.take()};
+  }
+  return error_response(not_found("Unknown admin endpoint", {}, "unknown_url"));
+}
+
+started start_chat(const std::shared_ptr<server_state>& state, boost::asio::any_io_executor strand,
+                   std::string_view body, frame_sink* sink) {
+  chat_request req;
+  if (auto err = parse_chat_request(body, req)) return {nullptr, std::move(err)};
+  if (auto err = check_model(*state, req.model)) return {nullptr, std::move(err)};
+  if (auto err = check_ready(*state)) return {nullptr, std::move(err)};
+  auto prompt = state->codec->render_chat(req.messages, visible_tools(req.tools, req.tool_choice),
+                                          req.reasoning);
+  if (!prompt.error.empty()) return {nullptr, bad_request(prompt.error, "messages")};
+  auto writer = make_chat_writer(context(*state, state->new_id("chatcmpl-"), req.gen));
+  return launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),
+                std::move(writer), req.gen, make_request(*state, std::move(prompt.ids), req.gen), sink);
+}
+
+started start_completion(const std::shared_ptr<server_state>& state,
+                         boost::asio::any_io_executor strand, std::string_view body, frame_sink* sink) {
+  completion_request req;
+  if (auto err = parse_completion_request(body, req)) return {nullptr, std::move(err)};
+  if (auto err = check_model(*state, req.model)) return {nullptr, std::move(err)};
+  if (auto err = check_ready(*state)) return {nullptr, std::move(err)};
+  std::vector<int32_t> ids = req.prompt_ids;
+  if (!req.prompt_is_ids) {
+    auto prompt = state->codec->encode_text(req.prompt_text);
+    if (!prompt.error.empty()) return {nullptr, bad_request(prompt.error, "prompt")};
+    ids = std::move(prompt.ids);
+  } else {
+    for (int32_t id : ids)
+      if (id >= state->codec->vocab_size())
+        return {nullptr, bad_request("token id " + std::to_string(id) + " is outside the vocabulary",
+                                     "prompt")};
+  }
+  std::string echo = req.echo ? (req.prompt_is_ids ? std::string() : req.prompt_text) : std::string();
+  auto writer = make_completion_writer(context(*state, state->new_id("cmpl-"), req.gen), echo);
+  return launch(state, std::move(strand), state->codec->text_output(), std::move(writer), req.gen,
+                make_request(*state, std::move(ids), req.gen), sink);
+}
+
+started start_responses(const std::shared_ptr<server_state>& state,
+                        boost::asio::any_io_executor strand, responses_request req,
+                        std::shared_ptr<const stored_response> previous, frame_sink* sink,
+                        std::function<void(std::shared_ptr<const stored_response>)> on_stored) {
+  if (auto err = check_model(*state, req.model)) return {nullptr, std::move(err)};
+  if (auto err = check_ready(*state)) return {nullptr, std::move(err)};
+  if (!req.previous_response_id.empty()) {
+    previous = state->responses->get(req.previous_response_id);
+    if (!previous)
+      return {nullptr, not_found("Previous response with id '" + req.previous_response_id +
+                                     "' not found.", "previous_response_id",
+                                 "previous_response_not_found")};
+  }
+  if (req.input.empty()) return {nullptr, bad_request("'input' is required", "input")};
+  responses_turn turn;
+  turn.state = state;
+  if (previous) {
+    turn.conversation = previous->conversation;
+    turn.previous_response_id = previous->id;
+    turn.session_id = previous->session_id;
+    if (req.tools.empty()) req.tools = previous->tools;
+    if (req.instructions.empty()) req.instructions = previous->instructions;
+  } else {
+    turn.session_id = state->next_id.fetch_add(1);
+  }
+  for (auto& m : req.input) turn.conversation.push_back(m);
+  std::vector<chat_message> rendered;
+  if (!req.instructions.empty()) rendered.push_back({"system", req.instructions, {}, {}, {}});
+  rendered.insert(rendered.end(), turn.conversation.begin(), turn.conversation.end());
+  auto prompt = state->codec->render_chat(rendered, visible_tools(req.tools, req.tool_choice),
+                                          req.reasoning);
+  if (!prompt.error.empty()) return {nullptr, bad_request(prompt.error, "input")};
+  turn.tools = req.tools;
+  turn.instructions = req.instructions;
+  turn.tool_choice = req.tool_choice;
+  turn.reasoning = req.reasoning;
+  turn.sampling = req.gen.sampling;
+  turn.max_output_tokens = req.gen.max_tokens;
+  turn.store = req.store;
+  turn.on_stored = std::move(on_stored);
+  auto gen_request = make_request(*state, std::move(prompt.ids), req.gen);
+  gen_request.session_id = turn.session_id;
+  auto writer = make_responses_writer(context(*state, state->new_id("resp_"), req.gen), std::move(turn));
+  return launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),
+                std::move(writer), req.gen, std::move(gen_request), sink);
+}
+
+}  // namespace cedar::net

@@ -1,0 +1,133 @@
+// The null engine behind `--model null`: no model, no KV. One thread runs a step loop; each step
+// emits the fixed token to every running request, so streaming cost is all that is measured.
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "net/bridge.hpp"
+
+namespace cedar::net {
+
+namespace {
+
+class null_engine final : public engine_bridge {
+ public:
+  null_engine(int step_us, int32_t token) : step_(std::chrono::microseconds(step_us)), token_(token) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~null_engine() override { shutdown(); }
+
+  engine_summary summary() const override {
+    return {"null", "none (null compute path)", 0, 0, 1 << 20};
+  }
+
+  submit_result submit(generate_request request, token_callback on_tokens) override {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return {submit_status::not_ready, 0, "engine is stopping"};
+    uint64_t id = ++last_id_;
+    live_[id] = live_request{std::move(request), std::move(on_tokens)};
+    wake_.notify_one();
+    return {submit_status::ok, id, {}};
+  }
+
+  void cancel(uint64_t request_id) override {
+    std::lock_guard lock(mutex_);
+    if (auto it = live_.find(request_id); it != live_.end()) it->second.cancelled = true;
+  }
+
+  void close_session(uint64_t) override {}
+
+  engine_metrics metrics() const override {
+    std::lock_guard lock(mutex_);
+    engine_metrics m;
+    m.num_running = int(live_.size());
+    m.topology = "null";
+    return m;
+  }
+
+  bool ready() const override { return true; }
+
+  void shutdown() override {
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_ && !thread_.joinable()) return;
+      stopping_ = true;
+      for (auto& [id, r] : live_) r.cancelled = true;
+      wake_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct live_request {
+    generate_request request;
+    token_callback on_tokens;
+    int num_emitted = 0;
+    bool cancelled = false;
+  };
+
+  void loop() {
+    auto next = std::chrono::steady_clock::now();
+    for (;;) {
+      std::vector<std::pair<token_callback*, token_batch>> out;
+      std::vector<token_callback> finished_callbacks;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [&] { return stopping_ || !live_.empty(); });
+        if (live_.empty()) return;
+        finished_callbacks.reserve(live_.size());  // pointers into it must stay valid below
+        for (auto it = live_.begin(); it != live_.end();) {
+          step_one(it->second, out);
+          if (out.back().second.finished != finish_reason::none) {
+            finished_callbacks.push_back(std::move(it->second.on_tokens));
+            out.back().first = &finished_callbacks.back();
+            it = live_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      for (auto& [cb, batch] : out) (*cb)(std::move(batch));
+      if (step_.count() > 0) {
+        next += step_;
+        std::this_thread::sleep_until(next);
+        auto now = std::chrono::steady_clock::now();
+        if (next < now - step_ * 10) next = now;  // do not burst after a stall
+      }
+    }
+  }
+
+  void step_one(live_request& r, std::vector<std::pair<token_callback*, token_batch>>& out) {
+    token_batch b;
+    b.num_prompt_tokens = int(r.request.prompt_ids.size());
+    if (r.cancelled) {
+      b.finished = finish_reason::cancelled;
+    } else {
+      b.ids.push_back(token_);
+      if (r.request.top_logprobs >= 0) {
+        b.logprobs.push_back(0.0f);
+        b.top.push_back(std::vector<token_logprob>(size_t(r.request.top_logprobs), {token_, 0.0f}));
+      }
+      if (++r.num_emitted >= r.request.max_tokens) b.finished = finish_reason::length;
+    }
+    out.emplace_back(&r.on_tokens, std::move(b));
+  }
+
+  const std::chrono::microseconds step_;
+  const int32_t token_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::map<uint64_t, live_request> live_;
+  uint64_t last_id_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<engine_bridge> make_null_engine(int step_us, int32_t token) {
+  return std::make_unique<null_engine>(step_us, token);
+}
+
+}  // namespace cedar::net

@@ -1,0 +1,20 @@
+// `cedar serve` as a function: builds the codec, the engine and the shared state, listens,
+// runs the io_context on a small thread pool, and drains on SIGTERM/SIGINT.
+#pragma once
+
+#include <functional>
+
+#include "net/bridge.hpp"
+#include "net/server_state.hpp"
+
+namespace cedar::net {
+
+/// Builds the engine; gets a token id whose text is a short word (the null engine's output).
+/// Throws std::runtime_error with a message for the user on failure.
+using engine_factory = std::function<std::unique_ptr<engine_bridge>(int32_t filler_token_id)>;
+
+/// Serves until SIGTERM/SIGINT, then drains (stops accepting, lets running generations finish
+/// for up to options.drain_timeout_s, cancels the rest). Returns the process exit code.
+int run_server(const serve_options& options, const engine_factory& make_engine);
+
+}  // namespace cedar::net

@@ -1,0 +1,102 @@
+// server_state helpers: ids, the request log, and the Responses store.
+#include "net/server_state.hpp"
+
+#include <cstdio>
+#include <ctime>
+#include <random>
+
+#include "net/json_writer.hpp"
+
+namespace cedar::net {
+
+std::string server_state::new_id(const char* prefix) {
+  static const uint64_t salt = std::random_device{}() * 0x9E3779B97F4A7C15ull;
+  uint64_t n = next_id.fetch_add(1) * 0xBF58476D1CE4E5B9ull ^ salt;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%016llx", prefix, (unsigned long long)n);
+  return buf;
+}
+
+void server_state::log(std::initializer_list<std::pair<const char*, std::string>> fields) {
+  char ts[40];
+  auto now = std::chrono::system_clock::now();
+  std::time_t t = std::chrono::system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  int ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
+  size_t n = std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(ts + n, sizeof ts - n, ".%03dZ", ms);
+  std::string line;
+  if (options.log_json) {
+    json_writer w;
+    w.obj().kv("ts", ts);
+    for (auto& [k, v] : fields) w.kv(k, v);
+    line = w.end_obj().take();
+  } else {
+    line = std::string("ts=") + ts;
+    for (auto& [k, v] : fields) {
+      line += ' ';
+      line += k;
+      line += '=';
+      bool quote = v.empty() || v.find_first_of(" \"=") != std::string::npos;
+      if (quote) append_json_string(line, v); else line += v;
+    }
+  }
+  line += '\n';
+  std::lock_guard lock(log_mutex_);
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+void response_store::put(std::shared_ptr<const stored_response> r) {
+  std::vector<uint64_t> to_close;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = index_.find(r->id); it != index_.end()) return;
+    lru_.push_front(r);
+    index_[r->id] = lru_.begin();
+    if (r->session_id) ++session_refs_[r->session_id];
+    while (lru_.size() > capacity_) {
+      auto victim = lru_.back();
+      lru_.pop_back();
+      index_.erase(victim->id);
+      if (victim->session_id && --session_refs_[victim->session_id] == 0) {
+        session_refs_.erase(victim->session_id);
+        to_close.push_back(victim->session_id);
+      }
+    }
+  }
+  for (uint64_t s : to_close) engine_->close_session(s);
+}
+
+std::shared_ptr<const stored_response> response_store::get(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  auto it = index_.find(id);
+  if (it == index_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return *it->second;
+}
+
+bool response_store::erase(const std::string& id) {
+  uint64_t close = 0;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = index_.find(id);
+    if (it == index_.end()) return false;
+    auto victim = *it->second;
+    lru_.erase(it->second);
+    index_.erase(it);
+    if (victim->session_id && --session_refs_[victim->session_id] == 0) {
+      session_refs_.erase(victim->session_id);
+      close = victim->session_id;
+    }
+  }
+  if (close) engine_->close_session(close);
+  return true;
+}
+
+size_t response_store::size() const {
+  std::lock_guard lock(mutex_);
+  return lru_.size();
+}
+
+}  // namespace cedar::net

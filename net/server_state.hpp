@@ -1,0 +1,97 @@
+// What every connection shares: options, the engine bridge, the prompt codec, metrics, the store
+// of Responses conversations, the drain flag and the request log. Created once by run_server;
+// connections hold it by shared_ptr. Everything here is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "net/api_types.hpp"
+#include "net/bridge.hpp"
+#include "net/metrics.hpp"
+#include "net/prompt_codec.hpp"
+
+namespace cedar::net {
+
+/// `cedar serve` options (engine options travel in engine_config).
+struct serve_options {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;      ///< default: the engine's model name
+  std::string api_key;                ///< empty: no key needed for /v1/*
+  std::string admin_key;              ///< empty: /admin/* answers 404
+  std::string tokenizer_path;         ///< empty: the default tokenizer.json
+  int num_threads = 2;                ///< io_context threads
+  int64_t max_body_bytes = 8 << 20;
+  int64_t max_header_bytes = 16 << 10;
+  int64_t max_ws_message_bytes = 8 << 20;
+  int64_t max_queued_bytes = 8 << 20; ///< per connection: unsent output beyond this closes it
+  int max_connections = 16384;
+  int max_active_generations = 4096;  ///< beyond this, 429
+  int idle_timeout_s = 60;            ///< keep-alive, header read and WebSocket idle limit
+  int write_timeout_s = 30;           ///< a write stalled this long closes the connection
+  int drain_timeout_s = 30;
+  int default_max_tokens = 2048;
+  int max_stored_responses = 4096;    ///< Responses conversations kept for previous_response_id
+  bool log_json = false;              ///< request log as JSON lines instead of key=value
+  bool log_requests = true;
+};
+
+/// A finished Responses turn kept for previous_response_id: the whole conversation so far.
+struct stored_response {
+  std::string id;
+  std::vector<chat_message> conversation;  ///< input + the assistant's reply, in order
+  std::vector<tool_def> tools;
+  std::string instructions;
+  uint64_t session_id = 0;                 ///< engine session keeping this chain's KV warm
+  std::string json;                        ///< the final response object
+};
+
+/// LRU store of Responses turns. Evicting the last turn of a chain closes its engine session.
+class response_store {
+ public:
+  response_store(size_t capacity, engine_bridge* engine) : capacity_(capacity), engine_(engine) {}
+  void put(std::shared_ptr<const stored_response> r);
+  std::shared_ptr<const stored_response> get(const std::string& id);
+  bool erase(const std::string& id);
+  size_t size() const;
+
+ private:
+  using entry = std::shared_ptr<const stored_response>;
+  mutable std::mutex mutex_;
+  size_t capacity_;
+  engine_bridge* engine_;
+  std::list<entry> lru_;  ///< most recent first
+  std::unordered_map<std::string, std::list<entry>::iterator> index_;
+  std::unordered_map<uint64_t, int> session_refs_;
+};
+
+struct server_state {
+  serve_options options;
+  std::unique_ptr<engine_bridge> engine;
+  std::unique_ptr<prompt_codec> codec;
+  std::string model_name;
+  server_metrics metrics;
+  std::unique_ptr<response_store> responses;
+  std::atomic<bool> draining{false};
+  std::atomic<uint64_t> next_id{1};
+  std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
+
+  /// A fresh id with a prefix, e.g. "chatcmpl-00001a2b3c4d5e6f".
+  std::string new_id(const char* prefix);
+  /// One line to stderr (JSON or key=value per options.log_json); fields are key/value pairs.
+  void log(std::initializer_list<std::pair<const char*, std::string>> fields);
+  bool ready() const { return !draining.load() && engine && engine->ready(); }
+
+ private:
+  std::mutex log_mutex_;
+};
+
+}  // namespace cedar::net

@@ -1,0 +1,65 @@
+// The Responses WebSocket mode on /v1/responses: one socket, many turns. The client sends
+// {"type":"response.create", ...} with only the new input (the socket remembers its last turn,
+// or the event names previous_response_id) and {"type":"response.cancel"}; the server answers
+// with the same events it streams over SSE, one response in flight per socket. Outgoing frames
+// wait in a queue of immutable buffers; everything runs on the socket's strand.
+#pragma once
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket/stream.hpp>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "net/generation.hpp"
+#include "net/server_state.hpp"
+
+namespace cedar::net {
+
+class websocket_session : public std::enable_shared_from_this<websocket_session>, public frame_sink {
+ public:
+  websocket_session(boost::asio::ip::tcp::socket&& socket, std::shared_ptr<server_state> state);
+  ~websocket_session() override;
+  /// Accepts the upgrade request, then reads events until the socket closes.
+  void run(boost::beast::http::request<boost::beast::http::string_body> upgrade);
+
+  void send_frame(std::string_view event, std::string json,
+                  std::chrono::steady_clock::time_point emitted_at) override;
+  void generation_done() override;
+
+ private:
+  using clock = std::chrono::steady_clock;
+  void on_accept(boost::beast::error_code ec);
+  void do_read();
+  void on_read(boost::beast::error_code ec, size_t bytes);
+  void handle_event(std::string_view text);
+  void send_error(const api_error& e);
+  void enqueue(std::string text, clock::time_point emitted_at = {});
+  void do_write();
+  void on_write(boost::beast::error_code ec, size_t bytes);
+  void fail(boost::beast::error_code ec, const char* what);
+  void close_now();
+
+  struct out_buffer {
+    std::shared_ptr<const std::string> text;
+    clock::time_point emitted_at;
+  };
+
+  boost::beast::websocket::stream<boost::asio::ip::tcp::socket> ws_;
+  boost::beast::flat_buffer buffer_;
+  std::shared_ptr<server_state> state_;
+  std::deque<out_buffer> queue_;
+  size_t queued_bytes_ = 0;
+  bool writing_ = false;
+  bool closed_ = false;
+  std::shared_ptr<generation> gen_;
+  std::shared_ptr<const stored_response> last_;  ///< this socket's last finished turn
+  std::string session_id_;
+  int num_turns_ = 0;
+};
+
+}  // namespace cedar::net

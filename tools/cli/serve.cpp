@@ -1,0 +1,177 @@
+// `cedar serve`: the OpenAI-compatible HTTP + WebSocket server. Parses flags (server flags here,
+// engine flags via config/engine_options.hpp) and hands over to net::run_server.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <filesystem>
+#include <stdexcept>
+
+#include "actors/engine.hpp"
+#include "config/engine_options.hpp"
+#include "config/model_config.hpp"
+#include "kernels/checkpoint/safetensors.hpp"
+#include "kernels/model/random_weights.hpp"
+#include "net/server.hpp"
+#include "tools/cli/registry.hpp"
+
+namespace {
+
+/// What --model names: a preset or config file (random weights from the seed), or a checkpoint
+/// directory (its safetensors).
+struct model_choice {
+  std::string model = "tiny";
+  uint64_t seed = 1234;
+  int null_step_us = 1000;
+  cedar::engine_options options;
+};
+
+std::shared_ptr<const cedar::tensor_map> load_weights(const model_choice& c, const cedar::model_args& args) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(c.model, ec))
+    return std::make_shared<const cedar::tensor_map>(cedar::make_random_weights(args, c.seed));
+  auto weights = std::make_shared<cedar::tensor_map>();
+  std::string error;
+  for (auto& entry : fs::directory_iterator(c.model))
+    if (entry.path().extension() == ".safetensors" && !cedar::read_safetensors(entry.path(), *weights, &error))
+      throw std::runtime_error(error);
+  return weights;
+}
+
+std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, int32_t filler_token) {
+  if (c.model == "null") return cedar::net::make_null_engine(c.null_step_us, filler_token);
+  std::string error;
+  auto args = cedar::load_model_args(c.model, &error);
+  if (!args) throw std::runtime_error(error);
+  auto started = cedar::engine::start(*args, load_weights(c, *args), c.options);
+  if (!started) throw std::runtime_error(started.error().message);
+  std::string name = std::filesystem::path(c.model).filename().string();
+  if (name.empty() || name.find(".json") != std::string::npos) name = "model";
+  std::string layout = std::string("cpu, 1 shard (single), KV ") + (c.options.kv_fp8 ? "fp8" : "fp4") +
+                       ", " + std::to_string(args->num_hidden_layers) + " layers, hidden " +
+                       std::to_string(args->hidden_size);
+  return cedar::net::make_runtime_bridge(std::move(started.value()), name, layout, c.options.page_tokens);
+}
+
+void print_help(FILE* out) {
+  cedar::net::serve_options d;
+  std::fprintf(out,
+      "usage: cedar serve [options]\n\n"
+      "Serves the OpenAI API (chat completions, completions, responses incl. WebSocket mode),\n"
+      "/health, /metrics and a chat page at /. With no --model: the embedded tiny preset with\n"
+      "random weights from a fixed seed, on 127.0.0.1:8000.\n\n"
+      "model:\n"
+      "  --model NAME                   tiny | micro | null | a checkpoint directory (default tiny);\n"
+      "                                 null returns a fixed token at once (measures streaming cost)\n"
+      "  --seed N                       random-weight seed for presets (default 1234)\n"
+      "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
+      "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"
+      "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
+      "server:\n"
+      "  --host ADDR                    listen address (default %s)\n"
+      "  --port N                       listen port, 0 = any free port (default %d)\n"
+      "  --threads N                    I/O threads (default %d)\n"
+      "  --api-key KEY                  require 'Authorization: Bearer KEY' on /v1/* (default: none;\n"
+      "                                 also read from $CEDAR_API_KEY)\n"
+      "  --admin-key KEY                enable /admin/* with this bearer key (default: off, 404)\n"
+      "  --max-body-bytes N             request body limit, 413 beyond (default %lld)\n"
+      "  --max-header-bytes N           request header limit, 431 beyond (default %lld)\n"
+      "  --max-ws-message-bytes N       WebSocket message limit, close 1009 beyond (default %lld)\n"
+      "  --max-queued-bytes N           unsent output per connection before it is dropped (default %lld)\n"
+      "  --max-connections N            open connections; more are refused (default %d)\n"
+      "  --max-active N                 generations in flight; more get 429 (default %d)\n"
+      "  --idle-timeout-s N             keep-alive / header read / WebSocket idle timeout (default %d)\n"
+      "  --write-timeout-s N            a write stalled this long closes the connection (default %d)\n"
+      "  --drain-timeout-s N            on SIGTERM, wait this long for running requests (default %d)\n"
+      "  --default-max-tokens N         max_tokens when a request gives none (default %d)\n"
+      "  --max-stored-responses N       Responses turns kept for previous_response_id (default %d)\n"
+      "  --log-format kv|json           request log format on stderr (default kv)\n"
+      "  --no-request-log               do not log one line per request\n"
+      "engine:\n%s",
+      d.host.c_str(), d.port, d.num_threads, (long long)d.max_body_bytes, (long long)d.max_header_bytes,
+      (long long)d.max_ws_message_bytes, (long long)d.max_queued_bytes, d.max_connections,
+      d.max_active_generations, d.idle_timeout_s, d.write_timeout_s, d.drain_timeout_s,
+      d.default_max_tokens, d.max_stored_responses, cedar::engine_options::help().c_str());
+}
+
+bool to_int(const std::string& s, long long& out) {
+  char* end = nullptr;
+  out = std::strtoll(s.c_str(), &end, 10);
+  return !s.empty() && *end == 0;
+}
+
+int serve_main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (auto& a : args)
+    if (a == "--help" || a == "-h") { print_help(stdout); return 0; }
+  auto parsed = cedar::parse_engine_options(args);
+  std::vector<std::string> errors = parsed.errors;
+  for (auto& e : cedar::validate(parsed.options)) errors.push_back(e);
+  cedar::net::serve_options o;
+  model_choice engine;
+  engine.options = parsed.options;
+  if (const char* key = std::getenv("CEDAR_API_KEY")) o.api_key = key;
+  auto& rest = parsed.rest;
+  for (size_t i = 0; i < rest.size(); ++i) {
+    std::string flag = rest[i], value;
+    bool has_value = false;
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1); flag.resize(eq); has_value = true;
+    }
+    auto next = [&]() -> bool {
+      if (has_value) return true;
+      if (i + 1 >= rest.size()) { errors.push_back(flag + " needs a value"); return false; }
+      value = rest[++i];
+      return true;
+    };
+    auto number = [&](auto& field) {
+      long long v = 0;
+      if (!next()) return;
+      if (!to_int(value, v) || v < 0) errors.push_back(flag + ": not a non-negative integer: " + value);
+      else field = static_cast<std::remove_reference_t<decltype(field)>>(v);
+    };
+    if (flag == "--no-request-log") o.log_requests = false;
+    else if (flag == "--model") { if (next()) engine.model = value; }
+    else if (flag == "--seed") number(engine.seed);
+    else if (flag == "--served-model-name") { if (next()) o.served_model_name = value; }
+    else if (flag == "--tokenizer") { if (next()) o.tokenizer_path = value; }
+    else if (flag == "--null-step-us") number(engine.null_step_us);
+    else if (flag == "--host") { if (next()) o.host = value; }
+    else if (flag == "--port") number(o.port);
+    else if (flag == "--threads") number(o.num_threads);
+    else if (flag == "--api-key") { if (next()) o.api_key = value; }
+    else if (flag == "--admin-key") { if (next()) o.admin_key = value; }
+    else if (flag == "--max-body-bytes") number(o.max_body_bytes);
+    else if (flag == "--max-header-bytes") number(o.max_header_bytes);
+    else if (flag == "--max-ws-message-bytes") number(o.max_ws_message_bytes);
+    else if (flag == "--max-queued-bytes") number(o.max_queued_bytes);
+    else if (flag == "--max-connections") number(o.max_connections);
+    else if (flag == "--max-active") number(o.max_active_generations);
+    else if (flag == "--idle-timeout-s") number(o.idle_timeout_s);
+    else if (flag == "--write-timeout-s") number(o.write_timeout_s);
+    else if (flag == "--drain-timeout-s") number(o.drain_timeout_s);
+    else if (flag == "--default-max-tokens") number(o.default_max_tokens);
+    else if (flag == "--max-stored-responses") number(o.max_stored_responses);
+    else if (flag == "--log-format") {
+      if (next()) {
+        if (value == "json") o.log_json = true;
+        else if (value != "kv") errors.push_back("--log-format: kv or json, not " + value);
+      }
+    } else errors.push_back("unknown option " + flag);
+  }
+  if (o.num_threads < 1) errors.push_back("--threads must be at least 1");
+  if (o.port > 65535) errors.push_back("--port must be below 65536");
+  if (!errors.empty()) {
+    for (auto& e : errors) std::fprintf(stderr, "cedar serve: %s\n", e.c_str());
+    std::fprintf(stderr, "(cedar serve --help lists the options)\n");
+    return 2;
+  }
+  return cedar::net::run_server(o, [&](int32_t filler) { return build_engine(engine, filler); });
+}
+
+}  // namespace
+
+CEDAR_COMMAND("serve", "OpenAI-compatible HTTP + WebSocket server (chat page at /)", serve_main);
