@@ -93,6 +93,8 @@ TEST_CASE("the real preset has spec §1's values and layer map") {
   CHECK(a.rope_scaling.original_max_position_embeddings == 65536);
   CHECK(a.compress_ratios.size() == 43);
   CHECK(a.engram_num_embeddings == std::vector<int64_t>{384006168, 384016682});
+  // The listed table sizes are what successive primes >= engram_vocab_size give (spec §2.8).
+  CHECK(engram_table_rows_from_primes(a) == a.engram_num_embeddings);
   CHECK(a.quant.expert_dtype == "fp4");
   CHECK(a.truncate_from_layer == 21);
   const int own = -2;
@@ -129,6 +131,7 @@ TEST_CASE("tiny keeps the real layer map and vocabulary with the small dims of �
   CHECK(tiny.vocab_size == 129280);
   CHECK(tiny.hidden_size == 256);
   CHECK(tiny.engram_num_embeddings == std::vector<int64_t>{3198, 3460});
+  CHECK(engram_table_rows_from_primes(tiny) == tiny.engram_num_embeddings);
   CHECK(tiny.compress_ratios == real.compress_ratios);
   REQUIRE(tiny.layers.size() == real.layers.size());
   for (std::size_t l = 0; l < real.layers.size(); ++l) {
