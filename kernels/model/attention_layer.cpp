@@ -11,14 +11,15 @@
 #include "kernels/formats.hpp"
 #include "kernels/model/forward_pass.hpp"
 #include "kernels/model/kv_io.hpp"
+#include "kernels/model/shard_forward.hpp"
 
 namespace cedar::model_detail {
 namespace {
 
-/// Sparse attention of one item: q [T, heads, head_dim], kv [T, head_dim] (this chunk's window
-/// KV, on the FP8 grid) -> o [T, heads, head_dim].
-void attend_item(const layer_context& c, const item_state& it, const float* q, const float* kv,
-                 float* o) {
+/// Sparse attention of one item over heads [h0, h0 + nh): q [T, nh, head_dim], kv [T, head_dim]
+/// (this chunk's window KV, on the FP8 grid) -> o [T, nh, head_dim].
+void attend_item(const layer_context& c, const item_state& it, int h0, int nh, const float* q,
+                 const float* kv, float* o) {
   const int T = it.num_rows, dh = c.args.head_dim, W = c.args.sliding_window;
   const int64_t p0 = it.first_pos;
   const int64_t floor_pos = window_floor(c, it);
@@ -58,7 +59,7 @@ void attend_item(const layer_context& c, const item_state& it, const float* q, c
     }
   }
   const float scale = 1.0f / std::sqrt(float(dh));
-  cpu::sparse_attention(q, T, c.args.num_attention_heads, dh, buf.data(), idx.data(), num_idx, c.w.attn.sink.data(), scale, o);
+  cpu::sparse_attention(q, T, nh, dh, buf.data(), idx.data(), num_idx, c.w.attn.sink.data() + h0, scale, o);
 }
 
 /// Writes the ring records of the item's last min(T, window) rows.
@@ -79,7 +80,10 @@ int64_t window_floor(const layer_context& c, const item_state& it) {
 void attention_sublayer(const layer_context& c, batch_state& b, const float* x, float* out) {
   const model_args& a = c.args;
   const attention_weights& w = c.w.attn;
-  const int n = b.num_rows, D = a.hidden_size, nh = a.num_attention_heads, dh = a.head_dim;
+  const int n = b.num_rows, D = a.hidden_size, dh = a.head_dim;
+  const bool split = c.shard && c.shard->splits_heads();
+  const int h0 = split ? c.shard->head_begin : 0;  // this rank's query heads [h0, h0 + nh)
+  const int nh = split ? c.shard->num_heads() : a.num_attention_heads;
   const float eps = float(a.rms_norm_eps);
   const int32_t* pos = b.positions.data();
 
@@ -87,7 +91,7 @@ void attention_sublayer(const layer_context& c, batch_state& b, const float* x, 
   cpu::linear_fp8(x, n, w.wq_a, qr.data());
   cpu::rmsnorm(qr.data(), n, a.q_lora_rank, w.q_norm.data(), eps, qr.data());
   std::vector<float> q(std::size_t(n) * nh * dh);  // [n, heads, head_dim]
-  cpu::linear_fp8(qr.data(), n, w.wq_b, q.data());
+  cpu::linear_fp8(qr.data(), n, split ? head_rows(w.wq_b, h0, nh, dh) : w.wq_b, q.data());
   cpu::rope(q.data(), n, nh, dh, pos, c.rope, false);
 
   std::vector<float> kv(std::size_t(n) * dh);  // [n, head_dim] window KV, K = V
@@ -103,10 +107,11 @@ void attention_sublayer(const layer_context& c, batch_state& b, const float* x, 
     if (c.info.is_kv_source) run_compressor(c, it, x + r0 * D);
     if (c.info.is_index_source)
       run_indexer(c, it, qr.data() + r0 * a.q_lora_rank, x + r0 * D);
-    attend_item(c, it, q.data() + r0 * nh * dh, kv.data() + r0 * dh, o.data() + r0 * nh * dh);
+    attend_item(c, it, h0, nh, q.data() + r0 * nh * dh, kv.data() + r0 * dh, o.data() + r0 * nh * dh);
     write_ring(c, it, kv.data() + r0 * dh);
   }
   cpu::rope(o.data(), n, nh, dh, pos, c.rope, true);
+  if (split) gather_heads(*c.shard, o, n, dh);  // every rank runs the output LoRA on all heads
   cpu::grouped_output(o.data(), n, a.o_groups, w.wo_a, w.wo_b, out);
 }
 

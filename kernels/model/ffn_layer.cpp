@@ -5,10 +5,12 @@
 
 #include "kernels/formats.hpp"
 #include "kernels/model/forward_pass.hpp"
+#include "kernels/model/shard_forward.hpp"
 
 namespace cedar::model_detail {
 
 void moe_sublayer(const layer_context& c, const float* y, int n, float* out) {
+  if (c.shard) return sharded_moe_sublayer(c, y, n, out);
   const model_args& a = c.args;
   const ffn_weights& w = c.w.ffn;
   const int k = a.num_experts_per_tok;

@@ -46,6 +46,7 @@ struct layer_context {
   const layer_weights& w;
   const cpu::rope_params& rope;
   bool truncated = false;  ///< layer >= args.truncate_from_layer
+  const shard_view* shard = nullptr;  ///< this rank's part of a parallel layout; null = all of it
 };
 
 /// Lowest position whose ring record item `it` may read in this layer.

@@ -12,6 +12,7 @@
 #include "kernels/formats.hpp"
 #include "kernels/model/forward_pass.hpp"
 #include "kernels/model/inventory.hpp"
+#include "kernels/model/shard_forward.hpp"
 
 namespace cedar {
 
@@ -25,7 +26,9 @@ struct model::impl {
   std::vector<cpu::engram_hash_params> engram;   ///< [layers] (used on Engram layers)
 
   /// One layer (spec §2.2): lagged mHC, attention, MoE; pre is the previous sublayer's.
-  void run_layer(int l, batch_state& b, forward_stats* stats) const;
+  void run_layer(int l, batch_state& b, forward_stats* stats, const shard_view* shard) const;
+  void forward(std::span<forward_item> batch, std::vector<float>& logits, forward_stats* stats,
+               const shard_view* shard) const;
 };
 
 namespace {
@@ -83,11 +86,11 @@ model::~model() = default;
 const model_args& model::args() const { return impl_->args; }
 const kv_layout& model::layout() const { return impl_->layout; }
 
-void model::impl::run_layer(int l, batch_state& b, forward_stats* stats) const {
+void model::impl::run_layer(int l, batch_state& b, forward_stats* stats, const shard_view* shard) const {
   const int n = b.num_rows, hc = args.hc_mult, D = args.hidden_size;
   const float eps = float(args.rms_norm_eps), hc_eps = float(args.hc_eps);
   const layer_weights& lw = w.layers[l];
-  const layer_context c{args, layout, args.layers[l], lw, rope[l], l >= args.truncate_from_layer};
+  const layer_context c{args, layout, args.layers[l], lw, rope[l], l >= args.truncate_from_layer, shard};
   if (stats) stats->rows_per_layer[l] = n;
   if (args.layers[l].has_engram) apply_engram(args, engram[l], lw.engram, b);
 
@@ -114,17 +117,31 @@ void model::impl::run_layer(int l, batch_state& b, forward_stats* stats) const {
   if (stats) stats->max_abs_residual[l] = max_abs(b.X);
 }
 
-void model::forward(std::span<forward_item> batch, std::vector<float>& logits,
-                    forward_stats* stats) const {
-  const impl& m = *impl_;
+void model::impl::forward(std::span<forward_item> batch, std::vector<float>& logits, forward_stats* stats,
+                          const shard_view* shard) const {
   batch_state b;
-  init_batch(m.args, m.w.embed, batch, b);
-  for (int l = 0; l < m.args.num_hidden_layers && b.num_rows > 0; ++l) {
-    if (l == m.args.truncate_from_layer) drop_truncated_rows(b, m.args.index_topk);
-    m.run_layer(l, b, stats);
+  init_batch(args, w.embed, batch, b);
+  const bool every_layer = shard && shard->exchanges_every_layer();
+  for (int l = 0; l < args.num_hidden_layers && (b.num_rows > 0 || every_layer); ++l) {
+    if (l == args.truncate_from_layer) drop_truncated_rows(b, args.index_topk);
+    if (b.num_rows > 0 || !every_layer) {
+      run_layer(l, b, stats, shard);
+    } else {  // a DEP rank with no rows still serves its experts to its peers
+      const layer_context c{args, layout, args.layers[l], w.layers[l], rope[l], true, shard};
+      sharded_moe_sublayer(c, nullptr, 0, nullptr);
+    }
   }
-  head_logits(m.args, m.w, b, logits);
+  head_logits(args, w, b, logits);
   for (forward_item& item : batch) item.kv->num_tokens += int64_t(item.tokens.size());
+}
+
+void model::forward(std::span<forward_item> batch, std::vector<float>& logits, forward_stats* stats) const {
+  impl_->forward(batch, logits, stats, nullptr);
+}
+
+void model::forward(std::span<forward_item> batch, std::vector<float>& logits, const shard_view& shard,
+                    forward_stats* stats) const {
+  impl_->forward(batch, logits, stats, shard.size > 1 ? &shard : nullptr);
 }
 
 }  // namespace cedar

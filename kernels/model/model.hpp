@@ -37,6 +37,8 @@ struct forward_item {
 };
 
 /// Counters a caller (or a test) can read after a forward call.
+struct shard_view;  // kernels/model/shard_plan.hpp
+
 struct forward_stats {
   int64_t rows_per_layer[64] = {};  ///< rows processed by each layer's attention and MoE
   /// Largest |X| of the residual streams after each layer (+inf if any value is not finite).
@@ -56,6 +58,14 @@ class model {
   /// Runs the batch. logits receives, in item order, vocab_size floats per requested row
   /// (1 for `last`, tokens.size() for `all`). Advances each kv->num_tokens.
   void forward(std::span<forward_item> batch, std::vector<float>& logits,
+               forward_stats* stats = nullptr) const;
+
+  /// The same forward pass as one rank of a parallel layout (kernels/model/shard_plan.hpp):
+  /// TP ranks must all be called with the same batch, DEP ranks each with their own (possibly
+  /// empty) batch; every rank of the group must make the call, since layers meet in
+  /// collectives. Gives the same logits as forward() on one rank. Throws collective_error
+  /// when the group is aborted.
+  void forward(std::span<forward_item> batch, std::vector<float>& logits, const shard_view& shard,
                forward_stats* stats = nullptr) const;
 
  private:
