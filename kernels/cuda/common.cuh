@@ -1,0 +1,207 @@
+// Shared device code of the CUDA backend: error checks, the stream, stream-ordered scratch,
+// the number formats of kernels/formats.cpp bit for bit, and the warp dot in the CPU's
+// dot_order. Built with --fmad=false, so a*b+c is a rounded product then a rounded sum.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+namespace cedar::cuda::detail {
+
+/// Aborts with file:line on a CUDA error (a broken device is not recoverable here).
+#define CEDAR_CUDA_CHECK(call)                                                         \
+  do {                                                                                 \
+    const cudaError_t err_ = (call);                                                   \
+    if (err_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s:%d: CUDA error %s: %s\n", __FILE__, __LINE__, #call,   \
+                   cudaGetErrorString(err_));                                          \
+      std::abort();                                                                    \
+    }                                                                                  \
+  } while (0)
+
+/// Checks the launch that just happened.
+#define CEDAR_CUDA_LAUNCHED() CEDAR_CUDA_CHECK(cudaGetLastError())
+
+/// Aborts with file:line when a shape invariant is broken.
+#define CEDAR_CUDA_REQUIRE(cond, what)                                                 \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, \
+                   what);                                                              \
+      std::abort();                                                                    \
+    }                                                                                  \
+  } while (0)
+
+cudaStream_t stream();
+
+/// Stream-ordered scratch of n T's, freed (stream-ordered) when it goes out of scope.
+template <class T>
+class scratch {
+ public:
+  explicit scratch(std::size_t n) : n_(n) {
+    if (n > 0) CEDAR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), stream()));
+  }
+  ~scratch() {
+    if (p_) cudaFreeAsync(p_, stream());
+  }
+  scratch(const scratch&) = delete;
+  scratch& operator=(const scratch&) = delete;
+  T* get() const { return p_; }
+  std::size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+inline unsigned blocks_for(long long n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+// ---- formats (kernels/formats.cpp) --------------------------------------------------------
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+
+__device__ __forceinline__ uint16_t f32_to_bf16(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if (isnan(x)) return uint16_t((u >> 16) | 0x0040);
+  const uint32_t lsb = (u >> 16) & 1;
+  return uint16_t((u + 0x7FFF + lsb) >> 16);
+}
+
+__device__ __forceinline__ float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+__device__ __forceinline__ float e4m3_to_f32(uint8_t code) {
+  const bool neg = code & 0x80;
+  const int exp = (code >> 3) & 0xF;
+  const int mant = code & 0x7;
+  if (exp == 0xF && mant == 0x7) return __int_as_float(0x7FC00000);
+  const float mag = exp == 0 ? ldexpf(float(mant), -9) : ldexpf(float(8 + mant), exp - 10);
+  return neg ? -mag : mag;
+}
+
+__device__ __forceinline__ float ue8m0_to_f32(uint8_t code) {
+  if (code == 255) return __int_as_float(0x7FC00000);
+  return ldexpf(1.0f, int(code) - 127);
+}
+
+__device__ __forceinline__ float e2m1_to_f32(uint8_t code) {
+  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float v = mag[code & 7];
+  return (code & 8) ? -v : v;
+}
+
+__device__ __forceinline__ uint8_t f32_to_e2m1(float x) {
+  if (isnan(x)) return 0;
+  const uint8_t sign = signbit(x) ? 0x8 : 0x0;
+  const float a = fabsf(x);
+  uint8_t c;
+  if (a <= 0.25f) c = 0;
+  else if (a < 0.75f) c = 1;
+  else if (a <= 1.25f) c = 2;
+  else if (a < 1.75f) c = 3;
+  else if (a <= 2.5f) c = 4;
+  else if (a < 3.5f) c = 5;
+  else if (a <= 5.0f) c = 6;
+  else c = 7;
+  return uint8_t(sign | c);
+}
+
+__device__ __forceinline__ uint8_t f32_to_e4m3(float x) {
+  if (isnan(x)) return 0x7F;
+  const uint8_t sign = signbit(x) ? 0x80 : 0x00;
+  const float a = fabsf(x);
+  if (a >= 448.0f) return sign | 0x7E;
+  int code;
+  if (a < 0x1p-6f) {
+    code = int(rintf(ldexpf(a, 9)));
+  } else {
+    int e = 0;
+    frexpf(a, &e);
+    --e;
+    code = ((e + 7) << 3) + int(rintf(ldexpf(a, 3 - e))) - 8;
+  }
+  return uint8_t(sign | code);
+}
+
+__device__ __forceinline__ int ceil_log2(float v) {
+  int e = 0;
+  const float f = frexpf(v, &e);
+  return f == 0.5f ? e - 1 : e;
+}
+
+__device__ __forceinline__ float pow2_scale(float amax, float floor_value, float inv_max) {
+  if (isnan(amax)) return __int_as_float(0x7FC00000);
+  const float v = fmaxf(amax, floor_value) * inv_max;
+  if (isinf(v)) return __int_as_float(0x7F800000);
+  return ldexpf(1.0f, ceil_log2(v));
+}
+
+__device__ __forceinline__ float fp8_group_scale(float amax) { return pow2_scale(amax, 1e-4f, 1.0f / 448.0f); }
+__device__ __forceinline__ float fp4_pow2_scale(float amax) { return pow2_scale(amax, 6.0f * 0x1p-126f, 1.0f / 6.0f); }
+
+__device__ __forceinline__ uint8_t pow2_code(float s) {
+  int e = 0;
+  frexpf(s, &e);
+  return uint8_t(e - 1 + 127);
+}
+
+__device__ __forceinline__ float round_to_e4m3(float v) {
+  const float a = fabsf(v);
+  float r;
+  if (a < 0x1p-6f) {
+    r = __fsub_rn(__fadd_rn(a, 0x1p14f), 0x1p14f);
+  } else {
+    uint32_t u = __float_as_uint(a);
+    u = (u + 0x7FFFF + ((u >> 20) & 1)) & 0xFFF00000u;
+    r = __uint_as_float(u);
+  }
+  return copysignf(r, v);
+}
+
+__device__ __forceinline__ float clampf(float x, float lo, float hi) {
+  // std::clamp(x, lo, hi): x < lo ? lo : (hi < x ? hi : x)
+  return x < lo ? lo : (hi < x ? hi : x);
+}
+
+/// std::max(a, b) exactly: (a < b) ? b : a (NaN in b is ignored, NaN in a kept).
+__device__ __forceinline__ float std_max(float a, float b) { return a < b ? b : a; }
+/// std::min(a, b) exactly: (b < a) ? b : a.
+__device__ __forceinline__ float std_min(float a, float b) { return b < a ? b : a; }
+
+/// Group amax as the CPU computes it (std::max over |x| ascending).
+__device__ __forceinline__ float group_amax(const float* x, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std_max(amax, fabsf(x[i]));
+  return amax;
+}
+
+// ---- transcendentals: double evaluation, one rounding ---------------------------------------
+
+__device__ __forceinline__ float exp_f(float x) { return float(exp(double(x))); }
+__device__ __forceinline__ float log1p_f(float x) { return float(log1p(double(x))); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
+
+// ---- the warp dot in dot_order ---------------------------------------------------------------
+
+/// Folds the 32 lane partials as the CPU folds its two 16-lane accumulators: lane l + lane l+16,
+/// then halves 8, 4, 2, 1. Every lane must call it; lane 0 holds the result.
+__device__ __forceinline__ float warp_fold(float v) {
+  for (int off = 16; off >= 1; off /= 2) v = v + __shfl_down_sync(0xFFFFFFFFu, v, off);
+  return v;
+}
+
+/// dot(a, b) of length n in dot_order, by one whole warp; the result is returned to every lane.
+__device__ __forceinline__ float warp_dot(const float* a, const float* b, int n) {
+  const int lane = threadIdx.x & 31;
+  const int n32 = n - n % 32;
+  float acc = 0.0f;
+  for (int k = lane; k < n32; k += 32) acc = acc + a[k] * b[k];
+  float s = warp_fold(acc);
+  if (lane == 0)
+    for (int k = n32; k < n; ++k) s = s + a[k] * b[k];
+  return __shfl_sync(0xFFFFFFFFu, s, 0);
+}
+
+}  // namespace cedar::cuda::detail

@@ -1,0 +1,24 @@
+// Building blocks shared by the CUDA op files: strided linear layers over already-quantized
+// activations, row fake-quant and small elementwise steps. All on the current stream.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/weights.hpp"
+
+namespace cedar::cuda::detail {
+
+/// y[r * ldy + n] = dot(x[r * ldx], W[n]) in dot_order for r < m, n < w.out. x is taken as
+/// given (callers fake-quantize it first for the FP8/FP4 weights).
+void gemm_fp8(const float* x, int ldx, int m, const fp8_weight& w, float* y, int ldy);
+void gemm_fp4(const float* x, int ldx, int m, const fp4_weight& w, float* y, int ldy);
+void gemm_bf16(const float* x, int ldx, int m, const bf16_weight& w, float* y, int ldy);
+void gemm_f32(const float* x, int ldx, int m, const float* w, int out, int in, float* y, int ldy);
+
+/// xq [m, in] = FP8 fake-quant (per 32) of x rows [m, ldx].
+void quant_rows_fp8(const float* x, int ldx, int m, int in, float* xq);
+
+/// out[i] = 0 + a[i] (the CPU's `zeroed buffer += a`), or out[i] += a[i].
+void add_into(float* out, const float* a, long long n);
+
+}  // namespace cedar::cuda::detail

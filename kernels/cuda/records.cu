@@ -1,0 +1,129 @@
+// CUDA versions of the formats.hpp fake-quant rules and KV record layouts, one thread per
+// group, bit for bit as kernels/formats.cpp.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.hpp"
+
+namespace cedar::cuda {
+namespace detail {
+namespace {
+
+enum class rule { fp8, fp4_pow2, fp4_e4m3 };
+
+__device__ __forceinline__ int group_of(rule r) { return r == rule::fp4_e4m3 ? 16 : 32; }
+
+/// Group g of row r: fake-quant in place (rec == nullptr), or pack into the record.
+template <rule R>
+__global__ void group_kernel(float* x, int m, int d, uint8_t* rec, size_t rec_bytes, bool pack) {
+  const int G = group_of(R);
+  const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  const int groups = d / G;
+  if (t >= (long long)m * groups) return;
+  const int r = int(t / groups), g = int(t % groups);
+  float* xg = x + size_t(r) * d + g * G;
+  uint8_t* rr = rec ? rec + size_t(r) * rec_bytes : nullptr;
+  const float amax = group_amax(xg, G);
+  if (R == rule::fp8) {
+    const float s = fp8_group_scale(amax);
+    for (int i = 0; i < G; ++i) {
+      const float v = clampf(xg[i] / s, -448.0f, 448.0f);
+      if (pack) rr[g * G + i] = f32_to_e4m3(v);
+      else xg[i] = round_to_e4m3(v) * s;
+    }
+    if (pack) rr[d + g] = pow2_code(s);
+  } else {
+    float s;
+    if (R == rule::fp4_pow2) {
+      s = fp4_pow2_scale(amax);
+      if (pack) rr[d / 2 + g] = pow2_code(s);
+    } else {
+      const uint8_t code = f32_to_e4m3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f);
+      s = e4m3_to_f32(code);
+      if (pack) rr[d / 2 + g] = code;
+    }
+    for (int i = 0; i < G; i += 2) {
+      const uint8_t c0 = f32_to_e2m1(xg[i] / s), c1 = f32_to_e2m1(xg[i + 1] / s);
+      if (pack) rr[(g * G + i) / 2] = uint8_t((c0 & 0xF) | ((c1 & 0xF) << 4));
+      else {
+        xg[i] = e2m1_to_f32(c0) * s;
+        xg[i + 1] = e2m1_to_f32(c1) * s;
+      }
+    }
+  }
+}
+
+template <rule R>
+__global__ void unpack_kernel(const uint8_t* rec, size_t rec_bytes, int m, int d, float* x) {
+  const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (t >= (long long)m * d) return;
+  const int r = int(t / d), i = int(t % d);
+  const uint8_t* rr = rec + size_t(r) * rec_bytes;
+  if (R == rule::fp8) {
+    x[t] = e4m3_to_f32(rr[i]) * ue8m0_to_f32(rr[d + i / 32]);
+  } else {
+    const uint8_t code = (rr[i / 2] >> (4 * (i & 1))) & 0xF;
+    const float s = R == rule::fp4_pow2 ? ue8m0_to_f32(rr[d / 2 + i / 32]) : e4m3_to_f32(rr[d / 2 + i / 16]);
+    x[t] = e2m1_to_f32(code) * s;
+  }
+}
+
+__global__ void round_bf16_kernel(float* x, size_t n) {
+  const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  if (i < n) x[i] = round_bf16(x[i]);
+}
+
+template <rule R>
+void run_groups(float* x, int m, int d, uint8_t* rec, size_t rec_bytes, bool pack) {
+  const int G = R == rule::fp4_e4m3 ? 16 : 32;
+  CEDAR_CUDA_REQUIRE(d % 32 == 0, "record length is a multiple of 32");
+  const long long n = (long long)m * (d / G);
+  if (n == 0) return;
+  group_kernel<R><<<blocks_for(n, 256), 256, 0, stream()>>>(x, m, d, rec, rec_bytes, pack);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+template <rule R>
+void run_unpack(const uint8_t* rec, size_t rec_bytes, int m, int d, float* x) {
+  const long long n = (long long)m * d;
+  if (n == 0) return;
+  unpack_kernel<R><<<blocks_for(n, 256), 256, 0, stream()>>>(rec, rec_bytes, m, d, x);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+}  // namespace
+}  // namespace detail
+
+using namespace detail;
+
+void pack_fp8_rows(const float* x, int m, int d, uint8_t* rec) {
+  run_groups<rule::fp8>(const_cast<float*>(x), m, d, rec, size_t(d) + d / 32, true);
+}
+void unpack_fp8_rows(const uint8_t* rec, int m, int d, float* x) {
+  run_unpack<rule::fp8>(rec, size_t(d) + d / 32, m, d, x);
+}
+void pack_fp4_e4m3_rows(const float* x, int m, int d, uint8_t* rec) {
+  run_groups<rule::fp4_e4m3>(const_cast<float*>(x), m, d, rec, size_t(d) / 2 + d / 16, true);
+}
+void unpack_fp4_e4m3_rows(const uint8_t* rec, int m, int d, float* x) {
+  run_unpack<rule::fp4_e4m3>(rec, size_t(d) / 2 + d / 16, m, d, x);
+}
+void pack_fp4_pow2_rows(const float* x, int m, int d, uint8_t* rec) {
+  run_groups<rule::fp4_pow2>(const_cast<float*>(x), m, d, rec, size_t(d) / 2 + d / 32, true);
+}
+void unpack_fp4_pow2_rows(const uint8_t* rec, int m, int d, float* x) {
+  run_unpack<rule::fp4_pow2>(rec, size_t(d) / 2 + d / 32, m, d, x);
+}
+void fake_quant_fp8_rows(float* x, int m, int d) { run_groups<rule::fp8>(x, m, d, nullptr, 0, false); }
+void fake_quant_fp4_pow2_rows(float* x, int m, int d) {
+  run_groups<rule::fp4_pow2>(x, m, d, nullptr, 0, false);
+}
+void fake_quant_fp4_e4m3_rows(float* x, int m, int d) {
+  run_groups<rule::fp4_e4m3>(x, m, d, nullptr, 0, false);
+}
+
+void round_bf16(float* x, std::size_t n) {
+  if (n == 0) return;
+  round_bf16_kernel<<<blocks_for((long long)n, 256), 256, 0, stream()>>>(x, n);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+}  // namespace cedar::cuda

@@ -1,0 +1,69 @@
+// Device, stream and memory helpers of the CUDA backend.
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.hpp"
+
+namespace cedar::cuda {
+namespace detail {
+
+namespace {
+cudaStream_t current = nullptr;
+}
+
+cudaStream_t stream() { return current; }
+
+}  // namespace detail
+
+using namespace detail;
+
+bool available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string status() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(err);
+  if (n == 0) return "no CUDA device: none found";
+  cudaDeviceProp prop{};
+  CEDAR_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return std::string(prop.name) + ", sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
+         ", " + std::to_string(prop.totalGlobalMem >> 20) + " MiB, " +
+         std::to_string(prop.multiProcessorCount) + " SMs";
+}
+
+void set_stream(void* s) { current = static_cast<cudaStream_t>(s); }
+void* current_stream() { return current; }
+
+void synchronize() { CEDAR_CUDA_CHECK(cudaStreamSynchronize(current)); }
+
+void* device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  CEDAR_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
+  return p;
+}
+
+void device_free(void* p) {
+  if (p) CEDAR_CUDA_CHECK(cudaFree(p));
+}
+
+void copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  CEDAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, current));
+  synchronize();
+}
+
+void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  CEDAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, current));
+  synchronize();
+}
+
+void fill_bytes(void* dst, int byte, std::size_t bytes) {
+  if (bytes == 0) return;
+  CEDAR_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, current));
+}
+
+}  // namespace cedar::cuda
