@@ -137,6 +137,10 @@ void print(const generate_args& a, const std::vector<int32_t>& prompt, const run
 
 int generate_main(int argc, char** argv) {
   generate_args a;
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    usage();
+    return 0;
+  }
   if (!parse(argc, argv, a)) {
     usage();
     return 2;

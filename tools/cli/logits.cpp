@@ -46,6 +46,10 @@ bool parse(int argc, char** argv, logits_args& a) {
 
 int logits_main(int argc, char** argv) {
   logits_args a;
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    usage();
+    return 0;
+  }
   if (!parse(argc, argv, a)) {
     usage();
     return 2;
