@@ -43,6 +43,14 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes);
 void copy_to_host(void* dst, const void* src, std::size_t bytes);
 /// Fills bytes with `byte` (used to poison outputs in tests).
 void fill_bytes(void* dst, int byte, std::size_t bytes);
+/// Copies host -> device on the current stream without waiting for the copy to finish (the
+/// host bytes may be reused as soon as this returns).
+void copy_to_device_async(void* dst, const void* src, std::size_t bytes);
+/// Stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the current stream).
+void* scratch_alloc(std::size_t bytes);
+void scratch_free(void* p);
+/// Free and total device memory in bytes.
+void memory_info(std::size_t* free_bytes, std::size_t* total_bytes);
 
 // ---- linear layers (ops.hpp semantics) ----------------------------------------------------------
 
@@ -115,6 +123,32 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
 void engram(float* X, int m, int hc, int d, const int64_t* rows, int rows_per_token,
             const cpu::engram_weights& w, float eps);
 void embed(const int32_t* tokens, int m, const bf16_weight& table, float* out);
+
+// ---- forward-pass plumbing (the GPU model's device-side steps) -------------------------------
+
+/// Record formats of formats.hpp: FP8 per 32, FP4 with E4M3 scale per 16, FP4 with UE8M0 per 32.
+enum class record_kind : uint8_t { fp8, fp4_e4m3, fp4_pow2 };
+/// Packs row r of x [m, d] into the record at dst[r] (device array of m device pointers).
+void store_records(record_kind kind, const float* x, int m, int d, uint8_t* const* dst);
+/// Unpacks the record at src[r] into row r of x [m, d].
+void load_records(record_kind kind, const uint8_t* const* src, int m, int d, float* x);
+/// X[r, h] = e[r] for every copy h; pre[r] = (1, 0, ..., 0) (spec §2.1).
+void hc_expand(const float* e /*[m, d]*/, int m, int hc, int d, float* X /*[m, hc, d]*/,
+               float* pre /*[m, hc]*/);
+/// Candidate rows of one item's attention: row t = window positions max(floor, p0+t-W+1) ..
+/// p0+t (as offsets from ring_lo, then -1 up to W), then num_window + topk[t, k] (or -1).
+void attention_candidates(const int32_t* topk /*[T, K] or null*/, int T, int K, int W, int64_t p0,
+                          int64_t floor_pos, int64_t ring_lo, int num_window,
+                          int32_t* idx /*[T, W + K]*/);
+/// scores[r, j] = -inf where mask[r, j / block] == 0.
+void mask_scores(float* scores /*[m, n]*/, int m, int n, int block, const uint8_t* mask /*[m, nb]*/,
+                 int nb);
+/// x[i] *= s.
+void scale_values(float* x, std::size_t n, float s);
+/// Device-to-device copy on the current stream.
+void copy_device(void* dst, const void* src, std::size_t bytes);
+/// Largest |x| (+inf if any value is not finite), copied to the host (waits for the stream).
+float max_abs(const float* x, std::size_t n);
 
 // ---- sampling ----------------------------------------------------------------------------------
 

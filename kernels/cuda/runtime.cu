@@ -61,6 +61,25 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes) {
   synchronize();
 }
 
+void copy_to_device_async(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  CEDAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, current));
+}
+
+void* scratch_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  if (bytes > 0) CEDAR_CUDA_CHECK(cudaMallocAsync(&p, bytes, current));
+  return p;
+}
+
+void scratch_free(void* p) {
+  if (p) CEDAR_CUDA_CHECK(cudaFreeAsync(p, current));
+}
+
+void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  CEDAR_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
 void fill_bytes(void* dst, int byte, std::size_t bytes) {
   if (bytes == 0) return;
   CEDAR_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, current));

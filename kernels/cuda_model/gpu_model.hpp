@@ -1,0 +1,79 @@
+// The V4.1-Flash model on one CUDA device: the forward contract of kernels/model/model.hpp
+// (forward_item batches, logits per item) with weights, activations and KV on the device.
+// A request's KV is a request_kv whose pointers (pages, SWA ring, compressor tails) are device
+// pointers, handed out by gpu_kv_arena. Every step runs the CUDA ops (kernels/cuda/cuda_ops.hpp),
+// which reproduce the CPU ops, so a request's logits match the CPU model's and do not depend on
+// the other requests in the batch. Built only with CUDA (CEDAR_HAVE_CUDA).
+#pragma once
+
+#ifdef CEDAR_HAVE_CUDA
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "config/model_args.hpp"
+#include "kernels/checkpoint/tensor_map.hpp"
+#include "kernels/model/kv_layout.hpp"
+#include "kernels/model/model.hpp"
+
+namespace cedar {
+
+/// (bytes uploaded, bytes total) while weights are copied to the device.
+using upload_progress_fn = std::function<void(uint64_t done, uint64_t total)>;
+
+class gpu_model {
+ public:
+  /// Checks the tensors as cedar::model does (throws std::runtime_error naming the first bad
+  /// one), then copies every weight to the device (the tensor_map may be an mmap of the
+  /// safetensors files; it is not needed afterwards).
+  gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv = kv_dtype::fp4,
+            const upload_progress_fn& progress = {});
+  ~gpu_model();
+
+  const model_args& args() const;
+  const kv_layout& layout() const;
+  /// Device bytes held by the weights.
+  uint64_t weight_bytes() const;
+
+  /// As model::forward; every item's kv holds device pointers. Decoder truncation
+  /// (truncate_below >= 0) is not supported yet and aborts.
+  void forward(std::span<forward_item> batch, std::vector<float>& logits,
+               forward_stats* stats = nullptr) const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// Device KV memory: global-KV pages carved from one allocation of `memory_fraction` of the
+/// free device memory, plus a ring and tails per request.
+class gpu_kv_arena {
+ public:
+  gpu_kv_arena(const kv_layout& layout, double memory_fraction);
+  ~gpu_kv_arena();
+  gpu_kv_arena(const gpu_kv_arena&) = delete;
+  gpu_kv_arena& operator=(const gpu_kv_arena&) = delete;
+
+  /// KV for a request of up to max_tokens positions (pages, zeroed ring and tails), or nullopt
+  /// when the pages do not fit.
+  std::optional<request_kv> allocate(int64_t max_tokens);
+  /// Returns a request's pages, ring and tails.
+  void release(request_kv& kv);
+
+  int64_t total_pages() const { return int64_t(free_.size()) + used_; }
+  int64_t free_pages() const { return int64_t(free_.size()); }
+
+ private:
+  kv_layout layout_;
+  uint8_t* base_ = nullptr;
+  std::vector<uint8_t*> free_;
+  int64_t used_ = 0;
+};
+
+}  // namespace cedar
+
+#endif  // CEDAR_HAVE_CUDA

@@ -1,0 +1,197 @@
+// The whole model on the GPU against the CPU model (random weights, presets micro and tiny):
+// 20 prompts, prefill then greedy decode; the greedy tokens must be identical and every logit
+// within 1e-3 of the largest |logit| (the ops match the CPU's bits except exp/log1p in the
+// last ulp, so the figures printed are usually exact). Also: a batch of requests gives each
+// request the logits it gets alone (batch invariance on the device), and decode equals the
+// prefill rows of the whole sequence.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "config/model_config.hpp"
+#include "kernels/cuda_model/gpu_model.hpp"
+#include "kernels/model/model.hpp"
+#include "kernels/model/random_weights.hpp"
+#include "tests/gpu/gpu_test_util.hpp"
+#include "tests/kernels/model_test_util.hpp"
+
+using namespace cedar;
+using namespace cedar::gpu_test;
+
+namespace {
+
+constexpr double logit_bound = 1e-3;
+
+struct pair_of_models {
+  std::shared_ptr<const tensor_map> weights;
+  std::unique_ptr<model> cpu;
+  std::unique_ptr<gpu_model> gpu;
+  std::unique_ptr<gpu_kv_arena> arena;
+};
+
+pair_of_models& load(const std::string& preset, kv_dtype dtype = kv_dtype::fp4) {
+  static std::map<std::pair<std::string, int>, pair_of_models> cache;
+  pair_of_models& p = cache[{preset, int(dtype)}];
+  if (!p.cpu) {
+    std::string error;
+    const auto args = load_model_args(preset, &error);
+    REQUIRE_MESSAGE(args.has_value(), error);
+    p.weights = std::make_shared<tensor_map>(make_random_weights(*args, 1234));
+    p.cpu = std::make_unique<model>(*args, p.weights, dtype);
+    const auto t0 = std::chrono::steady_clock::now();
+    p.gpu = std::make_unique<gpu_model>(*args, p.weights, dtype);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("  %s: %.1f MiB of weights on the device in %.2f s\n", preset.c_str(),
+                double(p.gpu->weight_bytes()) / (1 << 20), s);
+    p.arena = std::make_unique<gpu_kv_arena>(p.gpu->layout(), 0.05);
+  }
+  return p;
+}
+
+/// A request on the device: KV from the arena, history kept on the host.
+struct gpu_request {
+  gpu_kv_arena& arena;
+  request_kv kv;
+  std::vector<int32_t> history;
+  gpu_request(gpu_kv_arena& a, int64_t max_tokens) : arena(a) {
+    auto k = a.allocate(max_tokens);
+    REQUIRE(k.has_value());
+    kv = std::move(*k);
+  }
+  ~gpu_request() { arena.release(kv); }
+  forward_item item(std::span<const int32_t> tokens, logits_mode mode) {
+    forward_item it;
+    it.kv = &kv;
+    it.history = history;
+    it.tokens = tokens;
+    it.logits = mode;
+    return it;
+  }
+};
+
+std::vector<float> run_gpu(const gpu_model& m, gpu_request& r, std::span<const int32_t> tokens,
+                           logits_mode mode = logits_mode::last, forward_stats* stats = nullptr) {
+  forward_item it = r.item(tokens, mode);
+  std::vector<float> logits;
+  m.forward(std::span<forward_item>(&it, 1), logits, stats);
+  r.history.insert(r.history.end(), tokens.begin(), tokens.end());
+  return logits;
+}
+
+struct diff_stats {
+  double max_rel = 0;
+  std::size_t same = 0, total = 0;
+  void add(const std::vector<float>& g, const std::vector<float>& c) {
+    REQUIRE(g.size() == c.size());
+    float max_ref = 0, max_err = 0;
+    for (std::size_t i = 0; i < c.size(); ++i) {
+      max_ref = std::max(max_ref, std::fabs(c[i]));
+      max_err = std::max(max_err, std::isfinite(g[i]) ? std::fabs(g[i] - c[i]) : INFINITY);
+      same += std::memcmp(&g[i], &c[i], 4) == 0;
+    }
+    total += c.size();
+    max_rel = std::max(max_rel, double(max_err) / std::max(1e-30, double(max_ref)));
+  }
+};
+
+void greedy_prompts(const std::string& preset, kv_dtype dtype, int prompts, int decode_steps) {
+  pair_of_models& p = load(preset, dtype);
+  const int vocab = p.cpu->args().vocab_size;
+  int identical = 0;
+  diff_stats d;
+  for (int i = 0; i < prompts; ++i) {
+    const int len = 3 + (i * 7) % 37;  // 3 .. 39 tokens: below, at and above the window
+    const auto prompt = test::random_tokens(len, vocab, 1000 + i);
+    test::test_request cr(p.cpu->layout(), len + decode_steps);
+    gpu_request gr(*p.arena, len + decode_steps);
+    forward_stats cs, gs;
+    bool reported = false;
+    // The first layer whose largest |residual| differs, at the first step whose logits differ.
+    const auto report = [&](int step, const std::vector<float>& g, const std::vector<float>& c) {
+      if (reported || g == c) return;
+      reported = true;
+      for (int l = 0; l < p.cpu->args().num_hidden_layers; ++l) {
+        if (cs.max_abs_residual[l] == gs.max_abs_residual[l]) continue;
+        const layer_info& li = p.cpu->args().layers[l];
+        std::printf("    prompt %d (len %d) step %d: first residual difference at layer %d (ratio %d, "
+                    "mode %d, engram %d, candidates %d): %.9g vs %.9g\n", i, len, step, l,
+                    li.compress_ratio, int(li.mode), int(li.has_engram), int(li.uses_candidates),
+                    gs.max_abs_residual[l], cs.max_abs_residual[l]);
+        return;
+      }
+      std::printf("    prompt %d step %d: residual maxima equal, logits differ\n", i, step);
+    };
+    auto cl = test::run(*p.cpu, cr, prompt, logits_mode::last, -1, &cs);
+    auto gl = run_gpu(*p.gpu, gr, prompt, logits_mode::last, &gs);
+    d.add(gl, cl);
+    report(0, gl, cl);
+    std::vector<int32_t> ct, gt;
+    for (int s = 0; s < decode_steps; ++s) {
+      const int32_t c = int32_t(test::argmax(cl)), g = int32_t(test::argmax(gl));
+      ct.push_back(c);
+      gt.push_back(g);
+      const int32_t next[1] = {c};  // both continue with the CPU's token
+      cl = test::run(*p.cpu, cr, next, logits_mode::last, -1, &cs);
+      gl = run_gpu(*p.gpu, gr, next, logits_mode::last, &gs);
+      d.add(gl, cl);
+      report(s + 1, gl, cl);
+    }
+    identical += ct == gt;
+  }
+  std::printf("  model %-5s kv %s: greedy tokens identical for %d/%d prompts (%d decode steps each); "
+              "logits rel err %.3e (bound %.0e), bit-identical %.2f%%\n",
+              preset.c_str(), dtype == kv_dtype::fp4 ? "fp4" : "fp8", identical, prompts, decode_steps,
+              d.max_rel, logit_bound, 100.0 * double(d.same) / double(d.total));
+  CHECK(identical == prompts);
+  CHECK(d.max_rel <= logit_bound);
+}
+
+}  // namespace
+
+TEST_CASE("gpu model: greedy tokens and logits equal the CPU model's (micro, tiny)") {
+  if (!have_gpu()) return;
+  greedy_prompts("micro", kv_dtype::fp4, 20, 8);
+  greedy_prompts("micro", kv_dtype::fp8, 5, 4);
+  greedy_prompts("tiny", kv_dtype::fp4, 20, 6);
+}
+
+TEST_CASE("gpu model: prefill logits of every row, and a batch equals each request alone") {
+  if (!have_gpu()) return;
+  pair_of_models& p = load("micro");
+  const int vocab = p.cpu->args().vocab_size;
+  const auto tokens = test::random_tokens(33, vocab, 77);
+  test::test_request cr(p.cpu->layout(), 33);
+  gpu_request gr(*p.arena, 33);
+  diff_stats d;
+  d.add(run_gpu(*p.gpu, gr, tokens, logits_mode::all), test::run(*p.cpu, cr, tokens, logits_mode::all));
+  std::printf("  prefill, all 33 rows: logits rel err %.3e, bit-identical %.2f%%\n", d.max_rel,
+              100.0 * double(d.same) / double(d.total));
+  CHECK(d.max_rel <= logit_bound);
+
+  // three requests of different lengths in one call vs each alone (GPU only): same bits
+  const int lens[3] = {5, 17, 30};
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<float>> alone;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(test::random_tokens(lens[i], vocab, 500 + i));
+    gpu_request r(*p.arena, lens[i]);
+    alone.push_back(run_gpu(*p.gpu, r, prompts[i]));
+  }
+  std::vector<std::unique_ptr<gpu_request>> reqs;
+  std::vector<forward_item> batch;
+  for (int i = 0; i < 3; ++i) {
+    reqs.push_back(std::make_unique<gpu_request>(*p.arena, lens[i]));
+    batch.push_back(reqs.back()->item(prompts[i], logits_mode::last));
+  }
+  std::vector<float> logits;
+  p.gpu->forward(batch, logits);
+  REQUIRE(logits.size() == std::size_t(3) * vocab);
+  for (int i = 0; i < 3; ++i)
+    CHECK(std::memcmp(logits.data() + std::size_t(i) * vocab, alone[i].data(), sizeof(float) * vocab) == 0);
+}
