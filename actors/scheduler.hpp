@@ -16,6 +16,7 @@
 #include "actors/messages.hpp"
 #include "actors/prefix_cache.hpp"
 #include "actors/request.hpp"
+#include "actors/transfer.hpp"
 #include "config/engine_options.hpp"
 #include "config/model_args.hpp"
 
@@ -48,10 +49,30 @@ class scheduler {
 
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
   bool step_in_flight() const { return in_flight_.has_value(); }
+  /// The id of the step in flight, or 0.
+  uint64_t in_flight_step_id() const { return in_flight_ ? in_flight_->step_id : 0; }
   int64_t context_tokens() const { return context_tokens_; }
   metrics_snapshot metrics() const;
   const kv_pool& pool() const { return pool_; }
   const prefix_cache& cache() const { return cache_; }
+
+  // scheduler_transfer.cpp: moving requests to another scheduler (layout switch, rebuild).
+  /// Forgets the step in flight without applying it: its requests run those positions again.
+  void abandon_step();
+  /// Removes and returns every running then waiting request (oldest first). Their KV is not
+  /// released: the scheduler is about to be dropped. No step may be in flight.
+  std::vector<request_transfer> take_requests();
+  /// The prefix cache's chains of full pages, most recently used first.
+  std::vector<page_chain> cached_chains() const { return cache_.export_chains(); }
+  /// Caches a chain from another scheduler: allocates pages for what is not cached yet (as
+  /// many as the pool holds) and publishes them; the caller copies the bytes in before the
+  /// next step.
+  adopted_pages adopt_chain(const page_chain& chain);
+  /// Queues a moved request behind the ones already queued (adopt before new submissions);
+  /// it resumes through the prefix cache (and SWA replay) like a preempted request.
+  void adopt_request(request_transfer t);
+  /// New requests get ids from `next` on (schedulers of one runtime use disjoint ranges).
+  void set_next_request_id(uint64_t next) { next_request_id_ = next; }
 
  private:
   // scheduler_step.cpp: the stages of next_step().

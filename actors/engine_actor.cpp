@@ -1,0 +1,202 @@
+// The engine facade on the actors (see engine.hpp): it owns the actor system, the shard and
+// scheduler actors and the table of open sessions, and turns each call into a request to
+// an actor with a timeout.
+#include <atomic>
+#include <map>
+
+#include "actors/engine.hpp"
+#include "actors/protocol.hpp"
+#include "actors/scheduler_actor.hpp"
+#include "actors/session_actor.hpp"
+#include "actors/shard_actor.hpp"
+#include "kernels/model/model.hpp"
+
+namespace cedar {
+
+struct engine::impl {
+  model_args args;
+  engine_options options;
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  shard_actor shard;
+  scheduler_actor sched;
+  struct session_entry {
+    session_actor actor;
+    std::shared_ptr<session_output> out;
+  };
+  std::mutex mu;
+  std::map<uint64_t, session_entry> sessions;
+  uint64_t next_session_id = 1;
+  std::atomic<bool> draining{false};
+  int64_t* timeout_ms = nullptr;
+
+  std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(*timeout_ms); }
+
+  /// Sends `msg` to `dest` and waits for the reply (or the timeout).
+  template <class Reply, class Dest, class Msg>
+  outcome<Reply> ask(const Dest& dest, Msg msg) {
+    caf::scoped_actor self{*sys};
+    std::optional<outcome<Reply>> result;
+    self->request(dest, timeout(), std::move(msg))
+        .receive([&](Reply& r) { result.emplace(std::move(r)); },
+                 [&](caf::error& e) {
+                   result.emplace(engine_error{engine_errc::shard_failed, "runtime: " + sys->render(e)});
+                 });
+    return std::move(*result);
+  }
+};
+
+namespace {
+
+template <class Reply>
+std::optional<engine_error> error_of(const Reply& r) {
+  if (r.error_code < 0) return std::nullopt;
+  return engine_error{engine_errc(r.error_code), r.error_message};
+}
+
+}  // namespace
+
+engine::engine(std::unique_ptr<impl> p) : impl_(std::move(p)) { impl_->timeout_ms = &control_timeout_ms; }
+
+engine::~engine() {
+  std::map<uint64_t, impl::session_entry> sessions;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    sessions.swap(impl_->sessions);
+  }
+  for (auto& [id, s] : sessions) caf::anon_send_exit(s.actor, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(impl_->sched, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(impl_->shard, caf::exit_reason::user_shutdown);
+  sessions.clear();
+  impl_->sched = scheduler_actor{};
+  impl_->shard = shard_actor{};  // the detached shard's thread ends once no handle is left
+  impl_->sys.reset();            // waits for every actor to finish
+}
+
+outcome<std::unique_ptr<engine>> engine::start(const model_args& args, std::shared_ptr<const tensor_map> weights,
+                                               engine_options options) {
+  std::shared_ptr<const model> m;
+  try {
+    m = std::make_shared<model>(args, std::move(weights), options.kv_fp8 ? kv_dtype::fp8 : kv_dtype::fp4);
+  } catch (const std::exception& e) {
+    return engine_error{engine_errc::bad_params, std::string("model: ") + e.what()};
+  }
+  return start(wrap_model(std::move(m)), options);
+}
+
+outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model, engine_options options) {
+  if (auto errors = validate(options); !errors.empty()) return engine_error{engine_errc::bad_params, errors.front()};
+  const kv_layout layout = model->layout();
+  if (options.page_tokens != layout.page_tokens)
+    return engine_error{engine_errc::bad_params, "--page-tokens " + std::to_string(options.page_tokens) +
+                                                     " differs from the model's pages of " +
+                                                     std::to_string(layout.page_tokens) + " tokens"};
+  const kv_capacity cap = plan_kv_capacity(layout, options.kv_budget_bytes, options.max_num_seqs);
+  if (cap.num_pages < 1 || cap.num_slots < 1)
+    return engine_error{engine_errc::kv_exhausted,
+                        "--kv-budget-bytes " + std::to_string(options.kv_budget_bytes) +
+                            " holds no page and ring slot (a slot is " + std::to_string(cap.slot_bytes) +
+                            " B, a page " + std::to_string(cap.page_bytes) + " B)"};
+  auto p = std::make_unique<impl>();
+  p->args = model->args();
+  p->options = options;
+  register_messages(p->cfg);
+  p->cfg.set("scheduler.max-threads", 2);
+  p->cfg.set("logger.verbosity", caf::atom("quiet"));
+  p->sys = std::make_unique<caf::actor_system>(p->cfg);
+  p->shard = spawn_shard(*p->sys, std::make_shared<shard>(std::move(model), cap));
+  p->sched = spawn_scheduler(*p->sys, p->args, layout, options, p->shard);
+  return std::unique_ptr<engine>(new engine(std::move(p)));
+}
+
+outcome<uint64_t> engine::submit(request_spec spec, token_callback on_tokens) {
+  if (impl_->draining) return engine_error{engine_errc::draining, "the engine is draining and takes no new requests"};
+  session_actor target;
+  if (spec.session_id == 0) {
+    auto out = std::make_shared<session_output>();
+    out->on_tokens = std::move(on_tokens);
+    target = spawn_session(*impl_->sys, 0, impl_->sched, std::move(out), control_timeout_ms);
+  } else {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->sessions.find(spec.session_id);
+    if (it == impl_->sessions.end())
+      return engine_error{engine_errc::unknown_session, "no open session " + std::to_string(spec.session_id)};
+    target = it->second.actor;
+    std::lock_guard<std::mutex> out_lock(it->second.out->mu);
+    it->second.out->on_tokens = std::move(on_tokens);
+  }
+  auto r = impl_->ask<submit_reply>(target, submit_turn{std::move(spec)});
+  if (!r) return r.error();
+  if (auto e = error_of(r.value())) return *e;
+  return r.value().request_id;
+}
+
+status engine::cancel(uint64_t request_id) {
+  auto r = impl_->ask<status_reply>(impl_->sched, cancel_request{request_id});
+  if (!r) return r.error();
+  if (auto e = error_of(r.value())) return *e;
+  return ok_t{};
+}
+
+outcome<uint64_t> engine::open_session() {
+  if (impl_->draining) return engine_error{engine_errc::draining, "the engine is draining and opens no sessions"};
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const uint64_t id = impl_->next_session_id++;
+  auto out = std::make_shared<session_output>();
+  impl_->sessions[id] = {spawn_session(*impl_->sys, id, impl_->sched, out, control_timeout_ms), out};
+  return id;
+}
+
+status engine::close_session(uint64_t session_id) {
+  impl::session_entry entry;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->sessions.find(session_id);
+    if (it == impl_->sessions.end())
+      return engine_error{engine_errc::unknown_session, "no open session " + std::to_string(session_id)};
+    entry = it->second;
+    impl_->sessions.erase(it);
+  }
+  auto r = impl_->ask<status_reply>(entry.actor, close_atom::value);
+  return r ? status(ok_t{}) : status(r.error());
+}
+
+outcome<session_status> engine::lookup_session(uint64_t session_id) {
+  session_actor actor;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->sessions.find(session_id);
+    if (it == impl_->sessions.end())
+      return engine_error{engine_errc::unknown_session, "no open session " + std::to_string(session_id)};
+    actor = it->second.actor;
+  }
+  auto r = impl_->ask<session_info>(actor, info_atom::value);
+  if (!r) return r.error();
+  return session_status{r.value().session_id, r.value().history_tokens, r.value().active_request};
+}
+
+metrics_snapshot engine::metrics() {
+  auto r = impl_->ask<metrics_snapshot>(impl_->sched, metrics_atom::value);
+  return r ? r.value() : metrics_snapshot{};
+}
+
+bool engine::healthy() { return impl_->ask<metrics_snapshot>(impl_->sched, metrics_atom::value).ok(); }
+
+bool engine::ready() { return !impl_->draining && healthy(); }
+
+status engine::drain(int64_t timeout_ms) {
+  impl_->draining = true;
+  auto r = impl_->ask<status_reply>(impl_->sched, drain_atom::value);
+  if (!r) return r.error();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const metrics_snapshot m = metrics();
+    if (m.requests_running == 0 && m.requests_waiting == 0) return ok_t{};
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return engine_error{engine_errc::draining, "requests still running after " + std::to_string(timeout_ms) + " ms"};
+}
+
+const model_args& engine::args() const { return impl_->args; }
+
+}  // namespace cedar

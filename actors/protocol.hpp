@@ -1,0 +1,273 @@
+// Every message of the runtime and every typed-actor interface (CAF 0.17.6). The payload
+// structs are plain C++ (actors/messages.hpp, so policies use them without CAF); this header
+// gives each an inspect() and registers them all, so remote shards (CAF's middleman) can
+// carry them. Hot path: one-way run_step / step_output carrying a step number. Control:
+// request/response with a timeout.
+#pragma once
+
+#include <caf/all.hpp>
+
+#include "actors/messages.hpp"
+
+namespace cedar {
+
+// ---- control messages (plain structs, defined here: only actors exchange them) ----
+
+/// Command: queue a request (spec.prompt = the full prompt). The sender receives the
+/// request's token_batch events.
+struct submit_request {
+  request_spec spec;
+};
+/// Command: open a session turn: spec.prompt holds only the new tokens.
+struct submit_turn {
+  request_spec spec;
+};
+/// Reply to submit_request / submit_turn: the request id, or an error (code = engine_errc).
+struct submit_reply {
+  uint64_t request_id = 0;
+  int32_t error_code = -1;  ///< -1: none
+  std::string error_message;
+};
+/// Command: cancel a request.
+struct cancel_request {
+  uint64_t request_id = 0;
+};
+/// Reply to control commands with no value.
+struct status_reply {
+  int32_t error_code = -1;
+  std::string error_message;
+};
+/// Event: a session was opened (true) or closed (false); the prefix cache keeps live ones.
+struct session_changed {
+  uint64_t session_id = 0;
+  bool open = false;
+};
+/// Reply to a session lookup.
+struct session_info {
+  uint64_t session_id = 0;
+  int64_t history_tokens = 0;  ///< tokens of the conversation so far
+  uint64_t active_request = 0; ///< 0 = idle
+};
+/// Event (scheduler -> itself): a step's reply is overdue.
+struct step_timed_out {
+  uint64_t step_id = 0;
+};
+
+// ---- atoms ----
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using info_atom = caf::atom_constant<caf::atom("info")>;
+using close_atom = caf::atom_constant<caf::atom("close")>;
+
+// ---- typed interfaces ----
+
+/// A shard: runs steps. Replies with a step_output sent one-way to the step's sender.
+using shard_actor = caf::typed_actor<caf::reacts_to<run_step>>;
+
+/// The scheduler of one data-parallel group.
+using scheduler_actor = caf::typed_actor<
+    caf::replies_to<submit_request>::with<submit_reply>,  ///< queue a request; events go to the sender
+    caf::replies_to<cancel_request>::with<status_reply>,  ///< cancel; freed at the next step boundary
+    caf::reacts_to<session_changed>,                      ///< live-session retention in the prefix cache
+    caf::replies_to<metrics_atom>::with<metrics_snapshot>,///< a metrics snapshot
+    caf::replies_to<drain_atom>::with<status_reply>,      ///< stop admitting; running requests finish
+    caf::reacts_to<step_output>,                          ///< a shard's reply to run_step
+    caf::reacts_to<step_timed_out>>;                      ///< a step overdue: fail it
+
+/// A conversation: owns its token history and the outgoing stream of its current turn.
+using session_actor = caf::typed_actor<
+    caf::replies_to<submit_turn>::with<submit_reply>,     ///< a new turn (tokens appended)
+    caf::reacts_to<token_batch>,                          ///< the current turn's tokens
+    caf::replies_to<info_atom>::with<session_info>,       ///< history length and activity
+    caf::replies_to<close_atom>::with<status_reply>>;     ///< cancel the turn and stop
+
+// ---- inspect: one per message type (and nested type) ----
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.seed, x.logprobs);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampled_token& x) {
+  return f(caf::meta::type_name("sampled_token"), x.token_id, x.logprob, x.top_ids, x.top_logprobs);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_item& x) {
+  return f(caf::meta::type_name("step_item"), x.request_id, x.tokens, x.start_pos, x.page_ids, x.ring_slot,
+           x.replay, x.truncate_below, x.sample, x.sampling, x.token_idx);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, run_step& x) {
+  return f(caf::meta::type_name("run_step"), x.step_id, x.items);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, item_result& x) {
+  return f(caf::meta::type_name("item_result"), x.request_id, x.has_token, x.token);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_output& x) {
+  return f(caf::meta::type_name("step_output"), x.step_id, x.results, x.error);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, request_spec& x) {
+  return f(caf::meta::type_name("request_spec"), x.session_id, x.prompt, x.sampling, x.max_tokens, x.stop_ids,
+           x.ignore_eos);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, usage_counts& x) {
+  return f(caf::meta::type_name("usage_counts"), x.prompt_tokens, x.cached_prompt_tokens, x.completion_tokens);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_batch& x) {
+  return f(caf::meta::type_name("token_batch"), x.request_id, x.session_id, x.ids, x.logprobs, x.top_ids,
+           x.top_logprobs, x.finished, x.finish_reason, x.error, x.usage);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, metrics_snapshot& x) {
+  return f(caf::meta::type_name("metrics_snapshot"), x.requests_running, x.requests_waiting, x.pages_total,
+           x.pages_used, x.pages_cached_idle, x.pages_free, x.ring_slots_used, x.kv_bytes_used, x.kv_budget_bytes,
+           x.prefix_queried_tokens, x.prefix_hit_tokens, x.tokens_in, x.tokens_out, x.replay_tokens, x.preemptions,
+           x.steps, x.ttft_ms, x.itl_ms);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, submit_request& x) {
+  return f(caf::meta::type_name("submit_request"), x.spec);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, submit_turn& x) {
+  return f(caf::meta::type_name("submit_turn"), x.spec);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, submit_reply& x) {
+  return f(caf::meta::type_name("submit_reply"), x.request_id, x.error_code, x.error_message);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, cancel_request& x) {
+  return f(caf::meta::type_name("cancel_request"), x.request_id);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, status_reply& x) {
+  return f(caf::meta::type_name("status_reply"), x.error_code, x.error_message);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, session_changed& x) {
+  return f(caf::meta::type_name("session_changed"), x.session_id, x.open);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, session_info& x) {
+  return f(caf::meta::type_name("session_info"), x.session_id, x.history_tokens, x.active_request);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_timed_out& x) {
+  return f(caf::meta::type_name("step_timed_out"), x.step_id);
+}
+
+// ---- layouts (actors/runtime_actor.hpp) ----
+
+/// Command (admin): switch to another layout ("tp4", "dep2") at the next step boundary.
+struct switch_layout {
+  std::string layout;
+};
+/// Reply to switch_layout: the outcome and what the switch cost.
+struct switch_result {
+  int32_t error_code = -1;       ///< -1: switched
+  std::string error_message;
+  std::string layout;            ///< the layout now serving
+  double pause_ms = 0;           ///< admission paused -> resumed
+  int64_t requests_moved = 0;
+  int64_t pages_copied = 0;
+};
+/// One shard as the runtime sees it.
+struct shard_status {
+  int32_t rank = 0;
+  int32_t group = 0;             ///< data-parallel group (scheduler) it serves
+  bool alive = true;
+  int64_t steps = 0;             ///< steps it ran in this layout
+  int64_t rows = 0;              ///< token rows it ran in this layout
+};
+/// Reply to layout_atom: the layout, its shards and each group's load.
+struct layout_status {
+  std::string layout;
+  uint64_t generation = 0;       ///< +1 per switch or rebuild
+  bool switching = false;
+  std::vector<shard_status> shards;
+  std::vector<int64_t> group_running;  ///< [groups] requests running now
+  std::vector<int64_t> group_waiting;  ///< [groups] requests waiting now
+  int64_t switches = 0;
+  int64_t rebuilds = 0;          ///< layouts rebuilt after a shard failed
+  double last_switch_ms = 0;
+  std::string last_fault;        ///< what the last failed shard reported
+};
+/// Test hook (CEDAR_TEST_HOOKS): the shard of `rank` crashes (its actor is killed).
+struct kill_shard {
+  int32_t rank = 0;
+};
+
+using layout_atom = caf::atom_constant<caf::atom("layout")>;
+
+/// The runtime (supervisor): stands where one scheduler would (sessions submit to it), runs
+/// the schedulers of its data-parallel groups over the current layout's shards, switches
+/// layouts and rebuilds after a shard failure.
+using runtime_actor = scheduler_actor::extend<
+    caf::replies_to<switch_layout>::with<switch_result>,  ///< switch at a step boundary
+    caf::replies_to<layout_atom>::with<layout_status>,    ///< layout, shards, per-group load
+    caf::replies_to<kill_shard>::with<status_reply>>;     ///< test hook: crash a shard
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, switch_layout& x) {
+  return f(caf::meta::type_name("switch_layout"), x.layout);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, switch_result& x) {
+  return f(caf::meta::type_name("switch_result"), x.error_code, x.error_message, x.layout, x.pause_ms,
+           x.requests_moved, x.pages_copied);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_status& x) {
+  return f(caf::meta::type_name("shard_status"), x.rank, x.group, x.alive, x.steps, x.rows);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, layout_status& x) {
+  return f(caf::meta::type_name("layout_status"), x.layout, x.generation, x.switching, x.shards, x.group_running,
+           x.group_waiting, x.switches, x.rebuilds, x.last_switch_ms, x.last_fault);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kill_shard& x) {
+  return f(caf::meta::type_name("kill_shard"), x.rank);
+}
+
+/// Registers every message type (and the actor handles) with an actor system config.
+inline void register_messages(caf::actor_system_config& cfg) {
+  cfg.add_message_type<sampling_params>("cedar::sampling_params");
+  cfg.add_message_type<sampled_token>("cedar::sampled_token");
+  cfg.add_message_type<step_item>("cedar::step_item");
+  cfg.add_message_type<run_step>("cedar::run_step");
+  cfg.add_message_type<item_result>("cedar::item_result");
+  cfg.add_message_type<step_output>("cedar::step_output");
+  cfg.add_message_type<request_spec>("cedar::request_spec");
+  cfg.add_message_type<usage_counts>("cedar::usage_counts");
+  cfg.add_message_type<token_batch>("cedar::token_batch");
+  cfg.add_message_type<metrics_snapshot>("cedar::metrics_snapshot");
+  cfg.add_message_type<submit_request>("cedar::submit_request");
+  cfg.add_message_type<submit_turn>("cedar::submit_turn");
+  cfg.add_message_type<submit_reply>("cedar::submit_reply");
+  cfg.add_message_type<cancel_request>("cedar::cancel_request");
+  cfg.add_message_type<status_reply>("cedar::status_reply");
+  cfg.add_message_type<session_changed>("cedar::session_changed");
+  cfg.add_message_type<session_info>("cedar::session_info");
+  cfg.add_message_type<step_timed_out>("cedar::step_timed_out");
+  cfg.add_message_type<std::vector<std::vector<int32_t>>>("cedar::id_lists");
+  cfg.add_message_type<std::vector<std::vector<float>>>("cedar::logprob_lists");
+  cfg.add_message_type<switch_layout>("cedar::switch_layout");
+  cfg.add_message_type<switch_result>("cedar::switch_result");
+  cfg.add_message_type<shard_status>("cedar::shard_status");
+  cfg.add_message_type<std::vector<shard_status>>("cedar::shard_statuses");
+  cfg.add_message_type<layout_status>("cedar::layout_status");
+  cfg.add_message_type<kill_shard>("cedar::kill_shard");
+  cfg.add_message_type<runtime_actor>("cedar::runtime_actor");
+  cfg.add_message_type<shard_actor>("cedar::shard_actor");
+  cfg.add_message_type<scheduler_actor>("cedar::scheduler_actor");
+  cfg.add_message_type<session_actor>("cedar::session_actor");
+}
+
+}  // namespace cedar
