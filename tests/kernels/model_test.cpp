@@ -12,6 +12,7 @@
 #include "config/model_config.hpp"
 #include "kernels/model/random_weights.hpp"
 #include "model_reference.hpp"
+#include "op_reference.hpp"
 #include "model_test_util.hpp"
 
 namespace cedar::test {
@@ -82,6 +83,26 @@ TEST_CASE("model: decode after prefill equals one long prefill, bit for bit") {
   SUBCASE("tiny, 40 layers") { check_decode_equals_prefill(load("tiny"), 29, 12, 3); }
   SUBCASE("micro, FP8 global KV") {
     check_decode_equals_prefill(load("micro", kv_dtype::fp8), 27, 11, 4);
+  }
+}
+
+TEST_CASE("model: wo_a stored FP8 is bound as its bf16 dequantization") {
+  const loaded& l = load_with_weights("micro");
+  const auto w = model_detail::bind_weights(l.m->args(), l.weights);
+  for (int layer : {0, l.m->args().num_hidden_layers - 1}) {
+    const std::string prefix = "layers." + std::to_string(layer) + ".attn.wo_a.";
+    const tensor_entry* q = l.weights->find(prefix + "weight");
+    REQUIRE(q != nullptr);
+    REQUIRE(q->dtype == st_dtype::f8_e4m3);
+    const fp8_weight stored{int(q->shape[0]), int(q->shape[1]), q->data,
+                            l.weights->find(prefix + "scale")->data};
+    const std::vector<float> want = op_reference::dequant(stored);
+    const bf16_weight& got = w.layers[layer].attn.wo_a;
+    REQUIRE(std::size_t(got.out) * got.in == want.size());
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      mismatches += fmt::bf16_to_f32(got.data[i]) != fmt::round_bf16(want[i]);
+    CHECK(mismatches == 0);
   }
 }
 
