@@ -22,9 +22,12 @@ class reference_model {
   reference_model(const model_args& a, const model_detail::model_weights& w, bool fp8_kv)
       : a_(a), w_(w), fp8_kv_(fp8_kv) {}
 
-  /// fp32 logits [T, vocab] of every position of `tokens`.
-  std::vector<float> logits(const std::vector<int32_t>& tokens) {
+  /// fp32 logits [T, vocab] of every position of `tokens`. With truncate_below >= 0, layers
+  /// >= truncate_from_layer let no query see window positions below it (every row is still
+  /// computed: rows below it feed nothing the rows above it read there).
+  std::vector<float> logits(const std::vector<int32_t>& tokens, int truncate_below = -1) {
     T_ = int(tokens.size());
+    truncate_below_ = truncate_below;
     const int hc = a_.hc_mult, D = a_.hidden_size;
     const float eps = float(a_.rms_norm_eps);
     pos_.resize(T_);
@@ -179,7 +182,8 @@ class reference_model {
     std::vector<int32_t> idx(std::size_t(T_) * (W + K), -1);
     for (int i = 0; i < T_; ++i) {
       int32_t* row = &idx[std::size_t(i) * (W + K)];
-      for (int p = std::max(0, i - W + 1), n = 0; p <= i; ++p) row[n++] = p;
+      const int floor_pos = l >= a_.truncate_from_layer ? std::max(0, truncate_below_) : 0;
+      for (int p = std::max(floor_pos, i - W + 1), n = 0; p <= i; ++p) row[n++] = p;
       for (int k = 0; k < K; ++k) {
         const int32_t j = topk_[std::size_t(i) * a_.index_topk + k];
         if (j >= 0) row[W + k] = T_ + j;
@@ -207,6 +211,7 @@ class reference_model {
   const model_detail::model_weights& w_;
   bool fp8_kv_;
   int T_ = 0;
+  int truncate_below_ = -1;
   std::vector<int32_t> pos_;
   std::vector<std::vector<float>> latents_, keys_;  ///< [source slot][entries, dim]
   std::vector<int32_t> topk_;                       ///< [T, index_topk] latest index source

@@ -128,6 +128,14 @@ TEST_CASE("model: every position's logits equal a whole-sequence reference, bit 
     }
     REQUIRE(got.size() == want.size());
     CHECK(max_abs_diff(got, want) == 0.0f);
+
+    // Decoder truncation: the kept rows' logits equal the reference's with the window floor.
+    const int cut = total - a.sliding_window;
+    const auto want_cut = ref.logits(tokens, cut);
+    test_request rc(l.m->layout(), total);
+    const auto got_cut = run(*l.m, rc, tokens, logits_mode::all, cut);
+    REQUIRE(got_cut.size() == std::size_t(a.sliding_window) * a.vocab_size);
+    CHECK(std::ranges::equal(got_cut, std::span(want_cut).last(got_cut.size())));
   }
 }
 
