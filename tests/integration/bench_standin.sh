@@ -48,6 +48,7 @@ start_server --tps 300
 grep -q 'measure' "$work/sweep.err" || { echo "no progress lines"; exit 1; }
 check "$work/sweep/results.json" '
   if (r.configs.length !== 3) fail("expected 3 configs");
+  if (r.meta.model !== "standin-1") fail(`model not discovered: ${r.meta.model}`);
   for (const c of r.configs) {
     if (c.runs.map((p) => p.concurrency).join() !== "1,2,4") fail(`${c.label}: concurrency`);
     for (const p of c.runs) {

@@ -158,6 +158,10 @@ function fail(res, status, message) {
 const server = http.createServer((req, res) => {
   if (req.method === 'GET' && req.url === '/metrics') return metrics(res);
   if (req.method === 'GET' && req.url === '/health') return res.end('ok');
+  if (req.method === 'GET' && req.url === '/v1/models') {
+    res.writeHead(200, { 'content-type': 'application/json' });
+    return res.end(JSON.stringify({ object: 'list', data: [{ id: 'standin-1', object: 'model', owned_by: 'tests' }] }));
+  }
   if (req.method !== 'POST') return fail(res, 404, 'not found');
   let data = '';
   req.on('data', (c) => { data += c; });

@@ -180,3 +180,10 @@ TEST_CASE("server URLs give host, port and the API prefix") {
   CHECK_FALSE(parse_url("https://example.com", e, error));
   CHECK_FALSE(parse_url("http://:80", e, error));
 }
+
+TEST_CASE("the model to ask for comes from GET /v1/models when not given") {
+  CHECK(first_model_id(R"({"object":"list","data":[{"id":"dsv41-micro","object":"model"},{"id":"b"}]})") ==
+        "dsv41-micro");
+  CHECK(first_model_id(R"({"data":[]})").empty());
+  CHECK(first_model_id("nonsense").empty());
+}

@@ -1,11 +1,18 @@
 // The sweep (configurations x concurrency points) and the A/B compare, with their output files.
+#include <utility>
+
 #include "tools/bench/bench_run.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
+#include "tools/bench/client.hpp"
 #include "tools/bench/driver.hpp"
 #include "tools/bench/report.hpp"
 #include "tools/bench/svg.hpp"
@@ -65,6 +72,22 @@ void describe_traces(const std::vector<session_trace>& traces, run_meta& meta) {
                100 * meta.trace_prefix_reuse);
 }
 
+/// The server's first model (GET /v1/models), for runs without --model; "default" if it has none.
+std::string discover_model(const endpoint& server) {
+  boost::asio::io_context io;
+  std::optional<std::string> body;
+  boost::asio::co_spawn(
+      io,
+      [&]() -> boost::asio::awaitable<void> {
+        body = co_await http_get(io.get_executor(), server, server.api_path + "/models",
+                                 std::chrono::seconds(10));
+      },
+      boost::asio::detached);
+  io.run();
+  std::string id = body ? first_model_id(*body) : std::string();
+  return id.empty() ? "default" : id;
+}
+
 }  // namespace
 
 int run_bench(const bench_options& o) {
@@ -78,10 +101,11 @@ int run_bench(const bench_options& o) {
   std::vector<session_trace> traces;
   if (!load_traces(o, traces)) return 1;
   bench_report report;
-  report.meta = {o.url, o.model, o.traces, o.scale, o.warmup_s, o.duration_s,
+  std::string model = o.model.empty() ? discover_model(cfg.server) : o.model;
+  report.meta = {o.url, model, o.traces, o.scale, o.warmup_s, o.duration_s,
                  o.think_scale, o.max_think_s};
   describe_traces(traces, report.meta);
-  cfg.model = o.model;
+  cfg.model = model;
   cfg.traces = &traces;
   cfg.think_scale = o.think_scale;
   cfg.max_think_s = o.max_think_s;

@@ -14,7 +14,7 @@ namespace cedar::bench {
 struct bench_options {
   std::string url;
   std::string api_key;                ///< "Authorization: Bearer" for servers that want one
-  std::string model = "default";
+  std::string model;                  ///< empty: the first id of GET /v1/models, else "default"
   std::string traces = "synthetic";   ///< "synthetic", a trace file or a directory of them
   int num_synthetic_sessions = 64;
   double scale = 1.0;                 ///< token counts x scale (hash blocks cut to match)

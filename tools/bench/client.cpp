@@ -303,6 +303,7 @@ awaitable<std::optional<std::string>> http_get(asio::any_io_executor ex, endpoin
   if (ec) co_return std::nullopt;
   http::request<http::empty_body> req{http::verb::get, target, 11};
   req.set(http::field::host, ep.host + ":" + ep.port);
+  if (!ep.api_key.empty()) req.set(http::field::authorization, "Bearer " + ep.api_key);
   co_await http::async_write(stream, req, with_ec(ec));
   if (ec) co_return std::nullopt;
   beast::flat_buffer buffer;

@@ -183,6 +183,15 @@ bool parse_chat_event(std::string_view data, stream_event& out) {
   return true;
 }
 
+std::string first_model_id(std::string_view models_json) {
+  simdjson::dom::element root;
+  if (json_parser().parse(models_json.data(), models_json.size()).get(root)) return {};
+  simdjson::dom::array models;
+  if (root["data"].get_array().get(models)) return {};
+  for (simdjson::dom::element m : models) return std::string(string_field(m, "id"));
+  return {};
+}
+
 bool parse_responses_event(std::string_view data, stream_event& out) {
   out = stream_event{};
   simdjson::dom::element root;

@@ -57,6 +57,9 @@ class sse_parser {
   bool has_data_ = false;
 };
 
+/// The first model id of a GET /v1/models answer ({"data":[{"id":...}]}); empty if none.
+std::string first_model_id(std::string_view models_json);
+
 /// Appends `s` as a JSON string literal (quoted, escaped).
 void append_json_string(std::string& out, std::string_view s);
 

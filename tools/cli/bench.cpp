@@ -18,7 +18,7 @@ constexpr const char* kUsage =
     "       cedar bench compare --out DIR A_DIR B_DIR [--bound TOK_S_PER_USER]\n\n"
     "  --url URL            server, e.g. http://127.0.0.1:8000 (API under /v1)\n"
     "  --api-key KEY        bearer token for servers started with an API key\n"
-    "  --model NAME         model field of requests (default: default)\n"
+    "  --model NAME         model field of requests (default: the server's first model)\n"
     "  --traces SRC         synthetic | FILE | DIR of Weka JSON traces (default: synthetic)\n"
     "  --sessions N         synthetic sessions to generate (default: 64)\n"
     "  --scale F            scale token counts by F, e.g. 0.01 for CPU runs (default: 1)\n"
