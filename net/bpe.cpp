@@ -2,7 +2,8 @@
 // with a heap so that very long pieces stay O(n log n). Results for short pieces are cached.
 #include "net/bpe.hpp"
 
-#include <queue>
+#include <algorithm>
+#include <functional>
 
 #include "net/utf8.hpp"
 
@@ -81,7 +82,12 @@ bool bpe_model::init(const std::vector<std::pair<std::string, int32_t>>& vocab,
     }
     byte_id_[b] = it->second;
   }
-  merges_.reserve(merges.size());
+  size_t capacity = 16;
+  int bits = 4;
+  while (capacity < 2 * merges.size()) capacity *= 2, ++bits;
+  merge_slots_.assign(capacity, slot{kEmptyKey, merge{0, 0}});
+  merge_mask_ = capacity - 1;
+  merge_shift_ = 64 - bits;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     auto& [l, r] = merges[rank];
     auto li = token_to_id_.find(l), ri = token_to_id_.find(r), mi = token_to_id_.find(l + r);
@@ -89,7 +95,12 @@ bool bpe_model::init(const std::vector<std::pair<std::string, int32_t>>& vocab,
       *error = "merge " + std::to_string(rank) + " ('" + l + "' '" + r + "') names an unknown token";
       return false;
     }
-    merges_.emplace(pair_key(li->second, ri->second), merge{static_cast<int32_t>(rank), mi->second});
+    uint64_t key = pair_key(li->second, ri->second);
+    size_t i = (key * 0x9E3779B97F4A7C15ull) >> merge_shift_;
+    while (merge_slots_[i].key != kEmptyKey && merge_slots_[i].key != key) i = (i + 1) & merge_mask_;
+    num_merges_ += merge_slots_[i].key == kEmptyKey;
+    // A repeated merge takes its last rank, as the Rust and JavaScript loaders do.
+    merge_slots_[i] = slot{key, merge{static_cast<int32_t>(rank), mi->second}};
   }
   return true;
 }
@@ -132,29 +143,33 @@ void bpe_model::merge_loop(std::string_view piece, std::vector<int32_t>* out) co
     bool operator>(const candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
   const int32_t n = static_cast<int32_t>(piece.size());
-  std::vector<int32_t> ids(n), prev(n), next(n);
+  thread_local std::vector<int32_t> ids, next, prev;
+  thread_local std::vector<candidate> heap;
+  ids.resize(n);
+  next.resize(n);
+  prev.resize(n);
+  heap.clear();
   for (int32_t i = 0; i < n; ++i) {
     ids[i] = byte_id_[static_cast<unsigned char>(piece[i])];
     prev[i] = i - 1;
     next[i] = i + 1 < n ? i + 1 : -1;
   }
-  std::vector<candidate> storage;
-  storage.reserve(static_cast<size_t>(n));
-  std::priority_queue<candidate, std::vector<candidate>, std::greater<candidate>> heap(
-      std::greater<candidate>(), std::move(storage));
   auto consider = [&](int32_t pos) {
     if (pos < 0 || next[pos] < 0) return;
-    auto it = merges_.find(pair_key(ids[pos], ids[next[pos]]));
-    if (it != merges_.end()) heap.push(candidate{it->second.rank, pos, ids[pos], ids[next[pos]]});
+    if (const merge* m = find_merge(ids[pos], ids[next[pos]])) {
+      heap.push_back(candidate{m->rank, pos, ids[pos], ids[next[pos]]});
+      std::push_heap(heap.begin(), heap.end(), std::greater<candidate>());
+    }
   };
   for (int32_t i = 0; i + 1 < n; ++i) consider(i);
   while (!heap.empty()) {
-    candidate c = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), std::greater<candidate>());
+    candidate c = heap.back();
+    heap.pop_back();
     int32_t r = next[c.pos];
     // Stale entry: one side was merged away or changed since it was pushed.
     if (ids[c.pos] != c.left_id || r < 0 || ids[r] != c.right_id) continue;
-    ids[c.pos] = merges_.find(pair_key(c.left_id, c.right_id))->second.merged_id;
+    ids[c.pos] = find_merge(c.left_id, c.right_id)->merged_id;
     ids[r] = -1;
     next[c.pos] = next[r];
     if (next[r] >= 0) prev[next[r]] = c.pos;

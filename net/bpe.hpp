@@ -38,7 +38,7 @@ class bpe_model {
   std::optional<int32_t> id_of(std::string_view byte_level) const;
   /// One past the largest vocabulary id.
   int32_t size() const { return static_cast<int32_t>(id_bytes_.size()); }
-  size_t num_merges() const { return merges_.size(); }
+  size_t num_merges() const { return num_merges_; }
 
  private:
   struct merge {
@@ -49,11 +49,28 @@ class bpe_model {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
   void merge_loop(std::string_view piece, std::vector<int32_t>* out) const;
+  /// The merge of (a, b), or nullptr: an open-addressing table (the hot lookup of encode).
+  const merge* find_merge(int32_t a, int32_t b) const {
+    uint64_t key = pair_key(a, b);
+    for (size_t i = (key * 0x9E3779B97F4A7C15ull) >> merge_shift_;; i = (i + 1) & merge_mask_) {
+      const slot& s = merge_slots_[i];
+      if (s.key == key) return &s.value;
+      if (s.key == kEmptyKey) return nullptr;
+    }
+  }
 
   int32_t byte_id_[256] = {};
   std::vector<std::string> id_bytes_;                      // [vocab size] raw bytes
   std::unordered_map<std::string, int32_t> token_to_id_;  // byte-level string -> id
-  std::unordered_map<uint64_t, merge> merges_;            // (left id, right id) -> merge
+  struct slot {
+    uint64_t key;  // pair_key(left id, right id), or kEmptyKey
+    merge value;
+  };
+  static constexpr uint64_t kEmptyKey = ~uint64_t{0};
+  std::vector<slot> merge_slots_;  // power-of-two size, at most half full
+  size_t merge_mask_ = 0;
+  int merge_shift_ = 64;
+  size_t num_merges_ = 0;
 
   static constexpr size_t kMaxCachedPieceBytes = 256;
   static constexpr size_t kMaxCacheEntries = 1 << 16;

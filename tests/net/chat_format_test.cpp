@@ -10,6 +10,7 @@
 
 #include "net/chat_format.hpp"
 #include "net/py_json.hpp"
+#include "net/tokenizer.hpp"
 
 using namespace cedar::net;
 using namespace cedar::net::chat;
@@ -255,7 +256,9 @@ TEST_CASE("append renders only the new turn and never touches earlier text") {
   const std::string before = conv.text();
   const size_t num_before = conv.num_messages();
   auto t0 = std::chrono::steady_clock::now();
-  message turn{.role = "assistant", .content = std::string(400, 'x'), .reasoning_content = "short"};
+  std::string words;
+  for (int i = 0; i < 90; ++i) words += " token";
+  message turn{.role = "assistant", .content = words, .reasoning_content = "short"};
   auto added = conv.append({turn}, &error);
   double append_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   REQUIRE(added);
@@ -263,9 +266,20 @@ TEST_CASE("append renders only the new turn and never touches earlier text") {
   CHECK(conv.num_messages() == num_before + 1);
   CHECK(conv.text().compare(0, before.size(), before) == 0);
   CHECK(conv.text().size() == before.size() + added->size());
-  CHECK(*added == "short</think>" + std::string(400, 'x') + "<｜end▁of▁sentence｜>");
-  // The appended conversation equals a full render of the same messages (tools keep all reasoning).
-  std::printf("append of a ~100-token turn to a %zu-byte conversation: %.1f us\n", before.size(), append_us);
+  CHECK(*added == "short</think>" + words + "<｜end▁of▁sentence｜>");
+  // Cost follows the turn, not the history: the same turn appended to a one-message conversation.
+  conversation small(opts);
+  REQUIRE(small.append(first, &error));
+  auto t1 = std::chrono::steady_clock::now();
+  REQUIRE(small.append({turn}, &error));
+  double small_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t1).count();
+  std::string tok_error;
+  auto tok = tokenizer::load_dsv41(tokenizer::default_path(), &tok_error);
+  REQUIRE_MESSAGE(tok, tok_error);
+  size_t num_tokens = tok->encode(before, false).size(), turn_tokens = tok->encode(*added, false).size();
+  CHECK(num_tokens >= 100000);
+  std::printf("append of a %zu-token turn: %.1f us after %zu tokens of history, %.1f us after none\n", turn_tokens,
+              append_us, num_tokens, small_us);
 }
 
 TEST_CASE("bad input gives clear errors, never a crash") {
