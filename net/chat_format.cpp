@@ -114,8 +114,9 @@ bool tool_schema(const json_value& tool, std::string* out, std::string* error) {
   return true;
 }
 
-// The DSML parameters of one call.
-std::string dsml_arguments(const tool_call& tc) {
+// The DSML parameters of one call, appended by `text` (template) and `lit` (message text).
+template <class Text, class Lit>
+void dsml_arguments(const tool_call& tc, Text text, Lit lit) {
   json_value args = tc.arguments;
   for (int i = 0; i < 2 && args.is_string(); ++i) {  // JSON text, possibly encoded twice
     auto parsed = parse_json(args.text, nullptr);
@@ -128,16 +129,15 @@ std::string dsml_arguments(const tool_call& tc) {
     wrapped.members.emplace_back("arguments", tc.arguments);
     args = std::move(wrapped);
   }
-  std::string out;
   for (size_t i = 0; i < args.members.size(); ++i) {
     const auto& [key, value] = args.members[i];
-    if (i) out += '\n';
-    out += "<｜DSML｜ parameter name=\"" + key + "\" string=\"" + (value.is_string() ? "true" : "false") + "\">";
-    if (value.is_string()) out += value.text;
-    else dump_python_json(value, &out);
-    out += "</｜DSML｜ parameter>";
+    if (i) text("\n");
+    text("<｜DSML｜ parameter name=\"");
+    lit(key);
+    text(value.is_string() ? "\" string=\"true\">" : "\" string=\"false\">");
+    lit(value.is_string() ? value.text : python_json(value));
+    text("</｜DSML｜ parameter>");
   }
-  return out;
 }
 
 // Content list -> blocks with images as placeholder text; content = the text blocks joined.
@@ -152,7 +152,7 @@ bool process_images(message* m, std::string* error) {
     for (auto& b : blocks) {
       if (b.type == "image" || b.type == "image_url") {
         if (!b.has_image_source) return fail(error, "image block does not contain a valid source");
-        b = content_block{"text", dsv41::image, {}, {}, false, false};
+        b = content_block{"text", dsv41::image, {}, {}, false, false, true};
       } else if (b.type == "tool_result" && b.parts_is_list) {
         if (!self(b.parts, self)) return false;
       } else if (b.type == "text" && b.text.find(dsv41::image) != std::string::npos) {
@@ -208,7 +208,33 @@ std::vector<message> merge_tool_messages(std::vector<message> msgs) {
   return merged;
 }
 
+bool valid_utf8(std::string_view s) { return valid_utf8_prefix(s) == s.size(); }
+
+bool valid_blocks(const std::vector<content_block>& blocks) {
+  for (const auto& b : blocks)
+    if (!valid_utf8(b.text) || !valid_utf8(b.type) || !valid_blocks(b.parts)) return false;
+  return true;
+}
+
+// Every string of a message is valid UTF-8 (so byte ranges survive tokenization unchanged).
+bool valid_text(const message& m) {
+  if (!valid_utf8(m.content) || !valid_utf8(m.reasoning_content.value_or("")) || !valid_blocks(m.blocks)) return false;
+  for (const auto& tc : m.tool_calls)
+    if (!valid_utf8(tc.name) || !valid_utf8(tc.name_space) || (tc.arguments.is_string() && !valid_utf8(tc.arguments.text)))
+      return false;
+  return true;
+}
+
 }  // namespace
+
+std::vector<int32_t> conversation::encode_from(const tokenizer& tok, size_t from) const {
+  auto it = std::lower_bound(literal_.begin(), literal_.end(), from,
+                             [](const text_range& r, size_t off) { return r.offset < off; });
+  std::vector<text_range> shifted;
+  for (; it != literal_.end(); ++it) shifted.push_back(text_range{it->offset - from, it->size});
+  // The text was checked to be valid UTF-8 when it was appended, so this cannot fail.
+  return *tok.try_encode_with_literals(std::string_view(text_).substr(from), shifted, false, nullptr);
+}
 
 std::optional<int> parse_effort(std::string_view text, std::string* error) {
   if (text == "low") return 50;
@@ -230,7 +256,8 @@ std::optional<size_t> conversation::last_user_index() const {
   return std::nullopt;
 }
 
-bool conversation::render_one(size_t idx, std::string* out, std::string* error) const {
+bool conversation::render_one(size_t idx, std::string* out, std::vector<text_range>* literal,
+                              std::string* error) const {
   const message& m = messages_[idx];
   const bool thinking = opts_.thinking;
   const bool drop = opts_.drop_thinking && !has_tools_;
@@ -238,6 +265,14 @@ bool conversation::render_one(size_t idx, std::string* out, std::string* error) 
   const bool after_last_user = !last_user || idx > *last_user;
 
   std::string& p = *out;
+  auto text = [&](std::string_view s) { p += s; };
+  auto lit = [&](std::string_view s) {  // message text: never read as special tokens
+    if (!s.empty()) literal->push_back(text_range{p.size(), s.size()});
+    p += s;
+  };
+  auto lit_since = [&](size_t start) {
+    if (p.size() > start) literal->push_back(text_range{start, p.size() - start});
+  };
   const bool effort_line = idx == 0 && thinking;
   if (idx == 0 && (effort_line || m.role == "system")) p += dsv41::system;
   if (effort_line)
@@ -246,20 +281,24 @@ bool conversation::render_one(size_t idx, std::string* out, std::string* error) 
 
   if (m.role == "system") {
     if (idx > 0) p += dsv41::system;
-    p += m.content;
+    lit(m.content);
     if (!m.tools.empty()) {
       p += "\n\n";
       p += kToolsPreamble;
       for (size_t i = 0; i < m.tools.size(); ++i) {
         if (i) p += '\n';
+        size_t start = p.size();
         if (!tool_schema(m.tools[i], &p, error)) return false;
+        lit_since(start);
       }
       p += kToolsEpilogue;
     }
     if (m.response_format && truthy(*m.response_format)) {
       p += "\n\n";
       p += kResponseFormat;
+      size_t start = p.size();
       dump_python_json(*m.response_format, &p);
+      lit_since(start);
     }
   } else if (m.role == "user") {
     p += dsv41::user;
@@ -268,39 +307,45 @@ bool conversation::render_one(size_t idx, std::string* out, std::string* error) 
         const auto& b = m.blocks[i];
         if (i) p += "\n\n";
         if (b.type == "text") {
-          p += b.text;
+          if (b.image_placeholder) text(b.text);
+          else lit(b.text);
         } else if (b.type == "tool_result") {
           p += "<tool_result>";
-          if (!b.parts_is_list) p += b.text;
+          if (!b.parts_is_list) lit(b.text);
           for (size_t k = 0; b.parts_is_list && k < b.parts.size(); ++k) {
             if (k) p += "\n\n";
-            p += b.parts[k].type == "text" ? b.parts[k].text : "[Unsupported " + b.parts[k].type + "]";
+            if (b.parts[k].image_placeholder) text(b.parts[k].text);
+            else lit(b.parts[k].type == "text" ? b.parts[k].text : "[Unsupported " + b.parts[k].type + "]");
           }
           p += "</tool_result>";
         } else {
-          p += "[Unsupported " + b.type + "]";
+          lit("[Unsupported " + b.type + "]");
         }
       }
     } else {
-      p += m.content;
+      lit(m.content);
     }
   } else if (m.role == "latest_reminder") {
     p += dsv41::latest_reminder;
-    p += m.content;
+    lit(m.content);
   } else if (m.role == "assistant") {
     const bool prev_has_task = idx > 0 && !messages_[idx - 1].task.empty();
     if (thinking && !prev_has_task && (!drop || after_last_user)) {
-      p += m.reasoning_content.value_or("");
+      lit(m.reasoning_content.value_or(""));
       p += dsv41::think_end;
     }
-    p += m.content;
+    lit(m.content);
     if (!m.tool_calls.empty()) {
       p += "\n\n<｜DSML｜ calls>\n";
       for (size_t i = 0; i < m.tool_calls.size(); ++i) {
         std::string name;
         if (!qualified_name(m.tool_calls[i].name, m.tool_calls[i].name_space, &name, error)) return false;
         if (i) p += '\n';
-        p += "<｜DSML｜ invoke name=\"" + name + "\">\n" + dsml_arguments(m.tool_calls[i]) + "\n</｜DSML｜ invoke>";
+        p += "<｜DSML｜ invoke name=\"";
+        lit(name);
+        p += "\">\n";
+        dsml_arguments(m.tool_calls[i], text, lit);
+        p += "\n</｜DSML｜ invoke>";
       }
       p += "\n</｜DSML｜ calls>";
     }
@@ -343,6 +388,10 @@ std::optional<std::string> conversation::append(std::vector<message> msgs, std::
       fail(error, "invalid task '" + m.task + "' (valid: action, query, authority, domain, title, read_url)");
       return std::nullopt;
     }
+    if (!valid_text(m)) {
+      fail(error, "message text (" + m.role + ") is not valid UTF-8");
+      return std::nullopt;
+    }
     if (!process_images(&m, error)) return std::nullopt;
   }
   msgs = merge_tool_messages(std::move(msgs));
@@ -377,8 +426,9 @@ std::optional<std::string> conversation::append(std::vector<message> msgs, std::
   size_t first = messages_.size();
   for (auto& m : msgs) messages_.push_back(std::move(m));
   std::string added = opts_.add_bos && first == 0 ? std::string(dsv41::bos) : std::string();
+  std::vector<text_range> literal;
   for (size_t i = first; i < messages_.size(); ++i) {
-    if (!render_one(i, &added, error)) {
+    if (!render_one(i, &added, &literal, error)) {
       messages_.resize(first);
       has_tools_ = had_tools;
       return std::nullopt;
@@ -386,6 +436,7 @@ std::optional<std::string> conversation::append(std::vector<message> msgs, std::
   }
   last_call_order_ = std::move(order);
   num_rendered_last_ = messages_.size() - first;
+  for (auto r : literal) literal_.push_back(text_range{r.offset + text_.size(), r.size});
   text_ += added;
   return added;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "net/py_json.hpp"
+#include "net/tokenizer.hpp"
 
 namespace cedar::net::chat {
 
@@ -23,6 +24,7 @@ struct content_block {
   std::vector<content_block> parts;  ///< tool_result content given as a list
   bool parts_is_list = false;
   bool has_image_source = false;  ///< image blocks: a url/data/source was given
+  bool image_placeholder = false; ///< set by the encoder: this text is the image token itself
 };
 
 /// A tool call of an assistant message.
@@ -75,14 +77,21 @@ class conversation {
   /// How many messages the last append rendered (the new ones only).
   size_t num_rendered_last_append() const { return num_rendered_last_; }
   const render_options& options() const { return opts_; }
+  /// Byte ranges of text() that hold message text rather than template (sorted).
+  const std::vector<text_range>& literal_ranges() const { return literal_; }
+  /// Ids of text() from byte `from` on (the size of text() before some append), with special
+  /// tokens matched only in the template: a user's "<｜User｜>" stays text (as DeepSeek's own
+  /// serving stack does; the reference tokenizes the whole string and differs only there).
+  std::vector<int32_t> encode_from(const tokenizer& tok, size_t from = 0) const;
 
  private:
-  bool render_one(size_t idx, std::string* out, std::string* error) const;
+  bool render_one(size_t idx, std::string* out, std::vector<text_range>* literal, std::string* error) const;
   std::optional<size_t> last_user_index() const;
 
   render_options opts_;
   std::vector<message> messages_;  // preprocessed: tool results merged into user turns
   std::string text_;
+  std::vector<text_range> literal_;  // message text inside text_
   bool has_tools_ = false;
   std::map<std::string, size_t> last_call_order_;  // tool_call id -> position, of the latest assistant
   size_t num_rendered_last_ = 0;

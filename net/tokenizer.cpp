@@ -200,6 +200,13 @@ void tokenizer::set_added_tokens(std::vector<added_token> table) {
 
 std::optional<std::vector<int32_t>> tokenizer::try_encode(std::string_view text, bool add_bos, std::string* error,
                                                           bool match_added) const {
+  if (match_added) return try_encode_with_literals(text, {}, add_bos, error);
+  return try_encode_with_literals(text, {text_range{0, text.size()}}, add_bos, error);
+}
+
+std::optional<std::vector<int32_t>> tokenizer::try_encode_with_literals(std::string_view text,
+                                                                        const std::vector<text_range>& literal,
+                                                                        bool add_bos, std::string* error) const {
   size_t good = valid_utf8_prefix(text);
   if (good != text.size()) {
     fail(error, "text is not valid UTF-8 at byte " + std::to_string(good));
@@ -208,10 +215,15 @@ std::optional<std::vector<int32_t>> tokenizer::try_encode(std::string_view text,
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos && bos_id_ >= 0) out.push_back(bos_id_);
-  size_t pos = 0;
+  size_t pos = 0, range_idx = 0;
+  // An added token is accepted unless it overlaps a literal range.
+  auto in_literal = [&](const added_token_matcher::match& m) {
+    while (range_idx < literal.size() && literal[range_idx].offset + literal[range_idx].size <= m.pos) ++range_idx;
+    return range_idx < literal.size() && literal[range_idx].offset < m.pos + m.size;
+  };
   while (pos < text.size()) {
-    added_token_matcher::match m{text.size(), 0, -1};
-    if (match_added) m = impl_->matcher.find(text, pos);
+    added_token_matcher::match m = impl_->matcher.find(text, pos);
+    while (m.size && in_literal(m)) m = impl_->matcher.find(text, m.pos + 1);
     if (m.pos > pos) impl_->encode_segment(text.substr(pos, m.pos - pos), &out);
     if (m.size == 0) break;
     out.push_back(m.id);

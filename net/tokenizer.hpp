@@ -12,6 +12,12 @@
 
 namespace cedar::net {
 
+/// A byte range [offset, offset + size) of a text.
+struct text_range {
+  size_t offset = 0;
+  size_t size = 0;
+};
+
 /// One entry of the added-token table: matched in text before pre-tokenization.
 struct added_token {
   std::string content;  ///< UTF-8 text, e.g. "<｜User｜>"
@@ -44,6 +50,13 @@ class tokenizer {
 
   /// As try_encode; invalid UTF-8 bytes are first replaced by U+FFFD (a defined result).
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool match_added = true) const;
+
+  /// Encodes a rendered prompt whose byte ranges `literal` (sorted, not overlapping) hold message
+  /// text: added tokens are matched only outside them, so a user's "<｜User｜>" stays text.
+  /// Elsewhere the same as try_encode (which it equals when no added token falls in a range).
+  std::optional<std::vector<int32_t>> try_encode_with_literals(std::string_view text,
+                                                               const std::vector<text_range>& literal,
+                                                               bool add_bos, std::string* error) const;
 
   /// Ids to UTF-8 bytes. Added tokens are written as their text (kept unless skip_special).
   /// Ids outside the vocabulary are skipped. The result may end inside a UTF-8 character when

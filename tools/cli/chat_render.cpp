@@ -16,7 +16,8 @@ void usage() {
                "usage: cedar chat-render --file conversation.json [--thinking on|off] [--effort N|low|high|max]\n"
                "                         [--keep-thinking] [--ids [--tokenizer PATH]]\n"
                "  prints the rendered prompt (thinking defaults to on, effort to high = 75, unless the file\n"
-               "  says otherwise); --ids prints its token ids instead (the V4.1 table)\n");
+               "  says otherwise); --ids prints its token ids instead (the V4.1 table; special tokens only from\n"
+               "  the template, never from message text)\n");
 }
 
 int chat_render_main(int argc, char** argv) {
@@ -62,7 +63,8 @@ int chat_render_main(int argc, char** argv) {
     }
     opts.effort = *e;
   }
-  auto text = cedar::net::chat::render(std::move(req->messages), opts, &error);
+  cedar::net::chat::conversation conv(opts);
+  auto text = conv.append(std::move(req->messages), &error);
   if (!text) {
     std::fprintf(stderr, "cedar: %s: %s\n", file.c_str(), error.c_str());
     return 1;
@@ -74,7 +76,7 @@ int chat_render_main(int argc, char** argv) {
       return 1;
     }
     std::string line = "[";
-    for (int32_t id : tok->encode(*text, false)) line += (line.size() > 1 ? "," : "") + std::to_string(id);
+    for (int32_t id : conv.encode_from(*tok)) line += (line.size() > 1 ? "," : "") + std::to_string(id);
     *text = line + "]\n";
   }
   std::fwrite(text->data(), 1, text->size(), stdout);
