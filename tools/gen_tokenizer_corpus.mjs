@@ -90,6 +90,41 @@ for (const [name] of scriptRes) {
   }
 }
 
+// Scripts whose characters only occur inside longer vocabulary entries: strings of their characters.
+const charsByScript = new Map();
+for (const [c, name] of scriptOfChar) {
+  if (name === "Unknown") continue;
+  if (!charsByScript.has(name)) charsByScript.set(name, []);
+  charsByScript.get(name).push(c);
+}
+for (const [name, chars] of charsByScript) {
+  if (covered.includes(name)) continue;
+  covered.push(name);
+  for (let i = 0; i < 8; ++i) {
+    let s = "";
+    for (let k = randInt(1, 20); k > 0; --k) s += pick(chars) + (rand() < 0.2 ? " " : "");
+    emit(s);
+  }
+}
+
+// Characters of many scripts, most of them outside the vocabulary (byte-level tokens): random
+// code points from long-stable blocks. Blocks that gained characters after Unicode 14 are left
+// out, because PCRE2 10.42 carries Unicode 14 tables and node a newer set.
+const stableBlocks = [[0xa0, 0x2af], [0x370, 0x3ff], [0x400, 0x52f], [0x530, 0x58f], [0x590, 0x5ff], [0x600, 0x6ff],
+  [0x900, 0x97f], [0x980, 0x9ff], [0xb80, 0xbff], [0xe00, 0xe7f], [0x10a0, 0x10ff], [0x1100, 0x11ff], [0x1200, 0x137f],
+  [0x13a0, 0x13ff], [0x16a0, 0x16ff], [0x1780, 0x17ff], [0x1800, 0x18af], [0x2000, 0x206f], [0x2190, 0x23ff],
+  [0x2500, 0x27bf], [0x3040, 0x30ff], [0x4e00, 0x9fff], [0xa000, 0xa48f], [0xac00, 0xd7a3]];
+const assigned = /[\p{L}\p{M}\p{N}\p{P}\p{S}\p{Zs}]/u;
+for (let i = 0; i < 150; ++i) {
+  let s = "";
+  while (s.length < 12) {
+    const [lo, hi] = pick(stableBlocks);
+    const c = String.fromCodePoint(randInt(lo, hi));
+    if (assigned.test(c)) s += c + (rand() < 0.15 ? " " : "");
+  }
+  emit(s);
+}
+
 // 2. Code in several languages.
 const idents = ["x", "value", "count_", "HTTPServer", "parseJSON", "μ", "变量", "données", "i2", "_tmp", "kMaxSize"];
 const codeTemplates = [
