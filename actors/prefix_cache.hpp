@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/kv_pool.hpp"
+#include "actors/transfer.hpp"
 
 namespace cedar {
 
@@ -42,6 +43,10 @@ class prefix_cache {
   void session_opened(uint64_t session_id);
   /// The session's pages become evictable ahead of live sessions' pages.
   void session_closed(uint64_t session_id);
+
+  /// Every chain from the root to a cached page no other cached page extends, most recently
+  /// used first (prefix_cache_export.cpp). Chains whose root was evicted are left out.
+  std::vector<page_chain> export_chains() const;
 
   int64_t num_cached_pages() const { return int64_t(entries_.size()); }
   int64_t queried_tokens() const { return queried_tokens_; }

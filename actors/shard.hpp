@@ -49,6 +49,8 @@ class shard {
   /// Runs one step. Items are independent; results come back in item order.
   step_output run(const run_step& step);
   const step_model& model_ref() const { return *model_; }
+  /// The KV bytes; the runtime copies pages in and out only while the shard runs no step.
+  kv_arena& arena() { return arena_; }
 
  private:
   std::unique_ptr<step_model> model_;

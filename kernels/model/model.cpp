@@ -63,14 +63,14 @@ void check_layer_map(const model_args& a) {
 
 }  // namespace
 
-model::model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv)
+model::model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv, int page_tokens)
     : impl_(std::make_unique<impl>()) {
   if (args.layers.size() != std::size_t(args.num_hidden_layers)) args.derive_layer_map();
   if (args.num_hidden_layers > 64) throw std::runtime_error("more than 64 layers");
   check_layer_map(args);
   const std::vector<std::string> problems = check_tensors(args, *weights);
   if (!problems.empty()) throw std::runtime_error("checkpoint does not match config: " + problems[0]);
-  impl_->layout = kv_layout::make(args, kv);
+  impl_->layout = kv_layout::make(args, kv, page_tokens);
   impl_->w = bind_weights(args, std::move(weights));
   for (const layer_info& li : args.layers) impl_->rope.push_back(rope_for(args, li.compress_ratio));
   impl_->engram.resize(args.num_hidden_layers);

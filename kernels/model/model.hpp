@@ -49,7 +49,9 @@ class model {
  public:
   /// Binds weights; checks every tensor's name, shape and dtype against the config and throws
   /// std::runtime_error naming the first missing / mis-shaped / wrongly-typed tensor.
-  model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv = kv_dtype::fp4);
+  /// page_tokens: positions per global-KV page (the engine's --page-tokens).
+  model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv = kv_dtype::fp4,
+        int page_tokens = kv_layout::default_page_tokens);
   ~model();
 
   const model_args& args() const;

@@ -1,0 +1,32 @@
+// Layout names (see layout.hpp).
+#include "actors/layout.hpp"
+
+#include <algorithm>
+#include <cctype>
+
+namespace cedar {
+
+std::string layout_spec::name() const {
+  return (mode == parallel_mode::tp ? "tp" : "dep") + std::to_string(num_shards);
+}
+
+outcome<layout_spec> parse_layout(const std::string& text, const model_args& args) {
+  layout_spec s;
+  std::string digits;
+  if (text.rfind("tp", 0) == 0) {
+    digits = text.substr(2);
+  } else if (text.rfind("dep", 0) == 0) {
+    s.mode = parallel_mode::dep;
+    digits = text.substr(3);
+  } else {
+    return engine_error{engine_errc::bad_params, "layout '" + text + "' is not tpN or depN"};
+  }
+  if (digits.empty() || digits.size() > 3 || !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(c); }))
+    return engine_error{engine_errc::bad_params, "layout '" + text + "' needs a shard count (tp4, dep2)"};
+  s.num_shards = std::stoi(digits);
+  if (const std::string why = check_layout(args, s.mode, s.num_shards); !why.empty())
+    return engine_error{engine_errc::bad_params, "layout '" + text + "': " + why};
+  return s;
+}
+
+}  // namespace cedar

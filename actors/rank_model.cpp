@@ -1,0 +1,41 @@
+// A layout rank as a step_model (see rank_model.hpp).
+#include "actors/rank_model.hpp"
+
+namespace cedar {
+namespace {
+
+class rank_model final : public step_model {
+ public:
+  rank_model(std::shared_ptr<const model> m, shard_view v, std::unique_ptr<communicator> c)
+      : m_(std::move(m)), view_(v), comm_(std::move(c)) {
+    view_.comm = comm_.get();
+  }
+  const model_args& args() const override { return m_->args(); }
+  const kv_layout& layout() const override { return m_->layout(); }
+
+  void forward(std::span<forward_item> batch, std::vector<float>& logits) override {
+    const bool follower = view_.mode == parallel_mode::tp && view_.rank > 0;
+    if (!follower) return m_->forward(batch, logits, view_);
+    std::size_t rows = 0;
+    for (forward_item& it : batch) {
+      rows += it.logits == logits_mode::last ? 1 : it.logits == logits_mode::all ? it.tokens.size() : 0;
+      it.logits = logits_mode::none;
+    }
+    m_->forward(batch, logits, view_);
+    logits.assign(rows * std::size_t(m_->args().vocab_size), 0.0f);
+  }
+
+ private:
+  std::shared_ptr<const model> m_;
+  shard_view view_;
+  std::unique_ptr<communicator> comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<step_model> make_rank_model(std::shared_ptr<const model> m, shard_view view,
+                                            std::unique_ptr<communicator> comm) {
+  return std::make_unique<rank_model>(std::move(m), view, std::move(comm));
+}
+
+}  // namespace cedar

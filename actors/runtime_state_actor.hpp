@@ -1,0 +1,105 @@
+// The runtime actor's state and the functions its behaviour calls (internal to the three
+// runtime_*_actor.cpp files): step loop (runtime_step_actor.cpp), layout build, switch and
+// rebuild (runtime_switch_actor.cpp), messages (runtime_actor.cpp). All run on the runtime
+// actor's thread.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "actors/layout.hpp"
+#include "actors/protocol.hpp"
+#include "actors/scheduler.hpp"
+#include "actors/session_router.hpp"
+#include "actors/shard.hpp"
+#include "kernels/collectives/inproc.hpp"
+
+namespace cedar::runtime_detail {
+
+/// One shard of the current layout.
+struct rank_entry {
+  shard_actor actor;
+  std::shared_ptr<shard> s;  ///< shared with the actor; its arena is read only between steps
+  int group = 0;
+  bool alive = true;
+  bool kv_safe = true;       ///< false once it failed mid-step (its KV may be half written)
+  int64_t steps = 0;
+  int64_t rows = 0;
+};
+
+/// A step of every group at once (the ranks meet in collectives, so they step together).
+struct global_step {
+  uint64_t id = 0;
+  std::vector<std::optional<run_step>> group_steps;  ///< [groups]; empty = the group had no work
+  std::vector<std::optional<step_output>> outputs;   ///< [ranks]
+  std::vector<bool> waiting;                         ///< [ranks] reply still expected
+  std::string failure;                               ///< first error or fault; empty = fine
+};
+
+/// A submission that arrived while admission was paused.
+struct held_submit {
+  submit_request msg;
+  caf::strong_actor_ptr sink;
+  caf::typed_response_promise<submit_reply> rp;
+};
+
+/// A switch (or rebuild) waiting for the step boundary.
+struct pending_switch {
+  layout_spec target;
+  std::optional<caf::typed_response_promise<switch_result>> rp;  ///< none for a rebuild
+  std::chrono::steady_clock::time_point t0;
+};
+
+struct runtime_state {
+  std::shared_ptr<const model> m;
+  engine_options options;
+  layout_spec layout;
+  uint64_t generation = 0;
+  std::shared_ptr<inproc_group> comm;
+  std::vector<rank_entry> ranks;
+  std::vector<std::unique_ptr<scheduler>> groups;
+  session_router router;
+  std::map<uint64_t, int> request_group;               ///< live request -> group
+  std::map<uint64_t, caf::strong_actor_ptr> sinks;     ///< live request -> who submitted it
+  std::map<uint64_t, int> faults;                      ///< request -> failed steps it was in
+  std::set<uint64_t> live_sessions;
+  uint64_t next_request_id = 1;
+  std::optional<global_step> step;
+  uint64_t next_step_id = 1;
+  bool paused = false;
+  bool draining = false;
+  std::optional<pending_switch> sw;
+  std::vector<held_submit> held;
+  int64_t switches = 0, rebuilds = 0;
+  double last_switch_ms = 0;
+  std::string last_fault;
+  static inline const char* name = "cedar.runtime";
+};
+
+using self_ptr = runtime_actor::stateful_pointer<runtime_state>;
+
+// runtime_step_actor.cpp
+/// Starts the next global step unless one is in flight or admission is paused, and delivers
+/// the groups' events.
+void pump(self_ptr self);
+void deliver_events(self_ptr self);
+/// A rank's reply; completes the global step once every expected reply is in.
+void on_step_output(self_ptr self, const step_output& out);
+/// A shard died, timed out or failed: abort the collectives and rebuild at the boundary.
+void on_fault(self_ptr self, int rank, const std::string& reason, bool kv_lost);
+
+// runtime_switch_actor.cpp
+/// The shards and schedulers of `spec` (generation `gen`), spawned and monitored.
+void build_layout(self_ptr self, const layout_spec& spec, std::vector<rank_entry>& ranks,
+                  std::vector<std::unique_ptr<scheduler>>& groups, std::shared_ptr<inproc_group>& comm);
+/// Runs the pending switch or rebuild: no step may be in flight.
+void run_switch(self_ptr self);
+
+// runtime_actor.cpp
+/// Submits to the routed group and records the sink; answers the submitter.
+submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_actor_ptr& sink);
+
+}  // namespace cedar::runtime_detail

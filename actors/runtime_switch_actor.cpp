@@ -1,0 +1,103 @@
+// Building a layout and switching to another one (see runtime_state_actor.hpp). A switch runs
+// at a step boundary with admission paused: the new shards and schedulers are built, every
+// request and cached page chain is re-homed (rehome.hpp), the old shards are stopped, and the
+// held submissions are admitted. A rebuild after a shard failure is a switch to the same
+// layout in which a failed shard's KV counts as lost.
+#include <algorithm>
+
+#include "actors/rank_model.hpp"
+#include "actors/rehome.hpp"
+#include "actors/runtime_state_actor.hpp"
+#include "actors/shard_actor.hpp"
+
+namespace cedar::runtime_detail {
+namespace {
+
+/// The arena an old group's KV can be read from, or null when it is lost.
+kv_arena* source_arena(std::vector<rank_entry>& ranks, int group) {
+  for (rank_entry& r : ranks)
+    if (r.group == group && r.alive && r.kv_safe) return &r.s->arena();
+  return nullptr;
+}
+
+void finish_switch(self_ptr self, const rehome_stats& moved, const std::string& error) {
+  auto& st = self->state;
+  pending_switch sw = std::move(*st.sw);
+  st.sw.reset();
+  st.paused = false;
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sw.t0).count();
+  if (error.empty()) st.last_switch_ms = ms;
+  if (sw.rp) {
+    switch_result r;
+    r.layout = st.layout.name();
+    r.pause_ms = ms;
+    r.requests_moved = moved.requests_moved;
+    r.pages_copied = moved.pages_copied;
+    if (!error.empty()) r.error_code = int32_t(engine_errc::bad_params), r.error_message = error;
+    sw.rp->deliver(std::move(r));
+  }
+  std::vector<held_submit> held = std::move(st.held);
+  st.held.clear();
+  for (held_submit& h : held) h.rp.deliver(do_submit(self, h.msg, h.sink));
+  pump(self);
+}
+
+}  // namespace
+
+void build_layout(self_ptr self, const layout_spec& spec, std::vector<rank_entry>& ranks,
+                  std::vector<std::unique_ptr<scheduler>>& groups, std::shared_ptr<inproc_group>& comm) {
+  auto& st = self->state;
+  const kv_layout& kv = st.m->layout();
+  const kv_capacity cap = plan_kv_capacity(kv, st.options.kv_budget_bytes, st.options.max_num_seqs);
+  comm = spec.num_shards > 1 ? inproc_group::make(spec.num_shards, std::chrono::milliseconds(st.options.step_timeout_ms))
+                             : nullptr;
+  for (int r = 0; r < spec.num_shards; ++r) {
+    std::unique_ptr<communicator> c = comm ? comm->join(r) : nullptr;
+    const shard_view view = make_shard_view(st.m->args(), spec.mode, r, spec.num_shards, c.get());
+    auto s = std::make_shared<shard>(make_rank_model(st.m, view, std::move(c)), cap);
+    rank_entry e;
+    e.s = s;
+    e.group = spec.group_of_shard(r);
+    e.actor = spawn_shard(self->system(), std::move(s));
+    self->monitor(e.actor);
+    ranks.push_back(std::move(e));
+  }
+  for (int g = 0; g < spec.num_groups(); ++g) {
+    groups.push_back(std::make_unique<scheduler>(st.m->args(), kv, st.options));
+    for (uint64_t session : st.live_sessions) groups.back()->session_opened(session);
+    if (st.draining) groups.back()->drain();
+  }
+}
+
+void run_switch(self_ptr self) {
+  auto& st = self->state;
+  CEDAR_CHECK(st.sw && !st.step);
+  st.paused = true;
+  std::vector<rank_entry> ranks;
+  std::vector<std::unique_ptr<scheduler>> groups;
+  std::shared_ptr<inproc_group> comm;
+  build_layout(self, st.sw->target, ranks, groups, comm);
+
+  std::vector<rehome_source> from;
+  for (std::size_t g = 0; g < st.groups.size(); ++g) from.push_back({st.groups[g].get(), source_arena(st.ranks, int(g))});
+  std::vector<rehome_target> to(groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) to[g].policy = groups[g].get();
+  for (rank_entry& r : ranks) to[r.group].arenas.push_back(&r.s->arena());
+  st.router.regroup(int(groups.size()));
+  const rehome_stats moved = rehome(from, to, st.m->layout(), st.router, st.request_group);
+
+  const bool rebuild = !st.sw->rp.has_value();
+  for (rank_entry& r : st.ranks) {
+    self->demonitor(r.actor.address());
+    self->send_exit(r.actor, caf::exit_reason::user_shutdown);
+  }
+  st.ranks = std::move(ranks);
+  st.groups = std::move(groups);
+  st.comm = std::move(comm);
+  st.layout = st.sw->target;
+  ++st.generation;
+  (rebuild ? st.rebuilds : st.switches) += 1;
+  finish_switch(self, moved, {});
+}
+
+}  // namespace cedar::runtime_detail
