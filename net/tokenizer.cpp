@@ -245,15 +245,16 @@ std::string_view tokenizer::token_bytes(int32_t id) const {
   return impl_->bpe.bytes_of(id);
 }
 
+bool tokenizer::is_special(int32_t id) const {
+  if (id < 0 || static_cast<size_t>(id) >= impl_->added_index_by_id.size()) return false;
+  int32_t idx = impl_->added_index_by_id[id];
+  return idx >= 0 && impl_->added[idx].special;
+}
+
 std::string tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string out;
-  for (int32_t id : ids) {
-    if (skip_special && id >= 0 && static_cast<size_t>(id) < impl_->added_index_by_id.size()) {
-      int32_t idx = impl_->added_index_by_id[id];
-      if (idx >= 0 && impl_->added[idx].special) continue;
-    }
-    out.append(token_bytes(id));
-  }
+  for (int32_t id : ids)
+    if (!skip_special || !is_special(id)) out.append(token_bytes(id));
   return out;
 }
 
@@ -274,7 +275,7 @@ const std::vector<added_token>& tokenizer::added_tokens() const { return impl_->
 
 std::string incremental_decoder::push(const std::vector<int32_t>& ids) {
   for (int32_t id : ids) {
-    if (skip_special_ && tok_.decode({id}, true).empty() && !tok_.token_bytes(id).empty()) continue;
+    if (skip_special_ && tok_.is_special(id)) continue;
     pending_.append(tok_.token_bytes(id));
   }
   size_t hold = utf8_incomplete_tail(pending_);

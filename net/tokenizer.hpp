@@ -67,6 +67,8 @@ class tokenizer {
   std::string_view token_bytes(int32_t id) const;
   /// Id of an exact vocabulary or added-token string (byte-level form for BPE tokens).
   std::optional<int32_t> token_to_id(std::string_view token) const;
+  /// True for an added token marked special (what decode(skip_special=true) drops).
+  bool is_special(int32_t id) const;
   /// Id of an added token by its text.
   std::optional<int32_t> added_token_id(std::string_view content) const;
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <random>
+#include <thread>
 
 #include "net/bpe.hpp"
 #include "net/dsv41_tokens.hpp"
@@ -194,4 +195,29 @@ TEST_CASE("bad input: invalid UTF-8, huge strings, bad files") {
   CHECK_FALSE(tokenizer::load("/nonexistent/tokenizer.json", &error));
   CHECK(error.find("cannot read") != std::string::npos);
   CHECK(t.decode({-5, 1 << 30}).empty());
+}
+
+TEST_CASE("one tokenizer, many threads: the same ids as one thread") {
+  const auto& t = v41();
+  std::vector<std::string> texts;
+  std::mt19937 rng(9);
+  const char* parts[] = {"hello", " world", "模型", "<｜User｜>", "123456", "\n\n", "😀", " ünïcödé", "</think>", "ab"};
+  for (int i = 0; i < 400; ++i) {
+    std::string s;
+    for (int k = 0; k < 1 + static_cast<int>(rng() % 30); ++k) s += parts[rng() % 10];
+    texts.push_back(s + std::string(rng() % 2 ? 300 : 0, 'q'));  // some pieces skip the cache
+  }
+  std::vector<std::vector<int32_t>> want;
+  for (auto& s : texts) want.push_back(t.encode(s, false));
+  std::vector<int> num_bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&, w] {
+      for (int round = 0; round < 3; ++round)
+        for (size_t i = w; i < texts.size(); i += 1 + w) num_bad[w] += t.encode(texts[i], false) != want[i];
+    });
+  for (auto& th : threads) th.join();
+  CHECK(num_bad == std::vector<int>(4, 0));
+  incremental_decoder dec(t, /*skip_special=*/true);
+  CHECK(dec.push(t.encode("<｜User｜>hi</think>", false)) == "hi");
 }
