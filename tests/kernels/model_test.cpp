@@ -152,6 +152,24 @@ TEST_CASE("model: tokens far outside the window still reach the last position") 
   CHECK(max_abs_diff(la, lb) > 1e-4f);
 }
 
+TEST_CASE("model: small KV pages give the same logits as one page") {
+  // Pages of 4 positions: entries, keys and their visibility cross many page boundaries.
+  const loaded& l = load_with_weights("micro");
+  const model small(l.m->args(), l.weights, kv_dtype::fp4, 4);
+  REQUIRE(small.layout().page_tokens == 4);
+  const int total = 29;
+  const auto tokens = random_tokens(total, small.args().vocab_size, 17);
+  test_request one_page(l.m->layout(), total), many(small.layout(), total);
+  REQUIRE(many.kv.pages.size() > 7);
+  const auto want = run(*l.m, one_page, std::span(tokens).first(11));
+  CHECK(run(small, many, std::span(tokens).first(11)) == want);
+  for (int t = 11; t < total; ++t) {
+    INFO("position " << t);
+    CHECK(run(small, many, std::span(tokens).subspan(t, 1)) ==
+          run(*l.m, one_page, std::span(tokens).subspan(t, 1)));
+  }
+}
+
 TEST_CASE("model: chunked prefill equals one-shot prefill") {
   const model& m = load("micro");
   const int total = 29;
