@@ -40,8 +40,9 @@ class outcome {
   outcome(engine_error error) : v_(std::move(error)) {}
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }
-  const T& value() const { return std::get<0>(v_); }
-  T& value() { return std::get<0>(v_); }
+  const T& value() const& { return std::get<0>(v_); }
+  T& value() & { return std::get<0>(v_); }
+  T&& value() && { return std::get<0>(std::move(v_)); }
   const engine_error& error() const { return std::get<1>(v_); }
 
  private:
