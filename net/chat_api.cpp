@@ -41,7 +41,7 @@ class chat_writer final : public response_writer {
  public:
   explicit chat_writer(writer_context ctx) : ctx_(std::move(ctx)) {}
 
-  void deltas(const std::vector<output_delta>& deltas, const token_batch&, const turn_result& r,
+  void deltas(const std::vector<stream_delta>& deltas, const token_batch&, const turn_result& r,
               frame_sink& sink) override {
     if (!ctx_.stream) return;
     pending_logprobs_ = &r.logprobs;
@@ -52,15 +52,15 @@ class chat_writer final : public response_writer {
     for (auto& d : deltas) {
       chunk(sink, [&](json_writer& w) {
         switch (d.type) {
-          case output_delta::kind::reasoning: w.kv("reasoning_content", d.text); break;
-          case output_delta::kind::content: w.kv("content", d.text); break;
-          case output_delta::kind::tool_call_begin:
+          case stream_delta::kind::reasoning: w.kv("reasoning_content", d.text); break;
+          case stream_delta::kind::content: w.kv("content", d.text); break;
+          case stream_delta::kind::tool_call_begin:
             w.key("tool_calls").arr().obj().kv("index", d.tool_index)
                 .kv("id", r.tool_calls[size_t(d.tool_index)].id).kv("type", "function")
                 .key("function").obj().kv("name", d.tool_name).kv("arguments", "")
                 .end_obj().end_obj().end_arr();
             break;
-          case output_delta::kind::tool_call_args:
+          case stream_delta::kind::tool_call_args:
             w.key("tool_calls").arr().obj().kv("index", d.tool_index).key("function").obj()
                 .kv("arguments", d.text).end_obj().end_obj().end_arr();
             break;
@@ -147,7 +147,7 @@ class completion_writer final : public response_writer {
  public:
   completion_writer(writer_context ctx, std::string echo) : ctx_(std::move(ctx)), echo_(std::move(echo)) {}
 
-  void deltas(const std::vector<output_delta>& deltas, const token_batch&, const turn_result&,
+  void deltas(const std::vector<stream_delta>& deltas, const token_batch&, const turn_result&,
               frame_sink& sink) override {
     if (!ctx_.stream) return;
     std::string text = std::exchange(echo_pending_, {});

@@ -98,12 +98,12 @@ void generation::on_batch(token_batch batch) {
       result_.logprobs.push_back({batch.ids[i], batch.logprobs[i],
                                   i < batch.top.size() ? batch.top[i] : std::vector<token_logprob>{}});
   }
-  std::vector<output_delta> deltas;
+  std::vector<stream_delta> deltas;
   parser_->push(batch.ids, deltas);
   bool final = batch.finished != finish_reason::none;
   if (final) parser_->finish(deltas);
   bool all_reasoning = !deltas.empty();
-  for (auto& d : deltas) all_reasoning &= d.type == output_delta::kind::reasoning;
+  for (auto& d : deltas) all_reasoning &= d.type == stream_delta::kind::reasoning;
   if (all_reasoning) result_.num_reasoning_tokens += int(batch.ids.size());
   filter_stop(deltas, final);
   apply(deltas);
@@ -116,33 +116,33 @@ void generation::on_batch(token_batch batch) {
   }
 }
 
-void generation::apply(std::vector<output_delta>& deltas) {
+void generation::apply(std::vector<stream_delta>& deltas) {
   for (auto& d : deltas) {
     switch (d.type) {
-      case output_delta::kind::reasoning: result_.reasoning += d.text; break;
-      case output_delta::kind::content: result_.content += d.text; break;
-      case output_delta::kind::tool_call_begin:
+      case stream_delta::kind::reasoning: result_.reasoning += d.text; break;
+      case stream_delta::kind::content: result_.content += d.text; break;
+      case stream_delta::kind::tool_call_begin:
         result_.tool_calls.push_back({"call_" + state_->new_id("").substr(0, 16), d.tool_name, {}});
         break;
-      case output_delta::kind::tool_call_args:
+      case stream_delta::kind::tool_call_args:
         if (!result_.tool_calls.empty()) result_.tool_calls.back().arguments += d.text;
         break;
     }
   }
 }
 
-void generation::filter_stop(std::vector<output_delta>& deltas, bool final) {
+void generation::filter_stop(std::vector<stream_delta>& deltas, bool final) {
   if (stop_.empty() || result_.stopped_by_string) return;
   size_t longest = 0;
   for (auto& s : stop_) longest = std::max(longest, s.size());
-  std::vector<output_delta> out;
+  std::vector<stream_delta> out;
   for (auto& d : deltas) {
-    if (d.type != output_delta::kind::content) { out.push_back(std::move(d)); continue; }
+    if (d.type != stream_delta::kind::content) { out.push_back(std::move(d)); continue; }
     stop_hold_ += d.text;
     size_t cut = std::string::npos;
     for (auto& s : stop_) cut = std::min(cut, stop_hold_.find(s));
     if (cut != std::string::npos) {
-      if (cut) out.push_back({output_delta::kind::content, stop_hold_.substr(0, cut), -1, {}});
+      if (cut) out.push_back({stream_delta::kind::content, stop_hold_.substr(0, cut), -1, {}});
       stop_hold_.clear();
       result_.stopped_by_string = true;
       break;
@@ -150,11 +150,11 @@ void generation::filter_stop(std::vector<output_delta>& deltas, bool final) {
     size_t keep = std::min(stop_hold_.size(), longest - 1);
     size_t emit = stop_hold_.size() - keep;
     while (emit > 0 && emit < stop_hold_.size() && (stop_hold_[emit] & 0xC0) == 0x80) --emit;
-    if (emit) out.push_back({output_delta::kind::content, stop_hold_.substr(0, emit), -1, {}});
+    if (emit) out.push_back({stream_delta::kind::content, stop_hold_.substr(0, emit), -1, {}});
     stop_hold_.erase(0, emit);
   }
   if (final && !result_.stopped_by_string && !stop_hold_.empty())
-    out.push_back({output_delta::kind::content, std::exchange(stop_hold_, {}), -1, {}});
+    out.push_back({stream_delta::kind::content, std::exchange(stop_hold_, {}), -1, {}});
   deltas = std::move(out);
 }
 

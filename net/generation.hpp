@@ -64,7 +64,7 @@ class response_writer {
   /// Before the first token (streaming: e.g. response.created).
   virtual void begin(frame_sink&) {}
   /// New deltas of one engine batch; `result` already includes them.
-  virtual void deltas(const std::vector<output_delta>& deltas, const token_batch& batch,
+  virtual void deltas(const std::vector<stream_delta>& deltas, const token_batch& batch,
                       const turn_result& result, frame_sink& sink) = 0;
   /// The end: final events (streaming) or the whole body (non-streaming, event name empty).
   virtual void end(const turn_result& result, frame_sink& sink) = 0;
@@ -94,8 +94,8 @@ class generation : public std::enable_shared_from_this<generation> {
 
  private:
   void on_batch(token_batch batch);
-  void apply(std::vector<output_delta>& deltas);
-  void filter_stop(std::vector<output_delta>& deltas, bool final);
+  void apply(std::vector<stream_delta>& deltas);
+  void filter_stop(std::vector<stream_delta>& deltas, bool final);
   void finish(finish_reason why, std::string error = {});
 
   std::shared_ptr<server_state> state_;

@@ -13,7 +13,8 @@ namespace {
 
 class null_engine final : public engine_bridge {
  public:
-  null_engine(int step_us, int32_t token) : step_(std::chrono::microseconds(step_us)), token_(token) {
+  null_engine(int step_us, int32_t token, std::vector<int32_t> script)
+      : step_(std::chrono::microseconds(step_us)), token_(token), script_(std::move(script)) {
     thread_ = std::thread([this] { loop(); });
   }
   ~null_engine() override { shutdown(); }
@@ -104,18 +105,27 @@ class null_engine final : public engine_bridge {
     if (r.cancelled) {
       b.finished = finish_reason::cancelled;
     } else {
-      b.ids.push_back(token_);
+      int32_t id = token_;
+      bool last = false;
+      if (!script_.empty()) {
+        size_t i = size_t(r.num_emitted);
+        last = i >= script_.size();
+        id = last ? (r.request.stop_ids.empty() ? 1 : r.request.stop_ids.front()) : script_[i];
+      }
+      b.ids.push_back(id);
       if (r.request.top_logprobs >= 0) {
         b.logprobs.push_back(0.0f);
-        b.top.push_back(std::vector<token_logprob>(size_t(r.request.top_logprobs), {token_, 0.0f}));
+        b.top.push_back(std::vector<token_logprob>(size_t(r.request.top_logprobs), {id, 0.0f}));
       }
-      if (++r.num_emitted >= r.request.max_tokens) b.finished = finish_reason::length;
+      if (last) b.finished = finish_reason::stop;
+      else if (++r.num_emitted >= r.request.max_tokens) b.finished = finish_reason::length;
     }
     out.emplace_back(&r.on_tokens, std::move(b));
   }
 
   const std::chrono::microseconds step_;
   const int32_t token_;
+  const std::vector<int32_t> script_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::map<uint64_t, live_request> live_;
@@ -126,8 +136,8 @@ class null_engine final : public engine_bridge {
 
 }  // namespace
 
-std::unique_ptr<engine_bridge> make_null_engine(int step_us, int32_t token) {
-  return std::make_unique<null_engine>(step_us, token);
+std::unique_ptr<engine_bridge> make_null_engine(int step_us, int32_t token, std::vector<int32_t> script) {
+  return std::make_unique<null_engine>(step_us, token, std::move(script));
 }
 
 }  // namespace cedar::net

@@ -1,65 +1,51 @@
-// prompt_codec over the tokenizer: the V4.1 chat rendering (spec §2.2) and a streaming output
-// splitter (spec §3: reasoning up to </think>, content, then a DSML tool block).
+// prompt_codec over the tokenizer and the V4.1 chat encoding (net/chat_format.hpp): request
+// messages and tools become chat::messages, rendered and tokenized.
 #include "net/prompt_codec.hpp"
 
-#include "net/dsv41_tokens.hpp"
-#include "net/json_writer.hpp"
+#include "net/chat_format.hpp"
+#include "net/py_json.hpp"
 #include "net/tokenizer.hpp"
 
 namespace cedar::net {
 
 namespace {
 
-const char* const tools_preamble =
-    "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can "
-    "invoke tools by writing a \"<｜DSML｜ calls>\" block like the following:\n\n<｜DSML｜ calls>\n"
-    "<｜DSML｜ invoke name=\"$TOOL_NAME\">\n<｜DSML｜ parameter name=\"$PARAMETER_NAME\" "
-    "string=\"true|false\">$PARAMETER_VALUE</｜DSML｜ parameter>\n...\n</｜DSML｜ invoke>\n"
-    "<｜DSML｜ invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜ invoke>\n</｜DSML｜ calls>\n\nString "
-    "parameters should be specified as is and set `string=\"true\"`. For all other types "
-    "(numbers, booleans, arrays, objects), pass the value in JSON format and set "
-    "`string=\"false\"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output "
-    "your complete reasoning inside <think>...</think> BEFORE any tool calls or final response."
-    "\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### "
-    "Available Tool Schemas\n\n";
-const char* const tools_epilogue =
-    "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke "
-    "tool calls.\n";
-
-std::string tools_text(const std::vector<tool_def>& tools) {
-  std::string s = tools_preamble;
-  for (size_t i = 0; i < tools.size(); ++i) s += (i ? "\n" : "") + tools[i].function_json;
-  return s + tools_epilogue;
+/// Arguments text -> the JSON value the encoder renders (a non-JSON text stays a string).
+json_value arguments_value(const std::string& text) {
+  std::string error;
+  if (auto v = parse_json(text, &error)) return *v;
+  return json_value::of_string(text);
 }
 
-/// A DSML block for an assistant's tool calls; arguments are rendered as string="false" JSON.
-std::string tool_calls_text(const std::vector<tool_call>& calls) {
-  if (calls.empty()) return {};
-  std::string s = "\n\n<｜DSML｜ calls>\n";
-  for (size_t i = 0; i < calls.size(); ++i) {
-    if (i) s += "\n";
-    s += "<｜DSML｜ invoke name=\"" + calls[i].name + "\">\n";
-    s += "<｜DSML｜ parameter name=\"arguments\" string=\"false\">" + calls[i].arguments +
-         "</｜DSML｜ parameter>\n</｜DSML｜ invoke>";
-  }
-  return s + "\n</｜DSML｜ calls>";
-}
-
-/// Tool messages and user messages that follow one another become one user turn.
-std::vector<chat_message> merge_user_turns(const std::vector<chat_message>& in) {
-  std::vector<chat_message> out;
-  for (const auto& m : in) {
-    bool userish = m.role == "user" || m.role == "tool";
-    std::string text = m.role == "tool" ? "<tool_result>" + m.content + "</tool_result>" : m.content;
-    if (userish && !out.empty() && out.back().role == "user") {
-      out.back().content += "\n\n" + text;
-      continue;
-    }
-    chat_message copy = m;
-    if (userish) { copy.role = "user"; copy.content = std::move(text); }
-    out.push_back(std::move(copy));
-  }
+chat::message to_chat(const chat_message& m) {
+  chat::message out;
+  out.role = m.role;
+  out.content = m.content;
+  if (m.role == "assistant") out.reasoning_content = m.reasoning_content;
+  out.tool_call_id = m.tool_call_id;
+  for (auto& c : m.tool_calls) out.tool_calls.push_back({c.id, c.name, {}, arguments_value(c.arguments)});
   return out;
+}
+
+/// Request tools go on the first system message, or on a new empty one at index 0.
+std::optional<std::string> attach_tools(std::vector<chat::message>& msgs, const std::vector<tool_def>& tools) {
+  if (tools.empty()) return {};
+  if (msgs.empty() || msgs.front().role != "system") {
+    chat::message sys;
+    sys.role = "system";
+    msgs.insert(msgs.begin(), std::move(sys));
+  }
+  for (auto& t : tools) {
+    std::string error;
+    auto fn = parse_json(t.function_json, &error);
+    if (!fn) return "tool '" + t.name + "': " + error;
+    json_value tool;
+    tool.type = json_value::kind::object;
+    tool.members.emplace_back("type", json_value::of_string("function"));
+    tool.members.emplace_back("function", std::move(*fn));
+    msgs.front().tools.push_back(std::move(tool));
+  }
+  return {};
 }
 
 }  // namespace
@@ -76,47 +62,19 @@ prompt_codec::~prompt_codec() = default;
 rendered_prompt prompt_codec::render_chat(const std::vector<chat_message>& input,
                                           const std::vector<tool_def>& tools,
                                           const reasoning_options& reasoning) const {
-  std::vector<chat_message> msgs = merge_user_turns(input);
-  bool tools_placed = tools.empty();
-  if (!tools.empty() && msgs.front().role != "system")
-    msgs.insert(msgs.begin(), chat_message{"system", "", {}, {}, {}});
-  const bool thinking = reasoning.thinking, drop_thinking = tools.empty();
-  int last_user = -1;
-  for (int i = 0; i < int(msgs.size()); ++i)
-    if (msgs[i].role == "user" || (msgs[i].role == "system" && i > 0)) last_user = i;
-  std::string s = dsv41::bos;
-  for (int i = 0; i < int(msgs.size()); ++i) {
-    const auto& m = msgs[i];
-    if (m.content.find(dsv41::image) != std::string::npos)
-      return {{}, "message text must not contain the image placeholder token"};
-    if (i == 0 && (m.role == "system" || thinking)) {
-      s += dsv41::system;
-      if (thinking)
-        s += "Reasoning Effort: " + std::to_string(reasoning.effort) +
-             " (range 1-100, the higher the value, the more thorough the reasoning)\n\n";
-    }
-    if (m.role == "system") {
-      if (i > 0) s += dsv41::system;
-      s += m.content;
-      if (!tools_placed) { s += "\n\n" + tools_text(tools); tools_placed = true; }
-    } else if (m.role == "user") {
-      s += dsv41::user + m.content;
-    } else if (m.role == "latest_reminder") {
-      s += dsv41::latest_reminder + m.content;
-    } else {  // assistant
-      if (thinking && (!drop_thinking || i > last_user)) s += m.reasoning_content + dsv41::think_end;
-      s += m.content + tool_calls_text(m.tool_calls) + dsv41::eos;
-    }
-    bool header_after = m.role == "user" || (m.role == "system" && i > 0);
-    bool next_ok = i + 1 == int(msgs.size()) || msgs[i + 1].role == "assistant" ||
-                   msgs[i + 1].role == "latest_reminder";
-    if (header_after && next_ok)
-      s += std::string(dsv41::assistant) +
-           (thinking && (!drop_thinking || i >= last_user) ? dsv41::think_begin : dsv41::think_end);
-  }
-  if (msgs.back().role == "assistant")
+  if (input.back().role == "assistant")
     return {{}, "the last message must not be an assistant message"};
-  return {tok_->encode(s, false), {}};
+  std::vector<chat::message> msgs;
+  msgs.reserve(input.size() + 1);
+  for (auto& m : input) msgs.push_back(to_chat(m));
+  if (auto err = attach_tools(msgs, tools)) return {{}, *err};
+  chat::render_options opts;
+  opts.thinking = reasoning.thinking;
+  opts.effort = reasoning.effort;
+  std::string error;
+  auto text = chat::render(std::move(msgs), opts, &error);
+  if (!text) return {{}, error};
+  return {tok_->encode(*text, false), {}};
 }
 
 rendered_prompt prompt_codec::encode_text(const std::string& text) const {

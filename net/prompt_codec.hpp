@@ -16,7 +16,7 @@ namespace cedar::net {
 class tokenizer;
 
 /// One piece of parsed model output.
-struct output_delta {
+struct stream_delta {
   enum class kind : uint8_t { reasoning, content, tool_call_begin, tool_call_args };
   kind type = kind::content;
   std::string text;         ///< reasoning/content text, or an arguments fragment
@@ -29,9 +29,9 @@ class output_stream {
  public:
   virtual ~output_stream() = default;
   /// Appends deltas for `ids` to `out`; text split across ids is held until it is whole.
-  virtual void push(const std::vector<int32_t>& ids, std::vector<output_delta>& out) = 0;
+  virtual void push(const std::vector<int32_t>& ids, std::vector<stream_delta>& out) = 0;
   /// Flushes whatever is held (the generation ended).
-  virtual void finish(std::vector<output_delta>& out) = 0;
+  virtual void finish(std::vector<stream_delta>& out) = 0;
 };
 
 /// Result of rendering a conversation: prompt ids, or an error message for a 400.

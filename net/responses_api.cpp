@@ -29,24 +29,24 @@ class responses_writer final : public response_writer {
     event(sink, "response.in_progress", [&](json_writer& w) { w.key("response"); response(w, nullptr); });
   }
 
-  void deltas(const std::vector<output_delta>& deltas, const token_batch&, const turn_result& r,
+  void deltas(const std::vector<stream_delta>& deltas, const token_batch&, const turn_result& r,
               frame_sink& sink) override {
     for (auto& d : deltas) {
       switch (d.type) {
-        case output_delta::kind::reasoning:
+        case stream_delta::kind::reasoning:
           open(output_item::kind::reasoning, sink, {}, {});
           delta(sink, "response.reasoning_text.delta", d.text);
           break;
-        case output_delta::kind::content:
+        case stream_delta::kind::content:
           open(output_item::kind::message, sink, {}, {});
           delta(sink, "response.output_text.delta", d.text);
           break;
-        case output_delta::kind::tool_call_begin:
+        case stream_delta::kind::tool_call_begin:
           close_current(sink);
           open(output_item::kind::function_call, sink, d.tool_name,
                r.tool_calls[size_t(d.tool_index)].id);
           break;
-        case output_delta::kind::tool_call_args:
+        case stream_delta::kind::tool_call_args:
           delta(sink, "response.function_call_arguments.delta", d.text);
           break;
       }

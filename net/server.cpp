@@ -47,7 +47,7 @@ int run_server(const serve_options& options, const engine_factory& make_engine) 
     return 1;
   }
   try {
-    state->engine = make_engine(state->codec->filler_token_id());
+    state->engine = make_engine(*state->codec);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cedar serve: cannot start the engine: %s\n", e.what());
     return 1;

@@ -9,9 +9,9 @@
 
 namespace cedar::net {
 
-/// Builds the engine; gets a token id whose text is a short word (the null engine's output).
+/// Builds the engine, given the server's codec (the null engine takes its tokens from it).
 /// Throws std::runtime_error with a message for the user on failure.
-using engine_factory = std::function<std::unique_ptr<engine_bridge>(int32_t filler_token_id)>;
+using engine_factory = std::function<std::unique_ptr<engine_bridge>(const prompt_codec& codec)>;
 
 /// Serves until SIGTERM/SIGINT, then drains (stops accepting, lets running generations finish
 /// for up to options.drain_timeout_s, cancels the rest). Returns the process exit code.

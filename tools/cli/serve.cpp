@@ -25,6 +25,7 @@ struct model_choice {
   std::string model = "tiny";
   uint64_t seed = 1234;
   int null_step_us = 1000;
+  std::string null_output;  ///< null model: this text (then EOS) instead of a repeated token
   cedar::engine_options options;
 };
 
@@ -41,8 +42,15 @@ std::shared_ptr<const cedar::tensor_map> load_weights(const model_choice& c, con
   return weights;
 }
 
-std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, int32_t filler_token) {
-  if (c.model == "null") return cedar::net::make_null_engine(c.null_step_us, filler_token);
+std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, const cedar::net::prompt_codec& codec) {
+  if (c.model == "null") {
+    std::vector<int32_t> script;
+    if (!c.null_output.empty()) {
+      auto ids = codec.encode_text(c.null_output).ids;
+      script.assign(ids.begin() + 1, ids.end());  // without the BOS encode_text puts first
+    }
+    return cedar::net::make_null_engine(c.null_step_us, codec.filler_token_id(), std::move(script));
+  }
   std::string error;
   auto args = cedar::load_model_args(c.model, &error);
   if (!args) throw std::runtime_error(error);
@@ -70,6 +78,8 @@ void print_help(FILE* out) {
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
       "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
+      "  --null-output TEXT             null model: answer with the tokens of TEXT, then EOS (default: the\n"
+      "                                 token \" hi\" until max_tokens); drives the output parser in tests\n"
       "server:\n"
       "  --host ADDR                    listen address (default %s)\n"
       "  --port N                       listen port, 0 = any free port (default %d)\n"
@@ -139,6 +149,7 @@ int serve_main(int argc, char** argv) {
     else if (flag == "--served-model-name") { if (next()) o.served_model_name = value; }
     else if (flag == "--tokenizer") { if (next()) o.tokenizer_path = value; }
     else if (flag == "--null-step-us") number(engine.null_step_us);
+    else if (flag == "--null-output") { if (next()) engine.null_output = value; }
     else if (flag == "--host") { if (next()) o.host = value; }
     else if (flag == "--port") number(o.port);
     else if (flag == "--threads") number(o.num_threads);
@@ -169,7 +180,7 @@ int serve_main(int argc, char** argv) {
     std::fprintf(stderr, "(cedar serve --help lists the options)\n");
     return 2;
   }
-  return cedar::net::run_server(o, [&](int32_t filler) { return build_engine(engine, filler); });
+  return cedar::net::run_server(o, [&](const cedar::net::prompt_codec& codec) { return build_engine(engine, codec); });
 }
 
 }  // namespace

@@ -1,0 +1,210 @@
+// The openai npm SDK against `cedar serve` (see serve_openai.sh). Each check throws on failure.
+import assert from "node:assert/strict";
+import { createRequire } from "node:module";
+const require = createRequire(process.env.CEDAR_ROOT + "/tools/node/package.json");
+const { OpenAI } = require("openai");
+
+const tiny = new OpenAI({ baseURL: process.env.URL_TINY + "/v1", apiKey: "sk-test" });
+const nul = new OpenAI({ baseURL: process.env.URL_NULL + "/v1", apiKey: "unused" });
+const chatMode = { chat_template_kwargs: { thinking: false } };
+const tools = [{ type: "function", function: { name: "get_weather", description: "Weather for a city",
+  parameters: { type: "object", properties: { location: { type: "string" }, days: { type: "integer" } },
+                required: ["location"] } } }];
+let passed = 0;
+async function check(name, fn) {
+  const t0 = Date.now();
+  await fn();
+  passed++;
+  console.log(`  ok  ${name} (${Date.now() - t0} ms)`);
+}
+
+await check("models lists the served model", async () => {
+  const models = await tiny.models.list();
+  assert.equal(models.data.length, 1);
+  assert.equal(models.data[0].id, "tiny");
+});
+
+await check("a wrong API key is refused with 401", async () => {
+  const bad = new OpenAI({ baseURL: process.env.URL_TINY + "/v1", apiKey: "sk-wrong", maxRetries: 0 });
+  await assert.rejects(bad.models.list(), (e) => e.status === 401 && e.code === "invalid_api_key");
+});
+
+await check("chat, not streamed: content, finish_reason and usage", async () => {
+  const r = await tiny.chat.completions.create({ model: "tiny", max_tokens: 6, temperature: 0,
+    messages: [{ role: "user", content: "Say hello" }], ...chatMode });
+  assert.equal(r.object, "chat.completion");
+  const c = r.choices[0];
+  assert.equal(c.message.role, "assistant");
+  assert.equal(typeof c.message.content, "string");
+  assert.ok(c.message.content.length > 0, "no text");
+  assert.ok(["length", "stop"].includes(c.finish_reason));
+  assert.ok(r.usage.prompt_tokens > 3);
+  assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 6);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+  assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, "number");
+});
+
+await check("greedy chat gives the same answer from the prefix cache (--swa-replay full)", async () => {
+  const req = { model: "tiny", max_tokens: 5, temperature: 0, ...chatMode,
+    messages: [{ role: "system", content: "You are terse. ".repeat(60) }, { role: "user", content: "Hi" }] };
+  const a = await tiny.chat.completions.create(req);
+  const b = await tiny.chat.completions.create(req);
+  assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  assert.ok(a.usage.prompt_tokens > 256, `prompt ${a.usage.prompt_tokens} tokens is shorter than a page`);
+  assert.ok(b.usage.prompt_tokens_details.cached_tokens > 0, "second identical prompt found nothing cached");
+});
+
+await check("chat, streamed: role first, text deltas, finish chunk, usage chunk", async () => {
+  const stream = await tiny.chat.completions.create({ model: "tiny", max_tokens: 8, temperature: 0.7, seed: 7,
+    messages: [{ role: "user", content: "Count to five" }], stream: true,
+    stream_options: { include_usage: true }, ...chatMode });
+  let text = "", chunks = 0, finish = null, usage = null, role = null;
+  for await (const chunk of stream) {
+    chunks++;
+    if (chunk.usage) usage = chunk.usage;
+    const c = chunk.choices[0];
+    if (!c) continue;
+    if (c.delta.role) role = c.delta.role;
+    if (c.delta.content) text += c.delta.content;
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  assert.equal(role, "assistant");
+  assert.ok(text.length > 0);
+  assert.ok(chunks >= 4, `only ${chunks} chunks`);
+  assert.ok(finish);
+  assert.ok(usage && usage.completion_tokens >= 1 && usage.completion_tokens <= 8);
+});
+
+await check("thinking on: the output is reasoning_content", async () => {
+  const r = await tiny.chat.completions.create({ model: "tiny", max_tokens: 4,
+    messages: [{ role: "user", content: "Think" }], reasoning_effort: "high" });
+  assert.ok(r.choices[0].message.reasoning_content.length > 0);
+  assert.ok(r.usage.completion_tokens_details.reasoning_tokens > 0);
+});
+
+await check("a tool-call round trip with the tiny model (assistant call + tool result + next turn)", async () => {
+  const base = [{ role: "user", content: "Weather in Paris?" }];
+  const first = await tiny.chat.completions.create({ model: "tiny", max_tokens: 4, temperature: 0, tools, messages: base });
+  const next = await tiny.chat.completions.create({ model: "tiny", max_tokens: 4, temperature: 0, tools, messages: [
+    ...base,
+    { role: "assistant", content: "", reasoning_content: "I need the weather.",
+      tool_calls: [{ id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"location":"Paris"}' } }] },
+    { role: "tool", tool_call_id: "call_1", content: '{"temp_c": 21}' }] });
+  assert.ok(next.usage.prompt_tokens > first.usage.prompt_tokens + 20);
+  assert.ok(next.choices[0].message.reasoning_content !== undefined || next.choices[0].message.content !== undefined);
+});
+
+await check("the parser path: a scripted DSML call comes back as tool_calls, reasoning apart", async () => {
+  const r = await nul.chat.completions.create({ model: "null", tools, max_tokens: 500,
+    messages: [{ role: "user", content: "Weather in Paris?" }] });
+  const m = r.choices[0].message;
+  assert.equal(r.choices[0].finish_reason, "tool_calls");
+  assert.equal(m.reasoning_content, "I should call the weather tool.");
+  assert.equal(m.tool_calls.length, 1);
+  assert.equal(m.tool_calls[0].type, "function");
+  assert.equal(m.tool_calls[0].function.name, "get_weather");
+  assert.deepEqual(JSON.parse(m.tool_calls[0].function.arguments), { location: "Paris", days: 3 });
+  assert.ok(m.tool_calls[0].id.startsWith("call_"));
+  // The next turn carries the call and its result back.
+  const next = await nul.chat.completions.create({ model: "null", tools, max_tokens: 500, messages: [
+    { role: "user", content: "Weather in Paris?" }, m,
+    { role: "tool", tool_call_id: m.tool_calls[0].id, content: "sunny, 21 C" }] });
+  assert.ok(next.usage.prompt_tokens > r.usage.prompt_tokens);
+});
+
+await check("the parser path, streamed: tool_calls deltas with index, id and name, then arguments", async () => {
+  const stream = await nul.chat.completions.create({ model: "null", tools, max_tokens: 500, stream: true,
+    messages: [{ role: "user", content: "Weather?" }] });
+  let reasoning = "", name = null, id = null, args = "", finish = null;
+  for await (const chunk of stream) {
+    const c = chunk.choices[0];
+    if (!c) continue;
+    if (c.delta.reasoning_content) reasoning += c.delta.reasoning_content;
+    for (const t of c.delta.tool_calls || []) {
+      assert.equal(t.index, 0);
+      if (t.id) id = t.id;
+      if (t.function?.name) name = t.function.name;
+      if (t.function?.arguments) args += t.function.arguments;
+    }
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  assert.equal(reasoning, "I should call the weather tool.");
+  assert.equal(name, "get_weather");
+  assert.ok(id);
+  assert.deepEqual(JSON.parse(args), { location: "Paris", days: 3 });
+  assert.equal(finish, "tool_calls");
+});
+
+await check("completions: text prompt and token-id prompt", async () => {
+  const a = await tiny.completions.create({ model: "tiny", prompt: "Once upon a time", max_tokens: 5, temperature: 0 });
+  assert.equal(a.object, "text_completion");
+  assert.ok(a.choices[0].text.length > 0);
+  const b = await tiny.completions.create({ model: "tiny", prompt: [0, 5, 17, 300, 4242], max_tokens: 3 });
+  assert.equal(b.usage.prompt_tokens, 5);
+  assert.ok(b.usage.completion_tokens >= 1);
+});
+
+await check("logprobs with top_logprobs", async () => {
+  const r = await tiny.chat.completions.create({ model: "tiny", max_tokens: 3, logprobs: true, top_logprobs: 2,
+    messages: [{ role: "user", content: "x" }], ...chatMode });
+  const lp = r.choices[0].logprobs.content;
+  assert.equal(lp.length, r.usage.completion_tokens);
+  for (const e of lp) {
+    assert.ok(e.logprob <= 0);
+    assert.equal(e.top_logprobs.length, 2);
+    assert.ok(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob);
+  }
+});
+
+await check("responses: a three-turn chain with previous_response_id, usage and cached tokens", async () => {
+  const r1 = await tiny.responses.create({ model: "tiny", input: "My name is Ada. " + "Remember it, please. ".repeat(100),
+    instructions: "Be brief.", max_output_tokens: 4, reasoning: { effort: "none" } });
+  assert.equal(r1.object, "response");
+  assert.ok(["completed", "incomplete"].includes(r1.status));
+  assert.ok(r1.output_text.length > 0);
+  assert.ok(r1.usage.input_tokens > 256 && r1.usage.output_tokens >= 1);
+  const r2 = await tiny.responses.create({ model: "tiny", previous_response_id: r1.id, input: "What is my name?",
+    max_output_tokens: 4, reasoning: { effort: "none" } });
+  assert.equal(r2.previous_response_id, r1.id);
+  assert.ok(r2.usage.input_tokens > r1.usage.input_tokens + r1.usage.output_tokens, "the chain was not carried");
+  assert.ok(r2.usage.input_tokens_details.cached_tokens >= 256, "the earlier turn's KV was not reused");
+  const r3 = await tiny.responses.create({ model: "tiny", previous_response_id: r2.id, input: "Again?",
+    max_output_tokens: 4, reasoning: { effort: "none" } });
+  assert.ok(r3.usage.input_tokens > r2.usage.input_tokens);
+  const fetched = await tiny.responses.retrieve(r3.id);
+  assert.equal(fetched.id, r3.id);
+  await assert.rejects(tiny.responses.create({ model: "tiny", previous_response_id: "resp_nope", input: "x" }),
+                       (e) => e.status === 404);
+});
+
+await check("responses, streamed: created, item added, text deltas, completed with usage", async () => {
+  const stream = await tiny.responses.create({ model: "tiny", input: "Hello", max_output_tokens: 6, stream: true,
+    reasoning: { effort: "none" } });
+  const types = [];
+  let text = "", final = null;
+  for await (const e of stream) {
+    types.push(e.type);
+    if (e.type === "response.output_text.delta") text += e.delta;
+    if (e.type === "response.completed" || e.type === "response.incomplete") final = e.response;
+  }
+  assert.equal(types[0], "response.created");
+  assert.ok(types.includes("response.output_item.added"));
+  assert.ok(types.includes("response.output_text.done"));
+  assert.ok(final && final.usage.output_tokens >= 1);
+  assert.equal(final.output[0].content[0].text, text);
+});
+
+await check("responses with the parser path: reasoning item and function_call item, then the tool output", async () => {
+  const rtools = [{ type: "function", name: "get_weather", parameters: tools[0].function.parameters }];
+  const r = await nul.responses.create({ model: "null", input: "Weather?", tools: rtools, max_output_tokens: 500 });
+  const kinds = r.output.map((o) => o.type);
+  assert.deepEqual(kinds, ["reasoning", "function_call"]);
+  const call = r.output[1];
+  assert.equal(call.name, "get_weather");
+  assert.deepEqual(JSON.parse(call.arguments), { location: "Paris", days: 3 });
+  const r2 = await nul.responses.create({ model: "null", previous_response_id: r.id, tools: rtools, max_output_tokens: 500,
+    input: [{ type: "function_call_output", call_id: call.call_id, output: "sunny" }] });
+  assert.ok(r2.usage.input_tokens > r.usage.input_tokens);
+});
+
+console.log(`serve_openai: ${passed} checks passed`);

@@ -1,0 +1,123 @@
+// The `ws` npm client against the Responses WebSocket mode (see serve_websocket.sh).
+import assert from "node:assert/strict";
+import { createRequire } from "node:module";
+const require = createRequire(process.env.CEDAR_ROOT + "/tools/node/package.json");
+const WebSocket = require("ws");
+
+const wsUrl = (base) => base.replace("http://", "ws://") + "/v1/responses";
+let passed = 0;
+async function check(name, fn) {
+  const t0 = Date.now();
+  await fn();
+  passed++;
+  console.log(`  ok  ${name} (${Date.now() - t0} ms)`);
+}
+
+/// A socket with a queue of received events and a way to wait for the next matching one.
+function open(url, headers = {}) {
+  return new Promise((resolve, reject) => {
+    const ws = new WebSocket(url, { headers });
+    const events = [], waiters = [];
+    ws.on("message", (data) => {
+      const e = JSON.parse(data.toString());
+      events.push(e);
+      for (const w of waiters.splice(0)) w();
+    });
+    ws.next = async (pred, timeoutMs = 60000) => {
+      const deadline = Date.now() + timeoutMs;
+      for (;;) {
+        const i = events.findIndex(pred);
+        if (i >= 0) return events.splice(0, i + 1).pop();
+        if (Date.now() > deadline) throw new Error("timed out waiting for an event");
+        await new Promise((r) => { waiters.push(r); setTimeout(r, 200); });
+      }
+    };
+    ws.drainEvents = () => events.splice(0);
+    ws.on("open", () => resolve(ws));
+    ws.on("error", reject);
+  });
+}
+const isEnd = (e) => ["response.completed", "response.incomplete", "response.cancelled", "response.failed"].includes(e.type);
+
+async function metric(base, name) {
+  const text = await (await fetch(base + "/metrics")).text();
+  const line = text.split("\n").find((l) => l.startsWith(name + " "));
+  return Number(line.split(" ")[1]);
+}
+async function until(fn, timeoutMs, what) {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await fn())) {
+    if (Date.now() > deadline) throw new Error("timed out: " + what);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+await check("an upgrade without the API key is refused", async () => {
+  await assert.rejects(open(wsUrl(process.env.URL_TINY)), /401/);
+});
+
+await check("20 turns on one socket: each sends only the new input and continues the last turn", async () => {
+  const ws = await open(wsUrl(process.env.URL_TINY), { Authorization: "Bearer sk-ws" });
+  let prevId = null, prevInput = 0;
+  for (let turn = 1; turn <= 20; turn++) {
+    const create = { type: "response.create", model: "tiny", max_output_tokens: 3, reasoning: { effort: "none" },
+                     input: [{ role: "user", content: `Turn ${turn}: tell me more.` }] };
+    if (turn === 1) create.instructions = "You are a patient assistant. ".repeat(50);
+    ws.send(JSON.stringify(create));
+    const created = await ws.next((e) => e.type === "response.created");
+    const done = await ws.next(isEnd);
+    assert.equal(done.response.id, created.response.id);
+    assert.ok(["completed", "incomplete"].includes(done.response.status));
+    assert.equal(done.response.previous_response_id, prevId);
+    const u = done.response.usage;
+    assert.ok(u.input_tokens > prevInput, `turn ${turn}: input ${u.input_tokens} did not grow past ${prevInput}`);
+    if (turn > 1) assert.ok(u.input_tokens_details.cached_tokens >= 256, `turn ${turn}: nothing cached`);
+    prevId = done.response.id;
+    prevInput = u.input_tokens;
+  }
+  ws.close();
+});
+
+await check("response.cancel stops a response mid-stream; the socket serves the next turn", async () => {
+  const ws = await open(wsUrl(process.env.URL_NULL));
+  ws.send(JSON.stringify({ type: "response.create", input: "go on forever", max_output_tokens: 100000,
+                           reasoning: { effort: "none" } }));
+  for (let i = 0; i < 5; i++) await ws.next((e) => e.type === "response.output_text.delta");
+  ws.send(JSON.stringify({ type: "response.create", input: "a second one" }));
+  const busy = await ws.next((e) => e.type === "error");
+  assert.equal(busy.error.code, "response_in_progress");
+  ws.send(JSON.stringify({ type: "response.cancel" }));
+  const end = await ws.next(isEnd, 5000);
+  assert.equal(end.type, "response.cancelled");
+  assert.equal(end.response.status, "cancelled");
+  assert.ok(end.response.usage.output_tokens < 100000);
+  await until(async () => (await metric(process.env.URL_NULL, "cedar_requests_running")) === 0, 2000, "engine request gone");
+  ws.send(JSON.stringify({ type: "response.create", input: "short", max_output_tokens: 3, previous_response_id: null }));
+  const next = await ws.next(isEnd);
+  assert.equal(next.response.status, "incomplete");
+  assert.equal(next.response.usage.output_tokens, 3);
+  ws.close();
+});
+
+await check("a client that drops its socket mid-response has its request cancelled at once", async () => {
+  const ws = await open(wsUrl(process.env.URL_NULL));
+  ws.send(JSON.stringify({ type: "response.create", input: "long", max_output_tokens: 100000 }));
+  await ws.next((e) => e.type === "response.output_text.delta" || e.type === "response.reasoning_text.delta");
+  assert.equal(await metric(process.env.URL_NULL, "cedar_requests_running"), 1);
+  const t0 = Date.now();
+  ws.terminate();
+  await until(async () => (await metric(process.env.URL_NULL, "cedar_requests_running")) === 0, 2000, "request cancelled");
+  console.log(`      freed ${Date.now() - t0} ms after the socket dropped`);
+});
+
+await check("a malformed event gets an error event and the socket stays usable", async () => {
+  const ws = await open(wsUrl(process.env.URL_NULL));
+  ws.send("{not json");
+  const err = await ws.next((e) => e.type === "error");
+  assert.equal(err.status, 400);
+  ws.send(JSON.stringify({ type: "response.create", input: "ok", max_output_tokens: 2 }));
+  assert.ok(isEnd(await ws.next(isEnd)));
+  ws.close();
+});
+
+console.log(`serve_websocket: ${passed} checks passed`);
