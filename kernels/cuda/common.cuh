@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cuda/expf_port.hpp"
+
 namespace cedar::cuda::detail {
 
 /// Aborts with file:line on a CUDA error (a broken device is not recoverable here).
@@ -177,10 +179,12 @@ __device__ __forceinline__ float group_amax(const float* x, int n) {
   return amax;
 }
 
-// ---- transcendentals: double evaluation, one rounding ---------------------------------------
+// ---- transcendentals: exp and log1p as the host libm computes them ---------------------------------------
 
-__device__ __forceinline__ float exp_f(float x) { return float(exp(double(x))); }
-__device__ __forceinline__ float log1p_f(float x) { return float(log1p(double(x))); }
+/// exp with the host C library's algorithm (expf_port.hpp): the CPU reference's bits.
+__device__ __forceinline__ float exp_f(float x) { return libm_port::expf(x); }
+/// log1p with the host C library's algorithm (expf_port.hpp).
+__device__ __forceinline__ float log1p_f(float x) { return libm_port::log1pf(x); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
 
 // ---- the warp dot in dot_order ---------------------------------------------------------------

@@ -1,9 +1,10 @@
 // The whole model on the GPU against the CPU model (random weights, presets micro and tiny):
-// 20 prompts, prefill then greedy decode; the greedy tokens must be identical and every logit
-// within 1e-3 of the largest |logit| (the ops match the CPU's bits except exp/log1p in the
-// last ulp, so the figures printed are usually exact). Also: a batch of requests gives each
-// request the logits it gets alone (batch invariance on the device), and decode equals the
-// prefill rows of the whole sequence.
+// 20 prompts of 3..39 tokens, prefill then greedy decode; the greedy tokens must be identical and
+// every logit within 1e-3 of the largest |logit|. The ops reproduce the CPU's bits (including
+// exp and log1p, expf_port.hpp), so the printed figures are expected to be exact; the bound is
+// there for a device libm or toolkit change. Also: prefill logits of every row, and a batch of
+// requests gives each request the logits it gets alone (batch invariance on the device).
+// On a failure the first layer whose largest |residual| differs is printed.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -195,3 +196,4 @@ TEST_CASE("gpu model: prefill logits of every row, and a batch equals each reque
   for (int i = 0; i < 3; ++i)
     CHECK(std::memcmp(logits.data() + std::size_t(i) * vocab, alone[i].data(), sizeof(float) * vocab) == 0);
 }
+

@@ -1,9 +1,10 @@
 // Every CUDA op against its CPU op on fresh random inputs, outputs poisoned first (0xFF bytes).
 // Bounds (max error relative to the largest reference value): 0 where the GPU runs the CPU's
 // operations in the CPU's order (linears, norms, mHC collapse/post, scores, records, gathers);
-// 1e-5 where exp/log1p/cos/sin may differ from the host libm in the last ulp (mHC mix,
-// attention, compressor merge, routing weights, experts, Engram, RoPE). Integer outputs (top-k,
-// candidate masks, expert ids, argmax) must be identical.
+// 1e-5 where a transcendental is involved (mHC mix, attention, compressor merge, routing weights,
+// experts, Engram, RoPE): exp and log1p follow the host libm's algorithms (expf_port.hpp), cos and
+// sin are rounded from double. Integer outputs (top-k, candidate masks, expert ids, argmax) must
+// be identical.
 #include <doctest/doctest.h>
 
 #include <memory>
