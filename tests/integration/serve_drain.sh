@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# SIGTERM drains: the server stops accepting at once, lets a running stream finish, and exits 0;
+# with a short --drain-timeout-s a stream that would run on is cancelled (finish_reason
+# "cancelled", then [DONE]) and the server still exits 0 within the timeout.
+# usage: tests/integration/serve_drain.sh path/to/cedar
+set -euo pipefail
+cedar="$(realpath "${1:?usage: serve_drain.sh path/to/cedar}")"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CEDAR_ROOT="${CEDAR_ROOT:-$(cd "$here/../.." && pwd)}"
+source "$here/serve_lib.bash"
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. A stream of 150 tokens at 5 ms each (~0.75 s) finishes although SIGTERM comes mid-way.
+start_server a --model null --null-step-us 5000 --drain-timeout-s 20
+curl -sN "$url_a/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}],"max_tokens":150,"stream":true}' >"$tmp/a.sse" &
+client=$!
+sleep 0.3
+kill -TERM "$pid_a"
+sleep 0.1
+if curl -s -m 2 -o /dev/null "$url_a/health"; then fail "still accepting connections after SIGTERM"; fi
+wait "$client"
+rc=0; wait "$pid_a" || rc=$?
+[[ $rc == 0 ]] || fail "server exited $rc after draining"
+grep -q '"finish_reason":"length"' "$tmp/a.sse" || fail "the running stream did not finish: $(tail -c 300 "$tmp/a.sse")"
+[[ "$(grep -c '"content":" hi"\|"reasoning_content":" hi"' "$tmp/a.sse")" == 150 ]] || fail "tokens lost during the drain"
+grep -q 'event=drain_start' "$tmp/a.log" && grep -q 'event=drain_done' "$tmp/a.log" || fail "no drain log lines"
+echo "  ok  SIGTERM: stopped accepting, finished the running stream (150 tokens), exit 0"
+
+# 2. A stream that would take 100 s is cancelled at the 1 s drain timeout.
+start_server b --model null --null-step-us 1000 --drain-timeout-s 1
+curl -sN "$url_b/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}],"max_tokens":100000,"stream":true}' >"$tmp/b.sse" &
+client=$!
+sleep 0.3
+start=$(date +%s%N)
+kill -TERM "$pid_b"
+rc=0; wait "$pid_b" || rc=$?
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+wait "$client" || true
+[[ $rc == 0 ]] || fail "server exited $rc"
+((ms < 3000)) || fail "drain took $ms ms with --drain-timeout-s 1"
+grep -q '"finish_reason":"cancelled"' "$tmp/b.sse" || fail "the cut stream was not told it was cancelled"
+tail -c 20 "$tmp/b.sse" | grep -q 'data: \[DONE\]' || fail "the cut stream did not end with [DONE]"
+echo "  ok  SIGTERM with --drain-timeout-s 1: the long stream was cancelled cleanly, exit 0 after $ms ms"
