@@ -570,6 +570,46 @@ void gpu_model::forward(std::span<forward_item> batch, std::vector<float>& logit
   for (forward_item& item : batch) item.kv->num_tokens += int64_t(item.tokens.size());
 }
 
+void gpu_model::forward_host_kv(std::span<forward_item> batch, std::vector<float>& logits,
+                                forward_stats* stats) const {
+  const kv_layout& L = impl_->layout;
+  const std::size_t ring_b = L.ring_bytes(), tail_b = L.tail_floats() * sizeof(float);
+  std::vector<request_kv> host(batch.size()), dev(batch.size());
+  std::vector<request_kv*> original(batch.size());
+  std::vector<void*> owned;
+  const auto alloc = [&](std::size_t bytes) {
+    void* p = cuda::device_alloc(std::max<std::size_t>(bytes, 1));
+    owned.push_back(p);
+    return p;
+  };
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    CEDAR_OP_CHECK(batch[i].kv != nullptr, "forward_item without KV");
+    original[i] = batch[i].kv;
+    host[i] = *batch[i].kv;
+    dev[i].num_tokens = host[i].num_tokens;
+    for (uint8_t* page : host[i].pages) {
+      auto* d = static_cast<uint8_t*>(alloc(L.page_bytes));
+      cuda::copy_to_device_async(d, page, L.page_bytes);
+      dev[i].pages.push_back(d);
+    }
+    dev[i].swa_ring = static_cast<uint8_t*>(alloc(ring_b));
+    dev[i].tails = static_cast<float*>(alloc(tail_b));
+    cuda::copy_to_device_async(dev[i].swa_ring, host[i].swa_ring, ring_b);
+    cuda::copy_to_device_async(dev[i].tails, host[i].tails, tail_b);
+    batch[i].kv = &dev[i];
+  }
+  forward(batch, logits, stats);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    for (std::size_t p = 0; p < host[i].pages.size(); ++p)
+      cuda::copy_to_host(host[i].pages[p], dev[i].pages[p], L.page_bytes);
+    cuda::copy_to_host(host[i].swa_ring, dev[i].swa_ring, ring_b);
+    cuda::copy_to_host(host[i].tails, dev[i].tails, tail_b);
+    original[i]->num_tokens = dev[i].num_tokens;
+    batch[i].kv = original[i];
+  }
+  for (void* p : owned) cuda::device_free(p);
+}
+
 // ---- KV arena ----------------------------------------------------------------------------------
 
 gpu_kv_arena::gpu_kv_arena(const kv_layout& layout, double memory_fraction) : layout_(layout) {

@@ -44,6 +44,13 @@ class gpu_model {
   void forward(std::span<forward_item> batch, std::vector<float>& logits,
                forward_stats* stats = nullptr) const;
 
+  /// As forward, but every item's kv holds HOST pointers (a CPU-side kv_pool, as the shard's
+  /// kv_arena hands out): each item's pages, ring and tails are copied to the device before the
+  /// step and back after it. A bridge for runtimes whose KV lives on the host; it moves every
+  /// page of every item each step.
+  void forward_host_kv(std::span<forward_item> batch, std::vector<float>& logits,
+                       forward_stats* stats = nullptr) const;
+
  private:
   struct impl;
   std::unique_ptr<impl> impl_;
