@@ -145,6 +145,70 @@ std::vector<std::vector<int32_t>> serve_prompts(const std::string& layout, int n
   return out;
 }
 
+/// What a multi-turn run produced: per session, per turn, the streamed tokens.
+struct run_result {
+  std::vector<std::vector<std::vector<int32_t>>> tokens;
+  std::vector<switch_result> switches;
+  int failed = 0;     ///< turns that did not finish with "length"
+  int truncated = 0;  ///< turns with fewer tokens than asked
+};
+
+constexpr int num_sessions = 32, num_turns = 3, turn_tokens = 8;
+
+/// 32 sessions of 3 turns each, every session starting its next turn as soon as the previous
+/// one finished. With `switch_to`, a second thread switches to each layout in turn once the
+/// sessions have streamed another eighth of their tokens.
+run_result run_sessions(const std::string& first, const std::vector<std::string>& switch_to, swa_replay_mode replay) {
+  rig r(first, options(replay));
+  std::vector<client*> cs;
+  for (int i = 0; i < num_sessions; ++i) cs.push_back(&r.open(uint64_t(i + 1)));
+  std::atomic<int64_t> streamed{0};
+  for (client* c : cs) {
+    auto inner = c->out->on_tokens;
+    c->out->on_tokens = [inner, &streamed](const token_batch& b) {
+      streamed += int64_t(b.ids.size());
+      inner(b);
+    };
+  }
+  run_result res;
+  std::thread switcher([&] {
+    const int64_t total = int64_t(num_sessions) * num_turns * turn_tokens;
+    for (std::size_t k = 0; k < switch_to.size(); ++k) {
+      while (streamed < total * int64_t(k + 1) / 8) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      res.switches.push_back(r.ask<switch_result>(r.rt, switch_layout{switch_to[k]}));
+    }
+  });
+  std::vector<int> turns_started(num_sessions, 0);
+  for (int done = 0; done < num_sessions;) {
+    done = 0;
+    for (int i = 0; i < num_sessions; ++i) {
+      client& c = *cs[i];
+      bool idle;
+      {
+        std::lock_guard<std::mutex> lock(c.mu);
+        idle = c.reasons.empty() || !c.reasons.back().empty();
+      }
+      if (!idle) continue;
+      if (turns_started[i] == num_turns) {
+        ++done;
+        continue;
+      }
+      const int t = turns_started[i]++;
+      r.turn(c, tokens_for(1000 * i + t, t == 0 ? 20 : 10), turn_tokens);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  switcher.join();
+  for (client* c : cs) {
+    res.tokens.push_back(c->turns);
+    for (std::size_t t = 0; t < c->turns.size(); ++t) {
+      res.failed += c->reasons[t] != "length";
+      res.truncated += int(c->turns[t].size()) != turn_tokens;
+    }
+  }
+  return res;
+}
+
 }  // namespace
 
 TEST_CASE("runtime: every layout serves TP-1's greedy tokens") {
@@ -152,6 +216,85 @@ TEST_CASE("runtime: every layout serves TP-1's greedy tokens") {
   for (const char* layout : {"tp2", "tp4", "dep2"}) {
     INFO(layout);
     CHECK(serve_prompts(layout, 12) == want);
+  }
+}
+
+TEST_CASE("runtime: 32 streaming sessions survive tp4 -> dep2 -> tp4 -> tp1 switches") {
+  const std::vector<std::string> plan{"dep2", "tp4", "tp1"};
+  for (const auto replay : {swa_replay_mode::full, swa_replay_mode::bounded}) {
+    const bool exact = replay == swa_replay_mode::full;
+    const std::string mode = exact ? "exact" : "bounded";
+    INFO(mode << " replay");
+    const run_result want = run_sessions("tp4", {}, replay);
+    const run_result got = run_sessions("tp4", plan, replay);
+    CHECK(want.failed == 0);
+    CHECK(got.failed == 0);
+    CHECK(got.truncated == 0);
+    REQUIRE(got.switches.size() == plan.size());
+    for (std::size_t k = 0; k < plan.size(); ++k) {
+      CHECK_MESSAGE(got.switches[k].error_code < 0, got.switches[k].error_message);
+      CHECK(got.switches[k].layout == plan[k]);
+      MESSAGE(mode << " replay: switch to " << plan[k] << " paused admission for "
+              << got.switches[k].pause_ms << " ms, moved " << got.switches[k].requests_moved << " requests and "
+              << got.switches[k].pages_copied << " pages");
+    }
+    int sessions_differ = 0, tokens_differ = 0;
+    for (int i = 0; i < num_sessions; ++i) {
+      bool differs = false;
+      for (int t = 0; t < num_turns; ++t)
+        for (int k = 0; k < turn_tokens; ++k) {
+          const bool d = got.tokens[i][t][k] != want.tokens[i][t][k];
+          tokens_differ += d;
+          differs |= d;
+        }
+      sessions_differ += differs;
+    }
+    MESSAGE(mode << " replay: " << sessions_differ << " of " << num_sessions
+            << " sessions differ from the unswitched run, " << tokens_differ << " of "
+            << num_sessions * num_turns * turn_tokens << " tokens");
+    if (exact) CHECK(sessions_differ == 0);
+  }
+}
+
+TEST_CASE("runtime: a shard killed mid-run is replaced and every request ends within 10 s") {
+  for (const std::string layout : {"tp2", "dep2"}) {
+    INFO(layout);
+    rig r(layout, options());
+    for (int i = 0; i < 8; ++i) r.turn(r.open(0), tokens_for(500 + i, 12 + i), 24);
+    // Wait for the first tokens, then crash shard 1.
+    for (int streamed = 0; streamed < 8;) {
+      streamed = 0;
+      for (auto& c : r.clients) {
+        std::lock_guard<std::mutex> lock(c->mu);
+        streamed += int(c->turns[0].size());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(r.ask<status_reply>(r.rt, kill_shard{1}).error_code < 0);
+    // The runtime answers throughout, and every request completes or fails with a reason.
+    for (auto& c : r.clients) {
+      while (!rig::wait(*c, 50)) {
+        CHECK(r.ask<metrics_snapshot>(r.rt, metrics_atom::value, 1000).requests_running >= 0);
+        REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+      }
+      const bool completed = c->reasons[0] == "length" && c->turns[0].size() == 24u;
+      const bool failed_cleanly = c->reasons[0] == "error" && !c->errors[0].empty();
+      CHECK((completed || failed_cleanly));
+    }
+    const double ended_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const layout_status st = r.ask<layout_status>(r.rt, layout_atom::value);
+    CHECK(st.layout == layout);
+    CHECK(st.rebuilds == 1);
+    CHECK(st.last_fault.find("shard 1") != std::string::npos);
+    for (const shard_status& s : st.shards) CHECK(s.alive);
+    // The rebuilt layout serves a new request.
+    client& fresh = r.open(0);
+    r.turn(fresh, tokens_for(900, 9), 4);
+    REQUIRE(rig::wait(fresh, 10000));
+    CHECK(fresh.reasons[0] == "length");
+    MESSAGE(layout << ": every request ended " << ended_ms << " ms after the kill");
   }
 }
 
