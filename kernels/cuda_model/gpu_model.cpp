@@ -151,6 +151,7 @@ struct gpu_model::impl {
   void moe(int l, const float* y, int n, float* out) const;
   void apply_engram(int l, gbatch& b) const;
   void head_logits(const gbatch& b, std::vector<float>& logits) const;
+  void drop_truncated_rows(gbatch& b) const;
 
   cuda::record_kind latent_kind() const {
     return layout.dtype == kv_dtype::fp8 ? cuda::record_kind::fp8 : cuda::record_kind::fp4_e4m3;
@@ -384,7 +385,9 @@ void gpu_model::impl::attend(int l, gitem& it, const float* q, const float* kv, 
   const layer_info& li = args.layers[l];
   const int T = it.num_rows, dh = args.head_dim, W = args.sliding_window, nh = args.num_attention_heads;
   const int64_t p0 = it.first_pos;
-  const int64_t floor_pos = it.ring_valid_from;  // truncation is not supported here
+  int64_t floor_pos = it.ring_valid_from;  // window_floor of the CPU model
+  if (l >= args.truncate_from_layer && it.item->truncate_below >= 0)
+    floor_pos = std::max(floor_pos, it.item->truncate_below);
   const int64_t ring_lo = std::max(floor_pos, p0 - (W - 1));
   const int ring_n = int(std::max<int64_t>(0, p0 - ring_lo));
   const int K = li.compress_ratio > 0 ? args.index_topk : 0;
@@ -474,7 +477,8 @@ void gpu_model::impl::apply_engram(int l, gbatch& b) const {
                    "history lacks the Engram look-back");
     cids.assign(hist.end() - keep, hist.end());
     cids.insert(cids.end(), it.item->tokens.begin(), it.item->tokens.end());
-    cpu::engram_rows(cids.data(), int64_t(keep), it.num_rows, engram_hash[l],
+    const int64_t dropped = it.first_pos - it.item->kv->num_tokens;  // truncated rows
+    cpu::engram_rows(cids.data(), int64_t(keep) + dropped, it.num_rows, engram_hash[l],
                      rows.data() + std::size_t(it.row_begin) * per_token);
   }
   dvec<int64_t> d_rows(rows);
@@ -507,6 +511,46 @@ void gpu_model::impl::run_layer(int l, gbatch& b, forward_stats* stats) const {
   moe(l, x.get(), n, f.get());
   cuda::hc_post(f.get(), b.X.get(), post.get(), comb.get(), n, hc, D, b.X.get());
   if (stats) stats->max_abs_residual[l] = cuda::max_abs(b.X.get(), std::size_t(n) * hc * D);
+}
+
+// Drops, for each item with truncate_below >= 0, its rows below that position (stream.cpp's
+// drop_truncated_rows): the kept rows are a suffix of each item, moved down with device copies.
+void gpu_model::impl::drop_truncated_rows(gbatch& b) const {
+  const int hc = args.hc_mult, D = args.hidden_size, K = args.index_topk;
+  const std::size_t x_row = std::size_t(hc) * D;
+  dvec<float> X(std::size_t(std::max(1, b.num_rows)) * x_row), pre(std::size_t(std::max(1, b.num_rows)) * hc);
+  std::vector<int32_t> positions;
+  int out = 0;
+  for (gitem& it : b.items) {
+    const int64_t tb = it.item->truncate_below;
+    const int drop = tb < 0 ? 0 : int(std::clamp<int64_t>(tb - it.first_pos, 0, it.num_rows));
+    const int src = it.row_begin + drop, keep = it.num_rows - drop;
+    cuda::copy_device(X.get() + std::size_t(out) * x_row, b.X.get() + std::size_t(src) * x_row,
+                      sizeof(float) * keep * x_row);
+    cuda::copy_device(pre.get() + std::size_t(out) * hc, b.pre.get() + std::size_t(src) * hc,
+                      sizeof(float) * keep * hc);
+    positions.insert(positions.end(), b.positions.begin() + src, b.positions.begin() + src + keep);
+    if (drop > 0 && it.topk.size() > 0) {
+      dvec<int32_t> t(std::size_t(keep) * K);
+      cuda::copy_device(t.get(), it.topk.get() + std::size_t(drop) * K, sizeof(int32_t) * keep * K);
+      it.topk = std::move(t);
+    }
+    if (drop > 0 && it.candidates.size() > 0) {
+      const std::size_t nb = std::size_t(it.num_candidate_blocks);
+      dvec<uint8_t> c(std::size_t(keep) * nb);
+      cuda::copy_device(c.get(), it.candidates.get() + drop * nb, keep * nb);
+      it.candidates = std::move(c);
+    }
+    it.row_begin = out;
+    it.num_rows = keep;
+    it.first_pos += drop;
+    out += keep;
+  }
+  b.num_rows = out;
+  b.X = std::move(X);
+  b.pre = std::move(pre);
+  b.positions = std::move(positions);
+  b.d_positions = dvec<int32_t>(b.positions);
 }
 
 void gpu_model::impl::head_logits(const gbatch& b, std::vector<float>& logits) const {
@@ -542,7 +586,6 @@ void gpu_model::forward(std::span<forward_item> batch, std::vector<float>& logit
   std::vector<int32_t> tokens;
   for (forward_item& item : batch) {
     CEDAR_OP_CHECK(item.kv != nullptr, "forward_item without KV");
-    CEDAR_OP_CHECK(item.truncate_below < 0, "gpu_model: decoder truncation is not supported yet");
     gitem it;
     it.item = &item;
     it.kv = item.kv;
@@ -563,7 +606,10 @@ void gpu_model::forward(std::span<forward_item> batch, std::vector<float>& logit
     b.X = dvec<float>(std::size_t(n) * hc * D);
     b.pre = dvec<float>(std::size_t(n) * hc);
     cuda::hc_expand(e.get(), n, hc, D, b.X.get(), b.pre.get());
-    for (int l = 0; l < m.args.num_hidden_layers; ++l) m.run_layer(l, b, stats);
+    for (int l = 0; l < m.args.num_hidden_layers && b.num_rows > 0; ++l) {
+      if (l == m.args.truncate_from_layer) m.drop_truncated_rows(b);
+      m.run_layer(l, b, stats);
+    }
     m.head_logits(b, logits);
   }
   cuda::synchronize();

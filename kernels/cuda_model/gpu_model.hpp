@@ -39,8 +39,8 @@ class gpu_model {
   /// Device bytes held by the weights.
   uint64_t weight_bytes() const;
 
-  /// As model::forward; every item's kv holds device pointers. Decoder truncation
-  /// (truncate_below >= 0) is not supported yet and aborts.
+  /// As model::forward (replay and decoder truncation included); every item's kv holds device
+  /// pointers.
   void forward(std::span<forward_item> batch, std::vector<float>& logits,
                forward_stats* stats = nullptr) const;
 
