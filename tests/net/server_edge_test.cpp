@@ -1,0 +1,189 @@
+// The server's edge, without sockets: JSON strings always come out valid and round-trip, request
+// bodies parse into the right native fields or into a 400 naming the bad field, and the latency
+// histogram's quantiles agree with sorting the samples.
+#include <doctest/doctest.h>
+#include <simdjson.h>
+
+#include <algorithm>
+#include <random>
+
+#include "net/api_parse.hpp"
+#include "net/json_writer.hpp"
+#include "net/metrics.hpp"
+
+using namespace cedar::net;
+
+namespace {
+
+/// Slow and obvious: is `s` valid UTF-8 (no overlongs, surrogates or values above U+10FFFF)?
+bool valid_utf8_slow(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    unsigned c = (unsigned char)s[i];
+    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (!n || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0xFF >> (n + 1));
+    for (int k = 1; k < n; ++k) {
+      unsigned b = (unsigned char)s[i + k];
+      if ((b & 0xC0) != 0x80) return false;
+      cp = cp << 6 | (b & 0x3F);
+    }
+    uint32_t min[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string random_bytes(std::mt19937& rng, bool mostly_text) {
+  std::string s;
+  int n = int(rng() % 40);
+  const char* pieces[] = {"a", "\"", "\\", "\n", "\x01", "é", "中", "😀", "\x7f", "\xff", "\xc3", "\xed\xa0\x80"};
+  for (int i = 0; i < n; ++i) {
+    if (mostly_text) s += pieces[rng() % 9];
+    else if (rng() % 2) s += pieces[rng() % 12];
+    else s += char(rng() % 256);
+  }
+  return s;
+}
+
+std::string parse_string(const std::string& json) {
+  simdjson::dom::parser p;
+  std::string_view out;
+  auto err = p.parse(json).get(out);
+  REQUIRE_MESSAGE(err == simdjson::SUCCESS, json);
+  return std::string(out);
+}
+
+}  // namespace
+
+TEST_CASE("JSON strings: valid input round-trips, any input gives valid JSON") {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 3000; ++i) {
+    std::string s = random_bytes(rng, i % 2 == 0);
+    std::string json;
+    append_json_string(json, s);
+    std::string back = parse_string(json);  // always valid JSON
+    if (valid_utf8_slow(s)) CHECK(back == s);
+    else CHECK(valid_utf8_slow(back));
+  }
+}
+
+TEST_CASE("json_writer places commas and nests") {
+  json_writer w;
+  w.obj().kv("a", 1).key("b").arr().num(int64_t{2}).str("x").obj().end_obj().end_arr().key("c").null().end_obj();
+  CHECK(w.str() == R"({"a":1,"b":[2,"x",{}],"c":null})");
+}
+
+TEST_CASE("chat request: fields land in the native struct") {
+  chat_request r;
+  auto err = parse_chat_request(R"({"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"A"},
+      {"type":"input_text","text":"B"}]},{"role":"user","content":"hi"},{"role":"assistant","content":null,
+      "reasoning_content":"why","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":{"x":1}}}]},
+      {"role":"tool","tool_call_id":"c1","content":"ok"}],"tools":[{"type":"function","function":{"name":"f",
+      "parameters":{"type":"object"}}}],"tool_choice":{"type":"function","function":{"name":"f"}},"temperature":0.5,
+      "top_p":0.9,"top_k":40,"seed":3,"max_completion_tokens":77,"stop":["END","\n\n"],"logprobs":true,
+      "top_logprobs":3,"stream":true,"stream_options":{"include_usage":true},"reasoning_effort":"low",
+      "chat_template_kwargs":{"thinking":true},"unknown":{"x":[1,2]}})", r);
+  REQUIRE_FALSE(err.has_value());
+  REQUIRE(r.messages.size() == 4);
+  CHECK(r.messages[0].role == "system");
+  CHECK(r.messages[0].content == "A\n\nB");
+  CHECK(r.messages[2].reasoning_content == "why");
+  REQUIRE(r.messages[2].tool_calls.size() == 1);
+  CHECK(r.messages[2].tool_calls[0].arguments == R"({"x":1})");
+  CHECK(r.messages[3].tool_call_id == "c1");
+  REQUIRE(r.tools.size() == 1);
+  CHECK(r.tools[0].name == "f");
+  CHECK(r.tool_choice == "f");
+  CHECK(r.gen.sampling.temperature == doctest::Approx(0.5));
+  CHECK(r.gen.sampling.top_k == 40);
+  CHECK(r.gen.sampling.has_seed);
+  CHECK(r.gen.max_tokens == 77);
+  CHECK(r.gen.stop == std::vector<std::string>{"END", "\n\n"});
+  CHECK(r.gen.top_logprobs == 3);
+  CHECK(r.gen.stream);
+  CHECK(r.gen.include_usage);
+  CHECK(r.reasoning.thinking);
+  CHECK(r.reasoning.effort == 50);
+}
+
+TEST_CASE("chat request: each wrongly-typed field is a 400 naming it") {
+  const char* base = R"({"messages":[{"role":"user","content":"x"}])";
+  struct row { const char* extra; const char* param; };
+  row rows[] = {{R"("temperature":"1")", "temperature"}, {R"("temperature":3)", "temperature"},
+                {R"("top_p":0)", "top_p"}, {R"("max_tokens":0)", "max_tokens"},
+                {R"("max_tokens":1.5)", "max_tokens"}, {R"("stream":1)", "stream"}, {R"("n":2)", "n"},
+                {R"("stop":{"a":1})", "stop"}, {R"("tools":[{"type":"function"}])", "tools.function"},
+                {R"("tool_choice":"sometimes")", "tool_choice"}, {R"("top_logprobs":30)", "top_logprobs"},
+                {R"("reasoning_effort":0)", "reasoning_effort"}, {R"("seed":"s")", "seed"}};
+  for (auto& r : rows) {
+    chat_request out;
+    std::string body = std::string(base) + "," + r.extra + "}";
+    auto err = parse_chat_request(body, out);
+    REQUIRE_MESSAGE(err.has_value(), body);
+    CHECK_MESSAGE(err->status == 400, body);
+    CHECK_MESSAGE(err->param == r.param, body);
+  }
+  chat_request out;
+  CHECK(parse_chat_request(R"({"messages":[]})", out)->code == "empty_messages");
+  CHECK(parse_chat_request("{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", out)->code == "invalid_utf8");
+  CHECK(parse_chat_request(R"({"messages":)", out)->code == "invalid_json");
+}
+
+TEST_CASE("responses input items map to messages") {
+  responses_request r;
+  auto err = parse_responses_request(R"({"instructions":"be kind","input":[
+      {"role":"user","content":[{"type":"input_text","text":"q"}]},
+      {"type":"reasoning","summary":[{"type":"summary_text","text":"think"}]},
+      {"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
+      {"type":"function_call","call_id":"c2","name":"g","arguments":"{}"},
+      {"type":"function_call_output","call_id":"c1","output":"r1"}],
+      "reasoning":{"effort":"max"},"max_output_tokens":9,"previous_response_id":"resp_1"})", r);
+  REQUIRE_FALSE(err.has_value());
+  REQUIRE(r.input.size() == 3);
+  CHECK(r.input[0].content == "q");
+  CHECK(r.input[1].role == "assistant");
+  CHECK(r.input[1].reasoning_content == "think");
+  REQUIRE(r.input[1].tool_calls.size() == 2);  // consecutive calls are one assistant turn
+  CHECK(r.input[1].tool_calls[1].name == "g");
+  CHECK(r.input[2].role == "tool");
+  CHECK(r.input[2].tool_call_id == "c1");
+  CHECK(r.reasoning.effort == 100);
+  CHECK(r.gen.max_tokens == 9);
+  CHECK(r.previous_response_id == "resp_1");
+}
+
+TEST_CASE("WebSocket events: create (flat or nested) and cancel") {
+  ws_client_event e;
+  REQUIRE_FALSE(parse_ws_event(R"({"type":"response.create","input":"hi","previous_response_id":null})", e));
+  CHECK(e.type == ws_client_event::kind::create);
+  CHECK(e.previous_response_id_set);
+  ws_client_event nested;
+  REQUIRE_FALSE(parse_ws_event(R"({"type":"response.create","response":{"input":"hi"}})", nested));
+  CHECK_FALSE(nested.previous_response_id_set);
+  CHECK(nested.create.input.size() == 1);
+  ws_client_event cancel;
+  REQUIRE_FALSE(parse_ws_event(R"({"type":"response.cancel"})", cancel));
+  CHECK(cancel.type == ws_client_event::kind::cancel);
+  ws_client_event bad;
+  CHECK(parse_ws_event(R"({"type":"session.update"})", bad)->code == "unknown_event");
+}
+
+TEST_CASE("latency histogram quantiles match sorted samples within a bucket") {
+  std::mt19937 rng(11);
+  std::lognormal_distribution<double> dist(-7.0, 1.5);  // ~1 ms, spread over decades
+  latency_histogram h;
+  std::vector<double> samples;
+  for (int i = 0; i < 20000; ++i) {
+    double x = dist(rng);
+    samples.push_back(x);
+    h.observe(x);
+  }
+  std::sort(samples.begin(), samples.end());
+  for (double q : {0.5, 0.9, 0.99}) {
+    double exact = samples[size_t(q * double(samples.size()))];
+    double approx = h.quantile(q);
+    CHECK(approx >= exact / 2.0);  // buckets are a factor of 2 wide
+    CHECK(approx <= exact * 2.0);
+  }
+}
