@@ -22,7 +22,8 @@ constexpr const char* kUsage =
     "  --traces SRC         synthetic | FILE | DIR of Weka JSON traces (default: synthetic)\n"
     "  --sessions N         synthetic sessions to generate (default: 64)\n"
     "  --scale F            scale token counts by F, e.g. 0.01 for CPU runs (default: 1)\n"
-    "  --concurrency LIST   session lanes per point, e.g. 1,2,4,8 (default: 1,2,4,8)\n"
+    "  --concurrency LIST   the sweep: session lanes per point, e.g. 1,2,4,8 (default: 1,2,4,8;\n"
+    "                       --sweep is the same option)\n"
     "  --warmup S           warm-up seconds per point (default: 5)\n"
     "  --duration S         measured seconds per point (default: 30)\n"
     "  --api LIST           chat | responses | ws, or several: one curve each (default: chat)\n"
@@ -73,7 +74,7 @@ bool parse_bench_args(int argc, char** argv, bench_options& o) {
     else if (arg == "--timeout") o.request_timeout_s = std::atof(v);
     else if (arg == "--seed") o.seed = std::strtoull(v, nullptr, 10);
     else if (arg == "--metrics-path") o.metrics_path = v;
-    else if (arg == "--concurrency" && parse_list(v, items)) {
+    else if ((arg == "--concurrency" || arg == "--sweep") && parse_list(v, items)) {
       o.concurrency.clear();
       for (auto& c : items)
         if (std::atoi(c.c_str()) > 0) o.concurrency.push_back(std::atoi(c.c_str()));
