@@ -1,0 +1,174 @@
+// Private state of the GPU forward pass (gpu_model.hpp): device arrays, the device copies of a
+// layer's weights, the per-call batch and item state, and gpu_model::impl with its steps, which
+// gpu_model.cpp (layer loop, head), gpu_layers.cpp (attention, compressor, indexer, MoE, Engram)
+// and gpu_weights.cpp (upload) define. One forward call, the calling thread.
+#pragma once
+
+#ifdef CEDAR_HAVE_CUDA
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kernels/cpu/op_check.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda_model/gpu_model.hpp"
+#include "kernels/model/weights.hpp"
+
+namespace cedar {
+namespace gpu_detail {
+
+/// Stream-ordered device array of n T's, freed when it goes out of scope.
+template <class T>
+class dvec {
+ public:
+  dvec() = default;
+  explicit dvec(std::size_t n) : n_(n), p_(static_cast<T*>(cuda::scratch_alloc(n * sizeof(T)))) {}
+  explicit dvec(const std::vector<T>& v) : dvec(v.size()) {
+    cuda::copy_to_device_async(p_, v.data(), v.size() * sizeof(T));
+  }
+  dvec(dvec&& o) noexcept : n_(o.n_), p_(o.p_) { o.p_ = nullptr; o.n_ = 0; }
+  dvec& operator=(dvec&& o) noexcept {
+    std::swap(n_, o.n_);
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  ~dvec() { cuda::scratch_free(p_); }
+  T* get() const { return p_; }
+  std::size_t size() const { return n_; }
+
+ private:
+  std::size_t n_ = 0;
+  T* p_ = nullptr;
+};
+
+/// Device copies of one layer's weights (views with device pointers; fp32 vectors as arrays).
+struct dev_hc {
+  const float *fn = nullptr, *base = nullptr, *scale = nullptr;
+};
+struct dev_layer {
+  dev_hc hc_attn, hc_ffn;
+  const float *attn_norm = nullptr, *ffn_norm = nullptr;
+  fp8_weight wq_a, wq_b, wkv, wo_b;
+  bf16_weight wo_a;
+  const float *q_norm = nullptr, *kv_norm = nullptr, *sink = nullptr;
+  bf16_weight c_wkv, c_wgate, c_index_wk;
+  const float *c_norm = nullptr, *c_index_k_norm = nullptr;
+  fp8_weight i_wq_b;
+  bf16_weight i_weights_proj;
+  bf16_weight gate;
+  const float* gate_bias = nullptr;
+  std::vector<cpu::expert_weights> experts;
+  cpu::shared_expert_weights shared;
+  cpu::engram_weights engram;
+};
+
+/// One item's active rows and its device top-k / candidate state (as model_detail::item_state).
+struct gitem {
+  const forward_item* item = nullptr;
+  request_kv* kv = nullptr;
+  int row_begin = 0, num_rows = 0;
+  int64_t first_pos = 0, ring_valid_from = 0;
+  dvec<int32_t> topk;        // [num_rows, index_topk]
+  dvec<uint8_t> candidates;  // [num_rows, num_candidate_blocks]
+  int num_candidate_blocks = 0;
+};
+
+struct gbatch {
+  int num_rows = 0;
+  std::vector<gitem> items;
+  std::vector<int32_t> positions;
+  dvec<int32_t> d_positions;
+  dvec<float> X, pre;  // [n, hc, dim], [n, hc]
+};
+
+
+}  // namespace gpu_detail
+
+using namespace gpu_detail;
+
+struct gpu_model::impl {
+  model_args args;
+  kv_layout layout;
+  std::vector<void*> allocations;
+  uint64_t bytes = 0;
+  bf16_weight embed, head;
+  const float* norm = nullptr;
+  std::vector<dev_layer> layers;
+  std::vector<cpu::rope_params> rope;
+  std::vector<cpu::engram_hash_params> engram_hash;
+
+  ~impl() {
+    for (void* p : allocations) cuda::device_free(p);
+  }
+
+  // ---- weight upload ----
+  uint64_t total = 0, done = 0;
+  const upload_progress_fn* progress = nullptr;
+  template <class T>
+  const T* upload(const T* src, std::size_t n) {
+    if (src == nullptr || n == 0) return nullptr;
+    void* p = cuda::device_alloc(n * sizeof(T));
+    allocations.push_back(p);
+    cuda::copy_to_device(p, src, n * sizeof(T));
+    bytes += n * sizeof(T);
+    done += n * sizeof(T);
+    if (progress && *progress) (*progress)(done, total);
+    return static_cast<const T*>(p);
+  }
+  const float* upload(const std::vector<float>& v) { return upload(v.data(), v.size()); }
+  fp8_weight upload(const fp8_weight& w) {
+    return {w.out, w.in, upload(w.data, std::size_t(w.out) * w.in),
+            upload(w.scale, std::size_t((w.out + 31) / 32) * ((w.in + 31) / 32))};
+  }
+  fp4_weight upload(const fp4_weight& w) {
+    return {w.out, w.in, upload(w.data, std::size_t(w.out) * w.in / 2),
+            upload(w.scale, std::size_t(w.out) * (w.in / 32))};
+  }
+  bf16_weight upload(const bf16_weight& w) { return {w.out, w.in, upload(w.data, std::size_t(w.out) * w.in)}; }
+  dev_hc upload(const model_detail::hc_weights& h) { return {upload(h.fn), upload(h.base), upload(h.scale)}; }
+
+  void bind(const model_detail::model_weights& w);
+
+  // ---- forward steps ----
+  void run_layer(int l, gbatch& b, forward_stats* stats) const;
+  void attention(int l, gbatch& b, const float* x, float* out) const;
+  void compressor(int l, gitem& it, const float* x) const;
+  void indexer(int l, gitem& it, const float* qr, const float* x) const;
+  void attend(int l, gitem& it, const float* q, const float* kv, float* o) const;
+  void moe(int l, const float* y, int n, float* out) const;
+  void apply_engram(int l, gbatch& b) const;
+  void head_logits(const gbatch& b, std::vector<float>& logits) const;
+  void drop_truncated_rows(gbatch& b) const;
+
+  cuda::record_kind latent_kind() const {
+    return layout.dtype == kv_dtype::fp8 ? cuda::record_kind::fp8 : cuda::record_kind::fp4_e4m3;
+  }
+  cuda::record_kind key_kind() const {
+    return layout.dtype == kv_dtype::fp8 ? cuda::record_kind::fp8 : cuda::record_kind::fp4_pow2;
+  }
+  /// Record addresses of entries [first, first + n) of KV source `slot`: latents or index keys.
+  std::vector<uint8_t*> entry_records(const request_kv& kv, int slot, int64_t first, int n, bool latent) const {
+    const kv_source_layout& s = layout.sources.at(slot);
+    std::vector<uint8_t*> out(n);
+    for (int i = 0; i < n; ++i) {
+      const int64_t e = first + i, page = e / s.entries_per_page;
+      CEDAR_OP_CHECK(e >= 0 && page < int64_t(kv.pages.size()), "KV page out of range");
+      const int64_t in_page = e - page * s.entries_per_page;
+      out[i] = kv.pages[page] + (latent ? s.latent_offset + in_page * s.latent_bytes
+                                        : s.key_offset + in_page * s.key_bytes);
+    }
+    return out;
+  }
+  std::vector<uint8_t*> ring_records(const request_kv& kv, int layer, int64_t first, int n) const {
+    std::vector<uint8_t*> out(n);
+    for (int i = 0; i < n; ++i)
+      out[i] = kv.swa_ring + (std::size_t(layer) * layout.window + (first + i) % layout.window) * layout.swa_record_bytes;
+    return out;
+  }
+};
+
+}  // namespace cedar
+
+#endif  // CEDAR_HAVE_CUDA

@@ -1,0 +1,221 @@
+// The GPU sublayers, step for step as the CPU's compressor_layer.cpp, indexer_layer.cpp,
+// attention_layer.cpp, ffn_layer.cpp and stream.cpp (Engram): each step a CUDA op on device
+// buffers; record addresses, positions and Engram rows are computed here and uploaded without
+// waiting. One forward call, the calling thread.
+#ifdef CEDAR_HAVE_CUDA
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cuda_model/gpu_forward.hpp"
+#include "kernels/model/kv_io.hpp"
+
+namespace cedar {
+
+// ---- compressor (compressor_layer.cpp) -----------------------------------------------------------
+
+void gpu_model::impl::compressor(int l, gitem& it, const float* x) const {
+  const layer_info& li = args.layers[l];
+  const dev_layer& w = layers[l];
+  const int ratio = li.compress_ratio, dh = args.head_dim, dih = args.index_head_dim, T = it.num_rows;
+  const float eps = float(args.rms_norm_eps);
+  const int64_t p0 = it.first_pos;
+  CEDAR_OP_CHECK(ratio == 1 || ratio == 2, "compressor ratio");
+  dvec<float> latents(std::size_t(T / ratio + 1) * dh);
+  int num = 0;
+  int64_t first_entry = 0;
+  if (ratio == 2) {
+    float* tail = it.kv->tails + std::size_t(model_detail::tail_index(layout, li.kv_source_slot)) * 2 * dh;
+    num = cuda::compress_ratio2(x, T, p0, w.c_wkv, w.c_wgate, w.c_norm, eps, tail, latents.get());
+    first_entry = p0 / 2;
+  } else {
+    cuda::compress_ratio1(x, T, w.c_wkv, w.c_norm, eps, latents.get());
+    num = T;
+    first_entry = p0;
+  }
+  if (it.item->replay || num == 0) return;
+  std::vector<int32_t> entry_pos(num);
+  for (int e = 0; e < num; ++e) entry_pos[e] = int32_t((first_entry + e) * ratio);
+  dvec<int32_t> d_pos(entry_pos);
+  // index keys from the raw latents
+  dvec<float> k(std::size_t(num) * dih);
+  cuda::linear_bf16(latents.get(), num, w.c_index_wk, k.get());
+  cuda::rmsnorm(k.get(), num, dih, w.c_index_k_norm, eps, k.get());
+  cuda::rope(k.get(), num, 1, dih, d_pos.get(), rope[l], false);
+  if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(k.get(), num, dih);
+  else cuda::fake_quant_fp4_pow2_rows(k.get(), num, dih);
+  dvec<uint8_t*> key_dst(entry_records(*it.kv, li.kv_source_slot, first_entry, num, false));
+  cuda::store_records(key_kind(), k.get(), num, dih, key_dst.get());
+  // latents, rotated at their entry positions
+  cuda::rope(latents.get(), num, 1, dh, d_pos.get(), rope[l], false);
+  if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(latents.get(), num, dh);
+  else cuda::fake_quant_fp4_e4m3_rows(latents.get(), num, dh);
+  dvec<uint8_t*> lat_dst(entry_records(*it.kv, li.kv_source_slot, first_entry, num, true));
+  cuda::store_records(latent_kind(), latents.get(), num, dh, lat_dst.get());
+}
+
+// ---- indexer (indexer_layer.cpp) ------------------------------------------------------------
+
+void gpu_model::impl::indexer(int l, gitem& it, const float* qr, const float* x) const {
+  const layer_info& li = args.layers[l];
+  const dev_layer& w = layers[l];
+  const int T = it.num_rows, ratio = li.compress_ratio, K = args.index_topk;
+  const int nih = args.index_n_heads, dih = args.index_head_dim;
+  const int n = int((it.first_pos + T) / ratio);
+  it.topk = dvec<int32_t>(std::size_t(T) * K);
+  cuda::fill_bytes(it.topk.get(), 0xFF, it.topk.size() * sizeof(int32_t));  // -1
+  if (li.is_candidate_source) {
+    it.num_candidate_blocks = (n + args.candidate_block_size - 1) / args.candidate_block_size;
+    it.candidates = dvec<uint8_t>(std::size_t(T) * it.num_candidate_blocks);
+    cuda::fill_bytes(it.candidates.get(), 0, it.candidates.size());
+  }
+  if (n == 0) return;
+  dvec<float> keys(std::size_t(n) * dih);
+  {
+    const auto src = entry_records(*it.kv, li.kv_source_slot, 0, n, false);
+    dvec<uint8_t*> d_src(src);
+    cuda::load_records(key_kind(), d_src.get(), n, dih, keys.get());
+  }
+  dvec<float> q(std::size_t(T) * nih * dih), hw(std::size_t(T) * nih);
+  cuda::linear_fp8(qr, T, w.i_wq_b, q.get());
+  std::vector<int32_t> pos(T), visible(T);
+  for (int t = 0; t < T; ++t) {
+    pos[t] = int32_t(it.first_pos + t);
+    visible[t] = int32_t((it.first_pos + t + 1) / ratio);
+  }
+  dvec<int32_t> d_pos(pos), d_vis(visible);
+  cuda::rope(q.get(), T, nih, dih, d_pos.get(), rope[l], false);
+  cuda::fake_quant_fp4_pow2_rows(q.get(), T, nih * dih);
+  cuda::linear_bf16(x, T, w.i_weights_proj, hw.get());
+  cuda::scale_values(hw.get(), hw.size(), float(1.0 / std::sqrt(double(dih)) / std::sqrt(double(nih))));
+
+  constexpr std::size_t max_score_bytes = std::size_t(128) << 20;
+  const int rows_per_chunk = int(std::max<std::size_t>(1, max_score_bytes / (sizeof(float) * std::size_t(n))));
+  dvec<float> scores(std::size_t(std::min(rows_per_chunk, T)) * n);
+  for (int r0 = 0; r0 < T; r0 += rows_per_chunk) {
+    const int m = std::min(rows_per_chunk, T - r0);
+    cuda::index_scores(q.get() + std::size_t(r0) * nih * dih, hw.get() + std::size_t(r0) * nih, m, nih, dih,
+                       keys.get(), n, d_vis.get() + r0, scores.get());
+    if (li.is_candidate_source)
+      cuda::candidate_blocks(scores.get(), m, n, args.candidate_block_size, args.candidate_topk_blocks,
+                             d_vis.get() + r0, it.candidates.get() + std::size_t(r0) * it.num_candidate_blocks);
+    if (li.uses_candidates) {
+      CEDAR_OP_CHECK(it.num_candidate_blocks == (n + args.candidate_block_size - 1) / args.candidate_block_size,
+                     "candidate mask size");
+      cuda::mask_scores(scores.get(), m, n, args.candidate_block_size,
+                        it.candidates.get() + std::size_t(r0) * it.num_candidate_blocks, it.num_candidate_blocks);
+    }
+    cuda::topk_indices(scores.get(), m, n, K, it.topk.get() + std::size_t(r0) * K);
+  }
+}
+
+// ---- attention (attention_layer.cpp) ------------------------------------------------------------
+
+void gpu_model::impl::attend(int l, gitem& it, const float* q, const float* kv, float* o) const {
+  const layer_info& li = args.layers[l];
+  const int T = it.num_rows, dh = args.head_dim, W = args.sliding_window, nh = args.num_attention_heads;
+  const int64_t p0 = it.first_pos;
+  int64_t floor_pos = it.ring_valid_from;  // window_floor of the CPU model
+  if (l >= args.truncate_from_layer && it.item->truncate_below >= 0)
+    floor_pos = std::max(floor_pos, it.item->truncate_below);
+  const int64_t ring_lo = std::max(floor_pos, p0 - (W - 1));
+  const int ring_n = int(std::max<int64_t>(0, p0 - ring_lo));
+  const int K = li.compress_ratio > 0 ? args.index_topk : 0;
+  // every visible entry of the KV source (the CPU unpacks only the referenced ones; the
+  // candidate order, and so the result, is the same)
+  const int n_entries = K > 0 ? int((p0 + T) / li.compress_ratio) : 0;
+  const int num_window = ring_n + T;
+  dvec<float> buf(std::size_t(num_window + n_entries) * dh);
+  if (ring_n > 0) {
+    dvec<uint8_t*> src(ring_records(*it.kv, li.layer_idx, ring_lo, ring_n));
+    cuda::load_records(cuda::record_kind::fp8, src.get(), ring_n, dh, buf.get());
+  }
+  cuda::copy_device(buf.get() + std::size_t(ring_n) * dh, kv, sizeof(float) * std::size_t(T) * dh);
+  if (n_entries > 0) {
+    dvec<uint8_t*> src(entry_records(*it.kv, li.kv_source_slot, 0, n_entries, true));
+    cuda::load_records(latent_kind(), src.get(), n_entries, dh, buf.get() + std::size_t(num_window) * dh);
+  }
+  const int num_idx = W + K;
+  dvec<int32_t> idx(std::size_t(T) * num_idx);
+  cuda::attention_candidates(K > 0 ? it.topk.get() : nullptr, T, K, W, p0, floor_pos, ring_lo, num_window,
+                             idx.get());
+  const float scale = 1.0f / std::sqrt(float(dh));
+  cuda::sparse_attention(q, T, nh, dh, buf.get(), idx.get(), num_idx, layers[l].sink, scale, o);
+}
+
+void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) const {
+  const model_args& a = args;
+  const layer_info& li = a.layers[l];
+  const dev_layer& w = layers[l];
+  const int n = b.num_rows, D = a.hidden_size, dh = a.head_dim, nh = a.num_attention_heads;
+  const float eps = float(a.rms_norm_eps);
+  const int32_t* pos = b.d_positions.get();
+
+  dvec<float> qr(std::size_t(n) * a.q_lora_rank);
+  cuda::linear_fp8(x, n, w.wq_a, qr.get());
+  cuda::rmsnorm(qr.get(), n, a.q_lora_rank, w.q_norm, eps, qr.get());
+  dvec<float> q(std::size_t(n) * nh * dh);
+  cuda::linear_fp8(qr.get(), n, w.wq_b, q.get());
+  cuda::rope(q.get(), n, nh, dh, pos, rope[l], false);
+
+  dvec<float> kv(std::size_t(n) * dh);
+  cuda::linear_fp8(x, n, w.wkv, kv.get());
+  cuda::rmsnorm(kv.get(), n, dh, w.kv_norm, eps, kv.get());
+  cuda::rope(kv.get(), n, 1, dh, pos, rope[l], false);
+  cuda::fake_quant_fp8_rows(kv.get(), n, dh);
+
+  dvec<float> o(std::size_t(n) * nh * dh);
+  for (gitem& it : b.items) {
+    if (it.num_rows == 0) continue;
+    const std::size_t r0 = it.row_begin;
+    if (li.is_kv_source) compressor(l, it, x + r0 * D);
+    if (li.is_index_source) indexer(l, it, qr.get() + r0 * a.q_lora_rank, x + r0 * D);
+    attend(l, it, q.get() + r0 * nh * dh, kv.get() + r0 * dh, o.get() + r0 * nh * dh);
+    // ring records of the item's last min(T, window) rows
+    const int first_t = std::max(0, it.num_rows - a.sliding_window);
+    const int cnt = it.num_rows - first_t;
+    dvec<uint8_t*> dst(ring_records(*it.kv, li.layer_idx, it.first_pos + first_t, cnt));
+    cuda::store_records(cuda::record_kind::fp8, kv.get() + (r0 + first_t) * dh, cnt, dh, dst.get());
+  }
+  cuda::rope(o.get(), n, nh, dh, pos, rope[l], true);
+  cuda::grouped_output(o.get(), n, a.o_groups, w.wo_a, w.wo_b, out);
+}
+
+// ---- MoE, Engram, layer, head ----------------------------------------------------------------------
+
+void gpu_model::impl::moe(int l, const float* y, int n, float* out) const {
+  const dev_layer& w = layers[l];
+  const int k = args.num_experts_per_tok;
+  dvec<int32_t> sel(std::size_t(n) * k);
+  dvec<float> weights(std::size_t(n) * k);
+  cuda::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get());
+  cuda::moe_ffn(y, n, args.hidden_size, sel.get(), weights.get(), k, w.experts.data(), int(w.experts.size()),
+                args.n_shared_experts > 0 ? &w.shared : nullptr, float(args.swiglu_limit), out);
+  cuda::round_bf16(out, std::size_t(n) * args.hidden_size);
+}
+
+void gpu_model::impl::apply_engram(int l, gbatch& b) const {
+  const int per_token = args.engram_rows_per_token();
+  const int lookback = args.engram_max_ngram_size - 1;
+  std::vector<int64_t> rows(std::size_t(b.num_rows) * per_token);
+  std::vector<int32_t> cids;
+  for (const gitem& it : b.items) {
+    if (it.num_rows == 0) continue;
+    const auto& hist = it.item->history;
+    const std::size_t keep = std::min<std::size_t>(hist.size(), std::size_t(lookback));
+    CEDAR_OP_CHECK(int64_t(hist.size()) >= std::min<int64_t>(it.first_pos, lookback),
+                   "history lacks the Engram look-back");
+    cids.assign(hist.end() - keep, hist.end());
+    cids.insert(cids.end(), it.item->tokens.begin(), it.item->tokens.end());
+    const int64_t dropped = it.first_pos - it.item->kv->num_tokens;  // truncated rows
+    cpu::engram_rows(cids.data(), int64_t(keep) + dropped, it.num_rows, engram_hash[l],
+                     rows.data() + std::size_t(it.row_begin) * per_token);
+  }
+  dvec<int64_t> d_rows(rows);
+  cuda::engram(b.X.get(), b.num_rows, args.hc_mult, args.hidden_size, d_rows.get(), per_token,
+               layers[l].engram, float(args.rms_norm_eps));
+}
+
+}  // namespace cedar
+
+#endif  // CEDAR_HAVE_CUDA
