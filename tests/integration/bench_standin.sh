@@ -82,6 +82,14 @@ check "$work/short/results.json" '
     if (!(p.output_tokens > 0 && p.itl_ms.p50 > 0)) fail(`${at}: tokens not counted without usage`);
   }'
 
+echo "== a server that answers without streaming: errors, counted by kind"
+start_server --no-stream
+"$cedar" bench --url "http://127.0.0.1:$port" "${quick[@]}" --concurrency 1 --duration 1 --api chat \
+  --out "$work/nostream" >/dev/null 2>"$work/nostream.err" || { cat "$work/nostream.err"; exit 1; }
+check "$work/nostream/results.json" '
+  const p = r.configs[0].runs[0];
+  if (!(p.errors.by_kind.stream > 0) || p.requests !== 0) fail(`no-stream: ${JSON.stringify(p.errors)}`);'
+
 if [[ -f "$traces/trace_0291.json" ]]; then
   echo "== a recorded trace with subagents"
   start_server --tps 300

@@ -4,7 +4,7 @@
 // /metrics in Prometheus text. Prints "listening <port>" once ready.
 //
 //   node standin_server.mjs [--port 0] [--tps 400] [--ttft-ms 10] [--prefill-us 20]
-//                           [--short-prob 0] [--no-usage] [--fail-prob 0]
+//                           [--short-prob 0] [--no-usage] [--fail-prob 0] [--no-stream]
 import http from 'node:http';
 import crypto from 'node:crypto';
 import path from 'node:path';
@@ -15,10 +15,11 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 const require = createRequire(path.join(root, 'tools/node/package.json'));
 const { WebSocketServer } = require(path.join(root, 'tools/node/node_modules/ws'));
 
-const opts = { port: 0, tps: 400, ttftMs: 10, prefillUs: 20, shortProb: 0, usage: true, failProb: 0 };
+const opts = { port: 0, tps: 400, ttftMs: 10, prefillUs: 20, shortProb: 0, usage: true, failProb: 0, stream: true };
 for (let i = 2; i < process.argv.length; i++) {
   const a = process.argv[i], v = process.argv[i + 1];
   if (a === '--no-usage') { opts.usage = false; continue; }
+  if (a === '--no-stream') { opts.stream = false; continue; }
   const key = { '--port': 'port', '--tps': 'tps', '--ttft-ms': 'ttftMs', '--prefill-us': 'prefillUs',
                 '--short-prob': 'shortProb', '--fail-prob': 'failProb' }[a];
   if (!key) { console.error(`unknown option ${a}`); process.exit(2); }
@@ -169,6 +170,10 @@ const server = http.createServer((req, res) => {
     let body;
     try { body = JSON.parse(data); } catch { return fail(res, 400, 'bad JSON'); }
     if (Math.random() < opts.failProb) return fail(res, 503, 'injected failure');
+    if (req.url === '/v1/chat/completions' && !opts.stream) {  // a server that does not stream
+      res.writeHead(200, { 'content-type': 'application/json' });
+      return res.end(JSON.stringify({ object: 'chat.completion', choices: [{ index: 0, message: { role: 'assistant', content: 'tok' } }] }));
+    }
     if (req.url === '/v1/chat/completions') return chat(req, res, body);
     if (req.url === '/v1/responses') return responsesSse(req, res, body);
     fail(res, 404, `no route ${req.url}`);

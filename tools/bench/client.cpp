@@ -151,12 +151,13 @@ class sse_client final : public stream_client {
       co_return;
     }
     sse_parser sse;
-    size_t num_consumed = 0;
+    size_t num_consumed = 0, num_events = 0;
     bool finished = false;
     while (true) {
       const std::string& body = parser.get().body();
       if (body.size() > num_consumed) {
         for (auto& data : sse.feed(std::string_view(body).substr(num_consumed))) {
+          ++num_events;
           if (finished) continue;
           stream_event ev;
           bool parsed = api_ == api_kind::chat ? parse_chat_event(data, ev)
@@ -183,7 +184,11 @@ class sse_client final : public stream_client {
     // A chat stream may end without [DONE]; a Responses stream must end with a final event.
     if (!finished) {
       out.done_at = clock_type::now();
-      if (api_ != api_kind::chat) fail(out, "stream", "stream ended before response.completed");
+      if (num_events == 0)
+        fail(out, "stream", "no SSE events (does the server stream?): " +
+                                parser.get().body().substr(0, 200));
+      else if (api_ != api_kind::chat)
+        fail(out, "stream", "stream ended before response.completed");
     }
     if (!parser.keep_alive()) reset_connection();
   }
