@@ -155,6 +155,22 @@ float max_abs(const float* x, std::size_t n);
 /// out[r] = argmax of logits row r (ties to the lowest id), device arrays.
 void argmax_rows(const float* logits /*[m, vocab]*/, int m, int vocab, int32_t* out /*[m]*/);
 
+/// One row's sampling request, as actors/sampler.hpp's sampling_params plus the token index.
+struct sample_request {
+  float temperature = 0.f;  ///< 0 = greedy (ties to the lowest id)
+  int top_k = 0;            ///< 0 = all
+  float top_p = 1.f;        ///< 1 = all
+  uint64_t seed = 0;
+  int64_t token_idx = 0;    ///< index of the generated token within its request
+};
+
+/// Samples one token per row exactly as actors/sampler.cpp's sample() does: ids ordered by
+/// logit (ties to the lowest id), top-k, softmax of logit / temperature in double, top-p cut,
+/// and the draw splitmix64(splitmix64(seed) ^ token_idx). tokens [m] and logprobs [m]
+/// (log-softmax of the raw logits at the token) are device arrays; requests is a host array.
+void sample_rows(const float* logits /*[m, vocab]*/, int m, int vocab, const sample_request* requests,
+                 int32_t* tokens /*[m]*/, float* logprobs /*[m]*/);
+
 #endif  // CEDAR_HAVE_CUDA
 
 }  // namespace cedar::cuda
