@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "net/chat_preprocess.hpp"
 #include "net/dsv41_tokens.hpp"
 #include "net/utf8.hpp"
 
@@ -114,9 +115,24 @@ bool tool_schema(const json_value& tool, std::string* out, std::string* error) {
   return true;
 }
 
-// The DSML parameters of one call, appended by `text` (template) and `lit` (message text).
-template <class Text, class Lit>
-void dsml_arguments(const tool_call& tc, Text text, Lit lit) {
+// Appends template text and message text to a prompt, noting where message text lies (so the
+// tokenizer never reads control tokens inside it).
+struct prompt_writer {
+  std::string& out;
+  std::vector<text_range>& literal;
+
+  void text(std::string_view s) { out += s; }
+  void lit(std::string_view s) {
+    if (!s.empty()) literal.push_back(text_range{out.size(), s.size()});
+    out += s;
+  }
+  void lit_since(size_t start) {
+    if (out.size() > start) literal.push_back(text_range{start, out.size() - start});
+  }
+};
+
+// The DSML parameters of one call.
+void write_dsml_arguments(const tool_call& tc, prompt_writer& w) {
   json_value args = tc.arguments;
   for (int i = 0; i < 2 && args.is_string(); ++i) {  // JSON text, possibly encoded twice
     auto parsed = parse_json(args.text, nullptr);
@@ -131,97 +147,85 @@ void dsml_arguments(const tool_call& tc, Text text, Lit lit) {
   }
   for (size_t i = 0; i < args.members.size(); ++i) {
     const auto& [key, value] = args.members[i];
-    if (i) text("\n");
-    text("<｜DSML｜ parameter name=\"");
-    lit(key);
-    text(value.is_string() ? "\" string=\"true\">" : "\" string=\"false\">");
-    lit(value.is_string() ? value.text : python_json(value));
-    text("</｜DSML｜ parameter>");
+    if (i) w.text("\n");
+    w.text("<｜DSML｜ parameter name=\"");
+    w.lit(key);
+    w.text(value.is_string() ? "\" string=\"true\">" : "\" string=\"false\">");
+    w.lit(value.is_string() ? value.text : python_json(value));
+    w.text("</｜DSML｜ parameter>");
   }
 }
 
-// Content list -> blocks with images as placeholder text; content = the text blocks joined.
-bool process_images(message* m, std::string* error) {
-  if (m->content.find(dsv41::image) != std::string::npos && !m->content_is_list)
-    return fail(error, "message content contains the image token " + std::string(dsv41::image) +
-                           "; images must be content blocks");
-  if (m->reasoning_content && m->reasoning_content->find(dsv41::image) != std::string::npos)
-    return fail(error, "reasoning_content contains the image token " + std::string(dsv41::image));
-  if (!m->content_is_list) return true;
-  auto fix = [&](std::vector<content_block>& blocks, auto& self) -> bool {
-    for (auto& b : blocks) {
-      if (b.type == "image" || b.type == "image_url") {
-        if (!b.has_image_source) return fail(error, "image block does not contain a valid source");
-        b = content_block{"text", dsv41::image, {}, {}, false, false, true};
-      } else if (b.type == "tool_result" && b.parts_is_list) {
-        if (!self(b.parts, self)) return false;
-      } else if (b.type == "text" && b.text.find(dsv41::image) != std::string::npos) {
-        return fail(error, "text block contains the image token " + std::string(dsv41::image) +
-                               "; images must be content blocks");
-      }
+bool write_system(const message& m, size_t idx, prompt_writer& w, std::string* error) {
+  if (idx > 0) w.text(dsv41::system);
+  w.lit(m.content);
+  if (!m.tools.empty()) {
+    w.text("\n\n");
+    w.text(kToolsPreamble);
+    for (size_t i = 0; i < m.tools.size(); ++i) {
+      if (i) w.text("\n");
+      size_t start = w.out.size();
+      if (!tool_schema(m.tools[i], &w.out, error)) return false;
+      w.lit_since(start);
     }
-    return true;
-  };
-  if (!fix(m->blocks, fix)) return false;
-  std::string joined;
-  bool first = true;
-  for (auto& b : m->blocks)
-    if (b.type == "text") {
-      if (!first) joined += "\n\n";
-      joined += b.text;
-      first = false;
-    }
-  m->content = std::move(joined);
-  return true;
-}
-
-// Tool messages become user turns of tool_result blocks; consecutive user turns merge.
-std::vector<message> merge_tool_messages(std::vector<message> msgs) {
-  std::vector<message> merged;
-  for (auto& m : msgs) {
-    if (m.role == "tool") {
-      content_block block{"tool_result", m.content, m.tool_call_id, {}, false, false};
-      if (!merged.empty() && merged.back().role == "user") {
-        merged.back().blocks.push_back(std::move(block));
-      } else {
-        message u;
-        u.role = "user";
-        u.content_is_list = true;
-        u.blocks.push_back(std::move(block));
-        merged.push_back(std::move(u));
-      }
-    } else if (m.role == "user") {
-      if (!m.content_is_list) {
-        m.blocks = {content_block{"text", m.content, {}, {}, false, false}};
-        m.content_is_list = true;
-      }
-      if (!merged.empty() && merged.back().role == "user" && merged.back().task.empty()) {
-        auto& dst = merged.back().blocks;
-        dst.insert(dst.end(), m.blocks.begin(), m.blocks.end());
-      } else {
-        merged.push_back(std::move(m));
-      }
-    } else {
-      merged.push_back(std::move(m));
-    }
+    w.text(kToolsEpilogue);
   }
-  return merged;
-}
-
-bool valid_utf8(std::string_view s) { return valid_utf8_prefix(s) == s.size(); }
-
-bool valid_blocks(const std::vector<content_block>& blocks) {
-  for (const auto& b : blocks)
-    if (!valid_utf8(b.text) || !valid_utf8(b.type) || !valid_blocks(b.parts)) return false;
+  if (m.response_format && truthy(*m.response_format)) {
+    w.text("\n\n");
+    w.text(kResponseFormat);
+    size_t start = w.out.size();
+    dump_python_json(*m.response_format, &w.out);
+    w.lit_since(start);
+  }
   return true;
 }
 
-// Every string of a message is valid UTF-8 (so byte ranges survive tokenization unchanged).
-bool valid_text(const message& m) {
-  if (!valid_utf8(m.content) || !valid_utf8(m.reasoning_content.value_or("")) || !valid_blocks(m.blocks)) return false;
-  for (const auto& tc : m.tool_calls)
-    if (!valid_utf8(tc.name) || !valid_utf8(tc.name_space) || (tc.arguments.is_string() && !valid_utf8(tc.arguments.text)))
-      return false;
+void write_block(const content_block& b, prompt_writer& w) {
+  if (b.image_placeholder) w.text(b.text);
+  else w.lit(b.type == "text" ? b.text : "[Unsupported " + b.type + "]");
+}
+
+void write_user(const message& m, prompt_writer& w) {
+  w.text(dsv41::user);
+  if (m.blocks.empty()) return w.lit(m.content);
+  for (size_t i = 0; i < m.blocks.size(); ++i) {
+    const auto& b = m.blocks[i];
+    if (i) w.text("\n\n");
+    if (b.type != "tool_result") {
+      write_block(b, w);
+      continue;
+    }
+    w.text("<tool_result>");
+    if (!b.parts_is_list) w.lit(b.text);
+    for (size_t k = 0; b.parts_is_list && k < b.parts.size(); ++k) {
+      if (k) w.text("\n\n");
+      write_block(b.parts[k], w);
+    }
+    w.text("</tool_result>");
+  }
+}
+
+bool write_assistant(const message& m, bool with_reasoning, prompt_writer& w, std::string* error) {
+  if (with_reasoning) {
+    w.lit(m.reasoning_content.value_or(""));
+    w.text(dsv41::think_end);
+  }
+  w.lit(m.content);
+  if (!m.tool_calls.empty()) {
+    w.text("\n\n<｜DSML｜ calls>\n");
+    for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+      std::string name;
+      if (!qualified_name(m.tool_calls[i].name, m.tool_calls[i].name_space, &name, error)) return false;
+      if (i) w.text("\n");
+      w.text("<｜DSML｜ invoke name=\"");
+      w.lit(name);
+      w.text("\">\n");
+      write_dsml_arguments(m.tool_calls[i], w);
+      w.text("\n</｜DSML｜ invoke>");
+    }
+    w.text("\n</｜DSML｜ calls>");
+  }
+  if (!m.wo_eos) w.text(dsv41::eos);
   return true;
 }
 
@@ -262,114 +266,45 @@ bool conversation::render_one(size_t idx, std::string* out, std::vector<text_ran
   const bool thinking = opts_.thinking;
   const bool drop = opts_.drop_thinking && !has_tools_;
   const auto last_user = last_user_index();
-  const bool after_last_user = !last_user || idx > *last_user;
+  prompt_writer w{*out, *literal};
 
-  std::string& p = *out;
-  auto text = [&](std::string_view s) { p += s; };
-  auto lit = [&](std::string_view s) {  // message text: never read as special tokens
-    if (!s.empty()) literal->push_back(text_range{p.size(), s.size()});
-    p += s;
-  };
-  auto lit_since = [&](size_t start) {
-    if (p.size() > start) literal->push_back(text_range{start, p.size() - start});
-  };
   const bool effort_line = idx == 0 && thinking;
-  if (idx == 0 && (effort_line || m.role == "system")) p += dsv41::system;
+  if (idx == 0 && (effort_line || m.role == "system")) w.text(dsv41::system);
   if (effort_line)
-    p += "Reasoning Effort: " + std::to_string(opts_.effort) +
-         " (range 1-100, the higher the value, the more thorough the reasoning)\n\n";
-
+    w.text("Reasoning Effort: " + std::to_string(opts_.effort) +
+           " (range 1-100, the higher the value, the more thorough the reasoning)\n\n");
+  bool ok = true;
   if (m.role == "system") {
-    if (idx > 0) p += dsv41::system;
-    lit(m.content);
-    if (!m.tools.empty()) {
-      p += "\n\n";
-      p += kToolsPreamble;
-      for (size_t i = 0; i < m.tools.size(); ++i) {
-        if (i) p += '\n';
-        size_t start = p.size();
-        if (!tool_schema(m.tools[i], &p, error)) return false;
-        lit_since(start);
-      }
-      p += kToolsEpilogue;
-    }
-    if (m.response_format && truthy(*m.response_format)) {
-      p += "\n\n";
-      p += kResponseFormat;
-      size_t start = p.size();
-      dump_python_json(*m.response_format, &p);
-      lit_since(start);
-    }
+    ok = write_system(m, idx, w, error);
   } else if (m.role == "user") {
-    p += dsv41::user;
-    if (!m.blocks.empty()) {
-      for (size_t i = 0; i < m.blocks.size(); ++i) {
-        const auto& b = m.blocks[i];
-        if (i) p += "\n\n";
-        if (b.type == "text") {
-          if (b.image_placeholder) text(b.text);
-          else lit(b.text);
-        } else if (b.type == "tool_result") {
-          p += "<tool_result>";
-          if (!b.parts_is_list) lit(b.text);
-          for (size_t k = 0; b.parts_is_list && k < b.parts.size(); ++k) {
-            if (k) p += "\n\n";
-            if (b.parts[k].image_placeholder) text(b.parts[k].text);
-            else lit(b.parts[k].type == "text" ? b.parts[k].text : "[Unsupported " + b.parts[k].type + "]");
-          }
-          p += "</tool_result>";
-        } else {
-          lit("[Unsupported " + b.type + "]");
-        }
-      }
-    } else {
-      lit(m.content);
-    }
+    write_user(m, w);
   } else if (m.role == "latest_reminder") {
-    p += dsv41::latest_reminder;
-    lit(m.content);
+    w.text(dsv41::latest_reminder);
+    w.lit(m.content);
   } else if (m.role == "assistant") {
+    // A task's answer has no reasoning; with drop_thinking only turns after the last user keep it.
     const bool prev_has_task = idx > 0 && !messages_[idx - 1].task.empty();
-    if (thinking && !prev_has_task && (!drop || after_last_user)) {
-      lit(m.reasoning_content.value_or(""));
-      p += dsv41::think_end;
-    }
-    lit(m.content);
-    if (!m.tool_calls.empty()) {
-      p += "\n\n<｜DSML｜ calls>\n";
-      for (size_t i = 0; i < m.tool_calls.size(); ++i) {
-        std::string name;
-        if (!qualified_name(m.tool_calls[i].name, m.tool_calls[i].name_space, &name, error)) return false;
-        if (i) p += '\n';
-        p += "<｜DSML｜ invoke name=\"";
-        lit(name);
-        p += "\">\n";
-        dsml_arguments(m.tool_calls[i], text, lit);
-        p += "\n</｜DSML｜ invoke>";
-      }
-      p += "\n</｜DSML｜ calls>";
-    }
-    if (!m.wo_eos) p += dsv41::eos;
+    const bool after_last_user = !last_user || idx > *last_user;
+    ok = write_assistant(m, thinking && !prev_has_task && (!drop || after_last_user), w, error);
   } else {
     return fail(error, "unknown role '" + m.role + "'");
   }
+  if (!ok) return false;
 
-  // The header that opens the next assistant turn (or a task token).
+  // The header that opens the next assistant turn (or a task token), unless a turn that is
+  // neither an assistant nor a reminder follows.
   if (idx + 1 < messages_.size() && messages_[idx + 1].role != "assistant" &&
       messages_[idx + 1].role != "latest_reminder")
     return true;
-  if (!m.task.empty()) {
-    if (m.task != "action") {
-      p += task_token(m.task);
-    } else {
-      p += dsv41::assistant;
-      p += thinking ? dsv41::think_begin : dsv41::think_end;
-      p += task_token(m.task);
-    }
+  if (m.task == "action") {
+    w.text(dsv41::assistant);
+    w.text(thinking ? dsv41::think_begin : dsv41::think_end);
+    w.text(task_token(m.task));
+  } else if (!m.task.empty()) {
+    w.text(task_token(m.task));
   } else if (m.role == "user" || (m.role == "system" && idx > 0)) {
-    p += dsv41::assistant;
-    const bool open = thinking && (!drop || (last_user && idx >= *last_user));
-    p += open ? dsv41::think_begin : dsv41::think_end;
+    w.text(dsv41::assistant);
+    w.text(thinking && (!drop || (last_user && idx >= *last_user)) ? dsv41::think_begin : dsv41::think_end);
   }
   return true;
 }
@@ -399,29 +334,8 @@ std::optional<std::string> conversation::append(std::vector<message> msgs, std::
   // Tool results follow the order of the calls of the latest assistant turn with calls.
   auto order = last_call_order_;
   bool had_tools = has_tools_;
-  for (auto& m : msgs) {
-    has_tools_ = has_tools_ || !m.tools.empty();
-    if (m.role == "assistant" && !m.tool_calls.empty()) {
-      order.clear();
-      for (size_t i = 0; i < m.tool_calls.size(); ++i)
-        if (!m.tool_calls[i].id.empty()) order[m.tool_calls[i].id] = i;
-    } else if (m.role == "user" && !order.empty()) {
-      std::vector<content_block> results;
-      for (auto& b : m.blocks)
-        if (b.type == "tool_result") results.push_back(b);
-      if (results.size() > 1) {
-        auto key = [&](const content_block& b) {
-          auto it = order.find(b.tool_use_id);
-          return it == order.end() ? size_t{0} : it->second;
-        };
-        std::stable_sort(results.begin(), results.end(),
-                         [&](const auto& a, const auto& b) { return key(a) < key(b); });
-        size_t k = 0;
-        for (auto& b : m.blocks)
-          if (b.type == "tool_result") b = results[k++];
-      }
-    }
-  }
+  for (const auto& m : msgs) has_tools_ = has_tools_ || !m.tools.empty();
+  sort_tool_results(&msgs, &order);
 
   size_t first = messages_.size();
   for (auto& m : msgs) messages_.push_back(std::move(m));
