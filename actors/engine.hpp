@@ -64,12 +64,27 @@ class engine {
   /// Stops taking requests and waits (up to timeout_ms) until running ones finish.
   status drain(int64_t timeout_ms);
 
+  /// Switches the parallel layout ("tp1", "tp4", "dep2", ...) at the next step boundary:
+  /// admission pauses, every request keeps its tokens and its cached global-KV pages (moved to
+  /// their new owner), SWA rings are rebuilt by replay, admission resumes; no request is
+  /// dropped. `done` gets the outcome on an actor thread (keep it short). Only an engine
+  /// started on the V4.1 model has layouts.
+  void switch_layout(const std::string& layout, std::function<void(outcome<switch_result>)> done);
+  /// The layout, its shards and the load of each data-parallel group.
+  outcome<layout_status> layout_info();
+  /// Test builds (CEDAR_TEST_HOOKS) only: shard `rank` crashes; the runtime replaces it.
+  status kill_shard(int rank);
+
   const model_args& args() const;
   int64_t control_timeout_ms = 10000;
 
  private:
   struct impl;
   explicit engine(std::unique_ptr<impl> p);
+  /// Both start()s: `layered` (the V4.1 model, or null) runs under the runtime actor in
+  /// options.layout; otherwise `model` runs on one shard under one scheduler.
+  static outcome<std::unique_ptr<engine>> start(std::unique_ptr<step_model> model, std::shared_ptr<const class model> layered,
+                                                engine_options options);
   std::unique_ptr<impl> impl_;
 };
 

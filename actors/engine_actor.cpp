@@ -6,6 +6,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/protocol.hpp"
+#include "actors/runtime_actor.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/session_actor.hpp"
 #include "actors/shard_actor.hpp"
@@ -20,6 +21,7 @@ struct engine::impl {
   std::unique_ptr<caf::actor_system> sys;
   shard_actor shard;
   scheduler_actor sched;
+  runtime_actor runtime;  ///< the V4.1 model's layouts (null for a plain step_model)
   struct session_entry {
     session_actor actor;
     std::shared_ptr<session_output> out;
@@ -69,6 +71,7 @@ engine::~engine() {
   caf::anon_send_exit(impl_->shard, caf::exit_reason::user_shutdown);
   sessions.clear();
   impl_->sched = scheduler_actor{};
+  impl_->runtime = runtime_actor{};
   impl_->shard = shard_actor{};  // the detached shard's thread ends once no handle is left
   impl_->sys.reset();            // waits for every actor to finish
 }
@@ -77,15 +80,27 @@ outcome<std::unique_ptr<engine>> engine::start(const model_args& args, std::shar
                                                engine_options options) {
   std::shared_ptr<const model> m;
   try {
-    m = std::make_shared<model>(args, std::move(weights), options.kv_fp8 ? kv_dtype::fp8 : kv_dtype::fp4);
+    m = std::make_shared<model>(args, std::move(weights), options.kv_fp8 ? kv_dtype::fp8 : kv_dtype::fp4,
+                                options.page_tokens);
   } catch (const std::exception& e) {
     return engine_error{engine_errc::bad_params, std::string("model: ") + e.what()};
   }
-  return start(wrap_model(std::move(m)), options);
+  return start(wrap_model(m), m, options);
 }
 
 outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model, engine_options options) {
+  return start(std::move(model), nullptr, options);
+}
+
+outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model, std::shared_ptr<const class model> layered,
+                                               engine_options options) {
   if (auto errors = validate(options); !errors.empty()) return engine_error{engine_errc::bad_params, errors.front()};
+  std::optional<layout_spec> parallel;
+  if (layered) {
+    auto spec = parse_layout(options.layout, layered->args());
+    if (!spec) return spec.error();
+    parallel = spec.value();
+  }
   const kv_layout layout = model->layout();
   if (options.page_tokens != layout.page_tokens)
     return engine_error{engine_errc::bad_params, "--page-tokens " + std::to_string(options.page_tokens) +
@@ -104,8 +119,13 @@ outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model
   p->cfg.set("scheduler.max-threads", 2);
   p->cfg.set("logger.verbosity", caf::atom("quiet"));
   p->sys = std::make_unique<caf::actor_system>(p->cfg);
-  p->shard = spawn_shard(*p->sys, std::make_shared<shard>(std::move(model), cap));
-  p->sched = spawn_scheduler(*p->sys, p->args, layout, options, p->shard);
+  if (parallel) {
+    p->runtime = spawn_runtime(*p->sys, std::move(layered), options, *parallel);
+    p->sched = caf::actor_cast<scheduler_actor>(p->runtime);
+  } else {
+    p->shard = spawn_shard(*p->sys, std::make_shared<shard>(std::move(model), cap));
+    p->sched = spawn_scheduler(*p->sys, p->args, layout, options, p->shard);
+  }
   return std::unique_ptr<engine>(new engine(std::move(p)));
 }
 
@@ -198,5 +218,36 @@ status engine::drain(int64_t timeout_ms) {
 }
 
 const model_args& engine::args() const { return impl_->args; }
+
+void engine::switch_layout(const std::string& layout, std::function<void(outcome<switch_result>)> done) {
+  if (!impl_->runtime) {
+    done(engine_error{engine_errc::bad_params, "layouts need an engine started on the V4.1 model"});
+    return;
+  }
+  // A switch waits for the step boundary and moves every request: it may take longer than a
+  // control call, so the reply comes through `done` from a helper actor.
+  impl_->sys->spawn([rt = impl_->runtime, layout, done = std::move(done)](caf::event_based_actor* self) {
+    self->request(rt, caf::infinite, cedar::switch_layout{layout})
+        .then(
+            [=](switch_result& r) {
+              if (r.error_code >= 0) done(engine_error{engine_errc(r.error_code), r.error_message});
+              else done(std::move(r));
+            },
+            [=](caf::error& e) { done(engine_error{engine_errc::shard_failed, "runtime: " + self->system().render(e)}); });
+  });
+}
+
+outcome<layout_status> engine::layout_info() {
+  if (!impl_->runtime) return engine_error{engine_errc::bad_params, "layouts need an engine started on the V4.1 model"};
+  return impl_->ask<layout_status>(impl_->runtime, layout_atom::value);
+}
+
+status engine::kill_shard(int rank) {
+  if (!impl_->runtime) return engine_error{engine_errc::bad_params, "layouts need an engine started on the V4.1 model"};
+  auto r = impl_->ask<status_reply>(impl_->runtime, cedar::kill_shard{int32_t(rank)});
+  if (!r) return r.error();
+  if (auto e = error_of(r.value())) return *e;
+  return ok_t{};
+}
 
 }  // namespace cedar

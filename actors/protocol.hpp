@@ -164,45 +164,6 @@ typename Inspector::result_type inspect(Inspector& f, step_timed_out& x) {
 
 // ---- layouts (actors/runtime_actor.hpp) ----
 
-/// Command (admin): switch to another layout ("tp4", "dep2") at the next step boundary.
-struct switch_layout {
-  std::string layout;
-};
-/// Reply to switch_layout: the outcome and what the switch cost.
-struct switch_result {
-  int32_t error_code = -1;       ///< -1: switched
-  std::string error_message;
-  std::string layout;            ///< the layout now serving
-  double pause_ms = 0;           ///< admission paused -> resumed
-  int64_t requests_moved = 0;
-  int64_t pages_copied = 0;
-};
-/// One shard as the runtime sees it.
-struct shard_status {
-  int32_t rank = 0;
-  int32_t group = 0;             ///< data-parallel group (scheduler) it serves
-  bool alive = true;
-  int64_t steps = 0;             ///< steps it ran in this layout
-  int64_t rows = 0;              ///< token rows it ran in this layout
-};
-/// Reply to layout_atom: the layout, its shards and each group's load.
-struct layout_status {
-  std::string layout;
-  uint64_t generation = 0;       ///< +1 per switch or rebuild
-  bool switching = false;
-  std::vector<shard_status> shards;
-  std::vector<int64_t> group_running;  ///< [groups] requests running now
-  std::vector<int64_t> group_waiting;  ///< [groups] requests waiting now
-  int64_t switches = 0;
-  int64_t rebuilds = 0;          ///< layouts rebuilt after a shard failed
-  double last_switch_ms = 0;
-  std::string last_fault;        ///< what the last failed shard reported
-};
-/// Test hook (CEDAR_TEST_HOOKS): the shard of `rank` crashes (its actor is killed).
-struct kill_shard {
-  int32_t rank = 0;
-};
-
 using layout_atom = caf::atom_constant<caf::atom("layout")>;
 
 /// The runtime (supervisor): stands where one scheduler would (sessions submit to it), runs
@@ -220,7 +181,7 @@ typename Inspector::result_type inspect(Inspector& f, switch_layout& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, switch_result& x) {
   return f(caf::meta::type_name("switch_result"), x.error_code, x.error_message, x.layout, x.pause_ms,
-           x.requests_moved, x.pages_copied);
+           x.rehome_ms, x.requests_moved, x.pages_copied);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_status& x) {

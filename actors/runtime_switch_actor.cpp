@@ -20,20 +20,21 @@ kv_arena* source_arena(std::vector<rank_entry>& ranks, int group) {
   return nullptr;
 }
 
-void finish_switch(self_ptr self, const rehome_stats& moved, const std::string& error) {
+void finish_switch(self_ptr self, const rehome_stats& moved, std::chrono::steady_clock::time_point started) {
   auto& st = self->state;
   pending_switch sw = std::move(*st.sw);
   st.sw.reset();
   st.paused = false;
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sw.t0).count();
-  if (error.empty()) st.last_switch_ms = ms;
+  const auto now = std::chrono::steady_clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(now - sw.t0).count();
+  st.last_switch_ms = ms;
   if (sw.rp) {
     switch_result r;
     r.layout = st.layout.name();
     r.pause_ms = ms;
+    r.rehome_ms = std::chrono::duration<double, std::milli>(now - started).count();
     r.requests_moved = moved.requests_moved;
     r.pages_copied = moved.pages_copied;
-    if (!error.empty()) r.error_code = int32_t(engine_errc::bad_params), r.error_message = error;
     sw.rp->deliver(std::move(r));
   }
   std::vector<held_submit> held = std::move(st.held);
@@ -72,6 +73,7 @@ void build_layout(self_ptr self, const layout_spec& spec, std::vector<rank_entry
 void run_switch(self_ptr self) {
   auto& st = self->state;
   CEDAR_CHECK(st.sw && !st.step);
+  const auto started = std::chrono::steady_clock::now();
   st.paused = true;
   std::vector<rank_entry> ranks;
   std::vector<std::unique_ptr<scheduler>> groups;
@@ -97,7 +99,7 @@ void run_switch(self_ptr self) {
   st.layout = st.sw->target;
   ++st.generation;
   (rebuild ? st.rebuilds : st.switches) += 1;
-  finish_switch(self, moved, {});
+  finish_switch(self, moved, started);
 }
 
 }  // namespace cedar::runtime_detail

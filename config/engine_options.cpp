@@ -47,6 +47,7 @@ const std::map<std::string, setter>& setters() {
       {"--kv-budget-bytes", [](engine_options& o, const std::string& v) { return parse_int(v, o.kv_budget_bytes); }},
       {"--page-tokens", [](engine_options& o, const std::string& v) { return parse_int(v, o.page_tokens); }},
       {"--step-timeout-ms", [](engine_options& o, const std::string& v) { return parse_int(v, o.step_timeout_ms); }},
+      {"--layout", [](engine_options& o, const std::string& v) { return o.layout = v, !v.empty(); }},
   };
   return table;
 }
@@ -64,7 +65,9 @@ std::string engine_options::help() {
          "  --max-prefill-chunk N          prefill tokens of one request per step (default 512)\n"
          "  --kv-budget-bytes N            memory for KV pages, SWA rings and tails (default 1 GiB)\n"
          "  --page-tokens N                token positions per KV page (default 256)\n"
-         "  --step-timeout-ms N            fail a step whose shard reply is later (default 60000)\n";
+         "  --step-timeout-ms N            fail a step whose shard reply is later (default 60000)\n"
+         "  --layout tpN|depN              CPU shards: TP-N splits heads and experts, DEP-N runs N\n"
+         "                                 schedulers with experts split (default tp1; switchable live)\n";
 }
 
 engine_options_parse parse_engine_options(const std::vector<std::string>& args, engine_options defaults) {

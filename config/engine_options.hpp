@@ -32,6 +32,7 @@ struct engine_options {
   int64_t kv_budget_bytes = int64_t(1) << 30;      ///< --kv-budget-bytes: pages + rings + tails
   int page_tokens = 256;                           ///< --page-tokens: positions per KV page
   int64_t step_timeout_ms = 60000;                 ///< --step-timeout-ms: a shard reply later than this fails the step
+  std::string layout = "tp1";                      ///< --layout tpN|depN: shards and how they split the model
 
   /// One line per option, for `--help`.
   static std::string help();

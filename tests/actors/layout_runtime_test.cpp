@@ -235,7 +235,7 @@ TEST_CASE("runtime: 32 streaming sessions survive tp4 -> dep2 -> tp4 -> tp1 swit
       CHECK_MESSAGE(got.switches[k].error_code < 0, got.switches[k].error_message);
       CHECK(got.switches[k].layout == plan[k]);
       MESSAGE(mode << " replay: switch to " << plan[k] << " paused admission for "
-              << got.switches[k].pause_ms << " ms, moved " << got.switches[k].requests_moved << " requests and "
+              << got.switches[k].pause_ms << " ms (" << got.switches[k].rehome_ms << " ms re-homing), moved " << got.switches[k].requests_moved << " requests and "
               << got.switches[k].pages_copied << " pages");
     }
     int sessions_differ = 0, tokens_differ = 0;
