@@ -81,7 +81,8 @@ class runtime_bridge final : public engine_bridge {
     engine_metrics e;
     e.num_running = int(m.requests_running);
     e.num_waiting = int(m.requests_waiting);
-    e.num_kv_pages_used = m.pages_used + m.pages_cached_idle;
+    e.num_kv_pages_used = m.pages_used;
+    e.num_kv_pages_cached = m.pages_cached_idle;
     e.num_kv_pages_free = m.pages_free;
     e.num_prefix_lookup_tokens = m.prefix_queried_tokens;
     e.num_prefix_hit_tokens = m.prefix_hit_tokens;

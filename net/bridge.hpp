@@ -77,7 +77,8 @@ struct submit_result {
 struct engine_metrics {
   int num_running = 0;
   int num_waiting = 0;
-  int64_t num_kv_pages_used = 0;
+  int64_t num_kv_pages_used = 0;    ///< referenced by running requests
+  int64_t num_kv_pages_cached = 0;  ///< held only by the prefix cache (evictable)
   int64_t num_kv_pages_free = 0;
   int64_t num_prefix_lookup_tokens = 0;  ///< prompt tokens looked up in the prefix cache
   int64_t num_prefix_hit_tokens = 0;     ///< of those, found cached

@@ -11,7 +11,7 @@ namespace cedar::net {
 namespace asio = boost::asio;
 
 listener::listener(asio::io_context& ioc, std::shared_ptr<server_state> state)
-    : ioc_(ioc), acceptor_(asio::make_strand(ioc)), state_(std::move(state)) {}
+    : ioc_(ioc), acceptor_(asio::make_strand(ioc)), retry_(acceptor_.get_executor()), state_(std::move(state)) {}
 
 std::string listener::open(const asio::ip::tcp::endpoint& endpoint) {
   boost::beast::error_code ec;
@@ -53,8 +53,14 @@ void listener::on_accept(boost::beast::error_code ec, asio::ip::tcp::socket sock
       socket.set_option(asio::ip::tcp::no_delay(true), ec);
       std::make_shared<http_session>(std::move(socket), state_)->run();
     }
-  } else if (ec == asio::error::no_descriptors) {
+  } else {
+    // Out of descriptors (or a transient error): retrying at once would spin; wait a little.
     state_->log({{"event", "accept_failed"}, {"error", ec.message()}});
+    retry_.expires_after(std::chrono::milliseconds(50));
+    retry_.async_wait([self = shared_from_this()](boost::beast::error_code e) {
+      if (!e) self->do_accept();
+    });
+    return;
   }
   do_accept();
 }

@@ -4,6 +4,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/error.hpp>
 
 #include <memory>
@@ -28,6 +29,7 @@ class listener : public std::enable_shared_from_this<listener> {
 
   boost::asio::io_context& ioc_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer retry_;  ///< out of descriptors: wait before accepting again
   std::shared_ptr<server_state> state_;
 };
 

@@ -68,7 +68,10 @@ std::string server_metrics::render(const engine_metrics& e, bool ready, bool dra
   metric(out, "cedar_draining", "gauge", "1 while shutting down", draining);
   metric(out, "cedar_requests_running", "gauge", "requests in the running batch", e.num_running);
   metric(out, "cedar_requests_waiting", "gauge", "requests queued for admission", e.num_waiting);
-  metric(out, "cedar_kv_pages_used", "gauge", "global-KV pages in use", double(e.num_kv_pages_used));
+  metric(out, "cedar_kv_pages_used", "gauge", "global-KV pages referenced by running requests",
+         double(e.num_kv_pages_used));
+  metric(out, "cedar_kv_pages_cached", "gauge", "global-KV pages held only by the prefix cache",
+         double(e.num_kv_pages_cached));
   metric(out, "cedar_kv_pages_free", "gauge", "global-KV pages free", double(e.num_kv_pages_free));
   double hit_rate = e.num_prefix_lookup_tokens
                         ? double(e.num_prefix_hit_tokens) / double(e.num_prefix_lookup_tokens) : 0;

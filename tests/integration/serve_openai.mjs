@@ -135,6 +135,13 @@ await check("the parser path, streamed: tool_calls deltas with index, id and nam
   assert.equal(finish, "tool_calls");
 });
 
+await check("stop strings cut the text and end the request with finish_reason stop", async () => {
+  const r = await nul.completions.create({ model: "null", prompt: "x", max_tokens: 500, stop: ["weather", "zzz"] });
+  assert.equal(r.choices[0].text, "I should call the ");
+  assert.equal(r.choices[0].finish_reason, "stop");
+  assert.ok(r.usage.completion_tokens < 20);
+});
+
 await check("completions: text prompt and token-id prompt", async () => {
   const a = await tiny.completions.create({ model: "tiny", prompt: "Once upon a time", max_tokens: 5, temperature: 0 });
   assert.equal(a.object, "text_completion");

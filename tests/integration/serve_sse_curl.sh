@@ -10,6 +10,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CEDAR_ROOT="${CEDAR_ROOT:-$(cd "$here/../.." && pwd)}"
 source "$here/serve_lib.bash"
 start_server tiny
+start_server idle --model null --idle-timeout-s 1
 
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -80,3 +81,13 @@ echo "  ok  /health 200 and /metrics has every cedar_* family"
 [[ "$(curl -s -o /dev/null -w '%{http_code}' "$url_tiny/admin/state")" == 404 ]] || fail "admin without --admin-key"
 [[ "$(curl -s -o /dev/null -w '%{http_code}' "$url_tiny/nope")" == 404 ]] || fail "unknown path"
 echo "  ok  HEAD, /admin off by default, unknown path 404"
+
+# An idle connection is closed after --idle-timeout-s (1 s here).
+port="${url_idle##*:}"
+exec 3<>"/dev/tcp/127.0.0.1/$port"
+start=$(date +%s%N)
+timeout 10 cat <&3 >/dev/null || fail "idle connection still open after 10 s"
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+exec 3<&-
+((ms >= 900 && ms < 3000)) || fail "idle connection closed after $ms ms, expected about 1000"
+echo "  ok  an idle connection is closed after the idle timeout ($ms ms)"

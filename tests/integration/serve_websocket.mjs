@@ -110,6 +110,19 @@ await check("a client that drops its socket mid-response has its request cancell
   console.log(`      freed ${Date.now() - t0} ms after the socket dropped`);
 });
 
+await check("with the tiny model, a dropped socket frees the request's KV pages at once", async () => {
+  const ws = await open(wsUrl(process.env.URL_TINY), { Authorization: "Bearer sk-ws" });
+  ws.send(JSON.stringify({ type: "response.create", max_output_tokens: 5000, reasoning: { effort: "none" },
+                           input: "Tell me a very long story. ".repeat(30), previous_response_id: null }));
+  await ws.next((e) => e.type === "response.output_text.delta");
+  assert.ok((await metric(process.env.URL_TINY, "cedar_kv_pages_used")) > 0, "no pages in use while generating");
+  const t0 = Date.now();
+  ws.terminate();
+  await until(async () => (await metric(process.env.URL_TINY, "cedar_requests_running")) === 0 &&
+                          (await metric(process.env.URL_TINY, "cedar_kv_pages_used")) === 0, 5000, "pages freed");
+  console.log(`      running 0 and KV pages used 0 ${Date.now() - t0} ms after the socket dropped`);
+});
+
 await check("a malformed event gets an error event and the socket stays usable", async () => {
   const ws = await open(wsUrl(process.env.URL_NULL));
   ws.send("{not json");
