@@ -2,7 +2,8 @@
 # SSE framing as curl sees it: chunked text/event-stream, every event a "data: {json}" block
 # ended by a blank line, [DONE] last for chat and completions; Responses events carry an
 # "event:" line matching their type and increasing sequence numbers; errors are OpenAI error
-# objects with their status; /health, /metrics and HEAD work.
+# objects with their status; /health, /metrics and HEAD work; idle connections close after
+# --idle-timeout-s; /admin/* needs --admin-key; --max-connections refuses the excess.
 # usage: tests/integration/serve_sse_curl.sh path/to/cedar
 set -euo pipefail
 cedar="$(realpath "${1:?usage: serve_sse_curl.sh path/to/cedar}")"
@@ -10,7 +11,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CEDAR_ROOT="${CEDAR_ROOT:-$(cd "$here/../.." && pwd)}"
 source "$here/serve_lib.bash"
 start_server tiny
-start_server idle --model null --idle-timeout-s 1
+start_server idle --model null --idle-timeout-s 1 --max-connections 4 --admin-key adm
 
 fail() { echo "FAIL: $*"; exit 1; }
 
@@ -91,3 +92,18 @@ ms=$(( ($(date +%s%N) - start) / 1000000 ))
 exec 3<&-
 ((ms >= 900 && ms < 3000)) || fail "idle connection closed after $ms ms, expected about 1000"
 echo "  ok  an idle connection is closed after the idle timeout ($ms ms)"
+
+# /admin/* with --admin-key: the key opens it, anything else is 401.
+[[ "$(curl -s -o "$tmp/admin.json" -w '%{http_code}' -H 'Authorization: Bearer adm' "$url_idle/admin/state")" == 200 ]] || fail "admin with its key"
+grep -q '"model":"null"' "$tmp/admin.json" || fail "admin state body: $(cat "$tmp/admin.json")"
+[[ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer nope' "$url_idle/admin/state")" == 401 ]] || fail "admin with a wrong key"
+echo "  ok  /admin/state answers with --admin-key and refuses other keys"
+
+# --max-connections 4: with 4 idle connections open, a fifth is refused; once they close it works.
+for fd in 4 5 6 7; do eval "exec $fd<>/dev/tcp/127.0.0.1/$port"; done
+sleep 0.2
+if curl -s -m 2 -o /dev/null "$url_idle/health"; then fail "a fifth connection was served"; fi
+for fd in 4 5 6 7; do eval "exec $fd<&-"; done
+sleep 0.2
+[[ "$(curl -s -o /dev/null -w '%{http_code}' "$url_idle/health")" == 200 ]] || fail "not serving after the idle connections closed"
+echo "  ok  --max-connections refuses connections beyond the limit and recovers"
