@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstdio>
 
 #include "net/py_json.hpp"
 #include "net/utf8.hpp"
@@ -137,7 +139,20 @@ std::string arguments_json(const std::vector<invoke_param>& params) {
   return out + "}";
 }
 
+void log_to_stderr(std::string_view w) {
+  std::fprintf(stderr, "cedar: warning: %.*s\n", static_cast<int>(w.size()), w.data());
+}
+
+std::atomic<warning_log_fn> g_warning_log{&log_to_stderr};
+
 }  // namespace
+
+void set_output_warning_log(warning_log_fn fn) { g_warning_log.store(fn); }
+
+void output_parser::warn(std::string warning, output_delta* out) {
+  if (warning_log_fn fn = g_warning_log.load()) fn(warning);
+  out->warnings.push_back(std::move(warning));
+}
 
 void output_delta::append(output_delta&& d) {
   reasoning += d.reasoning;
@@ -157,8 +172,7 @@ void output_parser::emit_call_or_content(std::string_view raw, output_delta* out
     out->tool_calls.push_back(parsed_tool_call{num_calls_++, std::move(name), arguments_json(params)});
     return;
   }
-  out->warnings.push_back("malformed tool call (" + why + "), returned as content: " +
-                          std::string(raw.substr(0, 200)));
+  warn("malformed tool call (" + why + "), returned as content: " + std::string(raw.substr(0, 200)), out);
   out->content += raw;
 }
 
@@ -258,7 +272,7 @@ bool output_parser::step_tool(bool final, output_delta* out) {
     }
     if (close == std::string_view::npos) {
       if (!final) return false;
-      out->warnings.push_back("unterminated tool call at the end of the output, returned as content");
+      warn("unterminated tool call at the end of the output, returned as content", out);
       out->content += rest;
       buf_.clear();
       return false;
@@ -276,7 +290,7 @@ bool output_parser::step_tool(bool final, output_delta* out) {
   }
   // Anything else ends the calls: text after bare invokes is content; inside a block it is
   // malformed, so the block's remaining text becomes content too.
-  if (state_ == state::tool_block) out->warnings.push_back("unexpected text inside a tool-call block, returned as content");
+  if (state_ == state::tool_block) warn("unexpected text inside a tool-call block, returned as content", out);
   buf_.erase(0, ws);  // the line break that separated it from the calls
   state_ = state::content;
   return true;

@@ -54,11 +54,17 @@ class output_parser {
   bool step_tool(bool final, output_delta* out);
   void emit_text(std::string_view text, output_delta* out);
   void emit_call_or_content(std::string_view raw, output_delta* out);
+  static void warn(std::string warning, output_delta* out);
 
   state state_;
   std::string buf_;  // received, not yet resolved
   size_t num_calls_ = 0;
 };
+
+/// Where warnings about malformed output are logged, besides output_delta::warnings (default:
+/// one line on stderr). The function must be thread-safe; nullptr turns logging off.
+using warning_log_fn = void (*)(std::string_view warning);
+void set_output_warning_log(warning_log_fn fn);
 
 /// Parses a whole output at once.
 output_delta parse_output(std::string_view text, bool thinking);

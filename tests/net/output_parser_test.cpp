@@ -3,6 +3,7 @@
 // older dialects, and turns malformed calls into content.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <random>
 
 #include "net/chat_format.hpp"
@@ -152,7 +153,14 @@ TEST_CASE("dialects, calls before </think>, stray markers") {
     check_every_cut(s, true);
 }
 
+namespace {
+std::atomic<int> g_num_logged{0};
+void count_warning(std::string_view) { ++g_num_logged; }
+}  // namespace
+
 TEST_CASE("malformed calls come back as content with a warning") {
+  set_output_warning_log(&count_warning);  // logged (and kept quiet here)
+  g_num_logged = 0;
   const char* no_name = "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
   auto d = parse_output(no_name, false);
   CHECK(d.tool_calls.empty());
@@ -174,6 +182,7 @@ TEST_CASE("malformed calls come back as content with a warning") {
   CHECK(d.warnings.size() == 1);
   const char* bad_json = "<｜DSML｜ calls><｜DSML｜ invoke name=\"f\"><｜DSML｜ parameter name=\"a\" string=\"false\">{oops</｜DSML｜ parameter></｜DSML｜ invoke></｜DSML｜ calls>";
   CHECK(calls_of(parse_output(bad_json, false)) == "0:f={\"a\": \"{oops\"};");
+  CHECK(g_num_logged == 4);
   for (auto* s : {no_name, dup, cut_off, junk, bad_json}) check_every_cut(s, false);
 }
 
