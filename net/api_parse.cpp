@@ -491,6 +491,15 @@ opt_error parse_responses_request(std::string_view body, responses_request& out)
   return parse_responses_object(root, out);
 }
 
+opt_error parse_layout_request(std::string_view body, std::string& layout) {
+  dom::parser parser;
+  dom::object root;
+  if (auto err = parse_root(body, parser, root)) return err;
+  if (auto err = get_string(root, "layout", layout)) return err;
+  if (layout.empty()) return bad_request("'layout' is required", "layout", "missing_required_parameter");
+  return {};
+}
+
 opt_error parse_ws_event(std::string_view text, ws_client_event& out) {
   dom::parser parser;
   dom::object root;

@@ -25,6 +25,9 @@ struct ws_client_event {
 /// Parses {"type":"response.create", ...fields | "response":{...}} or {"type":"response.cancel"}.
 std::optional<api_error> parse_ws_event(std::string_view text, ws_client_event& out);
 
+/// POST /admin/layout: {"layout":"tp4"|"dep2"|...}.
+std::optional<api_error> parse_layout_request(std::string_view body, std::string& layout);
+
 /// Maps reasoning_effort values to 1-100: "low" 50, "medium"/"high"/"xhigh" 75, "max" 100;
 /// "none" turns thinking off. Returns false for anything else.
 bool parse_effort(std::string_view name, reasoning_options& out);

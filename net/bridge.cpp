@@ -2,6 +2,7 @@
 // token batches become net's. The only net/ file that includes actors/. Cancels and session
 // closes go through one worker thread, so an I/O strand never waits on an actor round trip.
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -45,7 +46,10 @@ class runtime_bridge final : public engine_bridge {
   engine_summary summary() const override {
     auto m = runtime_->metrics();
     const auto& a = runtime_->args();
-    return {name_, layout_, m.pages_total * page_tokens_, a.vocab_size,
+    std::string layout = layout_;
+    if (auto l = runtime_->layout_info())
+      layout = l.value().layout + " on " + std::to_string(l.value().shards.size()) + " CPU shard(s), " + layout_;
+    return {name_, layout, m.pages_total * page_tokens_, a.vocab_size,
             int(std::min<int64_t>(a.max_position_embeddings, int64_t(m.pages_total) * page_tokens_))};
   }
 
@@ -86,9 +90,36 @@ class runtime_bridge final : public engine_bridge {
     e.num_kv_pages_free = m.pages_free;
     e.num_prefix_lookup_tokens = m.prefix_queried_tokens;
     e.num_prefix_hit_tokens = m.prefix_hit_tokens;
-    e.topology = "single";
     e.topology_state = stopping_ ? "draining" : "serving";
+    if (auto l = runtime_->layout_info()) {
+      const layout_status& s = l.value();
+      e.topology = s.layout;
+      if (s.switching) e.topology_state = "switching";
+      e.num_shards = int(s.shards.size());
+      e.num_shards_alive = 0;
+      for (auto& shard : s.shards) e.num_shards_alive += shard.alive ? 1 : 0;
+      e.num_layout_switches = s.switches;
+      e.num_layout_rebuilds = s.rebuilds;
+      e.group_running = s.group_running;
+      e.group_waiting = s.group_waiting;
+    }
     return e;
+  }
+
+  void switch_layout(const std::string& layout,
+                     std::function<void(std::string, std::string)> done) override {
+    runtime_->switch_layout(layout, [done = std::move(done)](outcome<switch_result> r) {
+      if (!r) return done(r.error().message, {});
+      const switch_result& s = r.value();
+      if (s.error_code != -1) return done(s.error_message, {});
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "{\"layout\":\"%s\",\"pause_ms\":%.3f,\"rehome_ms\":%.3f,\"requests_moved\":%lld,"
+                    "\"pages_copied\":%lld}",
+                    s.layout.c_str(), s.pause_ms, s.rehome_ms, (long long)s.requests_moved,
+                    (long long)s.pages_copied);
+      done({}, line);
+    });
   }
 
   bool ready() const override {

@@ -85,6 +85,11 @@ struct engine_metrics {
   std::string topology = "single";       ///< current layout, e.g. "tp4", "dep2"
   std::string topology_state = "serving";  ///< serving, switching, draining
   int num_shards = 1;
+  int num_shards_alive = 1;
+  int64_t num_layout_switches = 0;
+  int64_t num_layout_rebuilds = 0;       ///< layouts rebuilt in place after a shard failed
+  std::vector<int64_t> group_running;    ///< per data-parallel group (scheduler)
+  std::vector<int64_t> group_waiting;
 };
 
 /// What startup prints and /v1/models reports.
@@ -110,6 +115,13 @@ class engine_bridge {
   virtual void close_session(uint64_t session_id) = 0;
   virtual engine_metrics metrics() const = 0;
   virtual bool ready() const = 0;
+  /// Switches the parallel layout ("tp4", "dep2", ...) while serving; `done` gets an error
+  /// message (empty on success) and a one-line summary, on an engine thread.
+  virtual void switch_layout(const std::string& layout,
+                             std::function<void(std::string error, std::string summary)> done) {
+    (void)layout;
+    done("this engine has no parallel layouts", {});
+  }
   /// Stops the engine: running requests end with finished == cancelled. Blocks until done.
   virtual void shutdown() = 0;
 };

@@ -25,7 +25,7 @@ simple_response error_response(const api_error& e);
 
 /// GET routes and other bodiless answers; nullopt if `target` is not one of them.
 std::optional<simple_response> handle_get(server_state& state, std::string_view target);
-/// /admin/* (already authorised): GET /admin/state.
+/// /admin/* (already authorised): GET /admin/state. (POST /admin/layout is in http_session.)
 simple_response handle_admin(server_state& state, std::string_view method, std::string_view target);
 
 /// A started generation, or why none was started.

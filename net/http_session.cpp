@@ -143,6 +143,7 @@ void http_session::handle_request() {
     return;
   }
   if (is_api) state_->metrics.num_requests_total.fetch_add(1);
+  if (req.method() == http::verb::post && path_ == "/admin/layout") return switch_layout(req.body());
   if (path_.rfind("/admin/", 0) == 0) return respond(handle_admin(*state_, method_, path_));
   if (req.method() == http::verb::post &&
       (path_ == "/v1/chat/completions" || path_ == "/v1/completions" || path_ == "/v1/responses"))
@@ -194,6 +195,24 @@ void http_session::start_generation(std::string_view path, const std::string& bo
   if (streaming_) enqueue(head(200, "text/event-stream", std::nullopt, keep_alive_, request_id_));
   gen_->open_stream();
   watch_disconnect();
+}
+
+void http_session::switch_layout(const std::string& body) {
+  std::string layout;
+  if (auto err = parse_layout_request(body, layout)) return respond(error_response(*err));
+  state_->log({{"event", "layout_switch_start"}, {"req_id", request_id_}, {"layout", layout}});
+  // Nothing else is pending on this connection meanwhile: the callback keeps it alive.
+  auto strand = socket_.get_executor();
+  state_->engine->switch_layout(layout, [self = shared_from_this(), strand](std::string error, std::string summary) {
+    asio::post(strand, [self, error = std::move(error), summary = std::move(summary)] {
+      if (self->closed_) return;
+      self->state_->log({{"event", "layout_switch_done"}, {"req_id", self->request_id_},
+                         {"error", error}, {"result", summary}});
+      if (!error.empty())
+        return self->respond(error_response(bad_request(error, "layout", "layout_switch_failed")));
+      self->respond({200, "application/json", summary});
+    });
+  });
 }
 
 void http_session::send_frame(std::string_view event, std::string json, clock::time_point emitted_at) {

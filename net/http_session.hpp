@@ -41,6 +41,7 @@ class http_session : public std::enable_shared_from_this<http_session>, public f
   void handle_request();
   bool authorised(std::string_view target);
   void start_generation(std::string_view path, const std::string& body);
+  void switch_layout(const std::string& body);
   void respond(const simple_response& r, bool close_after = false);
   void enqueue(std::string bytes, clock::time_point emitted_at = {});
   void do_write();

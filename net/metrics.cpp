@@ -85,6 +85,21 @@ std::string server_metrics::render(const engine_metrics& e, bool ready, bool dra
          "# TYPE cedar_topology_info gauge\n";
   out += "cedar_topology_info{topology=\"" + e.topology + "\",state=\"" + e.topology_state +
          "\",shards=\"" + std::to_string(e.num_shards) + "\"} 1\n";
+  metric(out, "cedar_shards_alive", "gauge", "shards of the current layout that answer", e.num_shards_alive);
+  metric(out, "cedar_layout_switches_total", "counter", "live layout switches (TP <-> DEP)",
+         double(e.num_layout_switches));
+  metric(out, "cedar_layout_rebuilds_total", "counter", "layouts rebuilt in place after a shard failed",
+         double(e.num_layout_rebuilds));
+  out += "# HELP cedar_group_requests_running requests running per data-parallel group\n"
+         "# TYPE cedar_group_requests_running gauge\n";
+  for (size_t g = 0; g < e.group_running.size(); ++g)
+    out += "cedar_group_requests_running{group=\"" + std::to_string(g) + "\"} " +
+           std::to_string(e.group_running[g]) + "\n";
+  out += "# HELP cedar_group_requests_waiting requests waiting per data-parallel group\n"
+         "# TYPE cedar_group_requests_waiting gauge\n";
+  for (size_t g = 0; g < e.group_waiting.size(); ++g)
+    out += "cedar_group_requests_waiting{group=\"" + std::to_string(g) + "\"} " +
+           std::to_string(e.group_waiting[g]) + "\n";
   metric(out, "cedar_http_requests_total", "counter", "API requests received", get(num_requests_total));
   metric(out, "cedar_http_requests_failed_total", "counter", "API requests answered with an error",
          get(num_requests_failed));

@@ -214,4 +214,30 @@ await check("responses with the parser path: reasoning item and function_call it
   assert.ok(r2.usage.input_tokens > r.usage.input_tokens);
 });
 
+await check("POST /admin/layout switches TP -> DEP while a stream runs; the stream loses nothing", async () => {
+  const admin = (layout) => fetch(process.env.URL_TINY + "/admin/layout", { method: "POST",
+    headers: { Authorization: "Bearer adm" }, body: JSON.stringify({ layout }) });
+  const stream = await tiny.chat.completions.create({ model: "tiny", max_tokens: 24, temperature: 0, stream: true,
+    messages: [{ role: "user", content: "Go on" }], ...chatMode });
+  let tokens = 0, finish = null, switched = null;
+  for await (const chunk of stream) {
+    const c = chunk.choices[0];
+    if (c?.delta?.content) {
+      tokens++;
+      if (tokens === 2) switched = admin("dep2").then(async (r) => ({ status: r.status, body: await r.json() }));
+    }
+    if (c?.finish_reason) finish = c.finish_reason;
+  }
+  const s = await switched;
+  assert.equal(s.status, 200, JSON.stringify(s.body));
+  assert.equal(s.body.layout, "dep2");
+  assert.equal(finish, "length");
+  const metrics = await (await fetch(process.env.URL_TINY + "/metrics")).text();
+  assert.match(metrics, /cedar_topology_info\{topology="dep2",state="serving"/);
+  assert.equal((await admin("tp1")).status, 200);
+  const bad = await admin("tp3x");
+  assert.equal(bad.status, 400);
+  assert.equal((await bad.json()).error.param, "layout");
+});
+
 console.log(`serve_openai: ${passed} checks passed`);

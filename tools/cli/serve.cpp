@@ -58,8 +58,8 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
   if (!started) throw std::runtime_error(started.error().message);
   std::string name = std::filesystem::path(c.model).filename().string();
   if (name.empty() || name.find(".json") != std::string::npos) name = "model";
-  std::string layout = std::string("cpu, 1 shard (single), KV ") + (c.options.kv_fp8 ? "fp8" : "fp4") +
-                       ", " + std::to_string(args->num_hidden_layers) + " layers, hidden " +
+  std::string layout = std::string("KV ") + (c.options.kv_fp8 ? "fp8" : "fp4") + ", " +
+                       std::to_string(args->num_hidden_layers) + " layers, hidden " +
                        std::to_string(args->hidden_size);
   return cedar::net::make_runtime_bridge(std::move(started.value()), name, layout, c.options.page_tokens);
 }
@@ -85,8 +85,10 @@ void print_help(FILE* out) {
       "  --port N                       listen port, 0 = any free port (default %d)\n"
       "  --threads N                    I/O threads (default %d)\n"
       "  --api-key KEY                  require 'Authorization: Bearer KEY' on /v1/* (default: none;\n"
-      "                                 also read from $CEDAR_API_KEY)\n"
-      "  --admin-key KEY                enable /admin/* with this bearer key (default: off, 404)\n"
+      "                                 also read from $CEDAR_API_KEY; a WebSocket upgrade may pass\n"
+      "                                 ?api_key=KEY instead, as browsers cannot set its headers)\n"
+      "  --admin-key KEY                enable /admin/* with this bearer key: GET /admin/state,\n"
+      "                                 POST /admin/layout {\"layout\":\"dep2\"} (default: off, 404)\n"
       "  --max-body-bytes N             request body limit, 413 beyond (default %lld)\n"
       "  --max-header-bytes N           request header limit, 431 beyond (default %lld)\n"
       "  --max-ws-message-bytes N       WebSocket message limit, close 1009 beyond (default %lld)\n"
