@@ -74,6 +74,9 @@ class engine {
   outcome<layout_status> layout_info();
   /// Test builds (CEDAR_TEST_HOOKS) only: shard `rank` crashes; the runtime replaces it.
   status kill_shard(int rank);
+  /// The port shard processes connect to (`cedar shard --connect HOST:PORT`), or -1 when the
+  /// engine was started without --shard-port.
+  int shard_port() const;
 
   const model_args& args() const;
   int64_t control_timeout_ms = 10000;

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <map>
 
+#include <caf/io/all.hpp>
+
 #include "actors/engine.hpp"
 #include "actors/protocol.hpp"
 #include "actors/runtime_actor.hpp"
@@ -22,6 +24,7 @@ struct engine::impl {
   shard_actor shard;
   scheduler_actor sched;
   runtime_actor runtime;  ///< the V4.1 model's layouts (null for a plain step_model)
+  int shard_port = -1;    ///< where the runtime is published for shard processes
   struct session_entry {
     session_actor actor;
     std::shared_ptr<session_output> out;
@@ -118,10 +121,20 @@ outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model
   register_messages(p->cfg);
   p->cfg.set("scheduler.max-threads", 2);
   p->cfg.set("logger.verbosity", caf::atom("quiet"));
+  if (parallel && options.shard_port >= 0) p->cfg.load<caf::io::middleman>();
   p->sys = std::make_unique<caf::actor_system>(p->cfg);
   if (parallel) {
     p->runtime = spawn_runtime(*p->sys, std::move(layered), options, *parallel);
     p->sched = caf::actor_cast<scheduler_actor>(p->runtime);
+    if (options.shard_port >= 0) {
+      auto port = p->sys->middleman().publish(p->runtime, uint16_t(options.shard_port));
+      if (!port) {
+        caf::anon_send_exit(p->runtime, caf::exit_reason::user_shutdown);
+        return engine_error{engine_errc::bad_params, "--shard-port " + std::to_string(options.shard_port) + ": " +
+                                                         p->sys->render(port.error())};
+      }
+      p->shard_port = *port;
+    }
   } else {
     p->shard = spawn_shard(*p->sys, std::make_shared<shard>(std::move(model), cap));
     p->sched = spawn_scheduler(*p->sys, p->args, layout, options, p->shard);
@@ -249,5 +262,7 @@ status engine::kill_shard(int rank) {
   if (auto e = error_of(r.value())) return *e;
   return ok_t{};
 }
+
+int engine::shard_port() const { return impl_->shard_port; }
 
 }  // namespace cedar

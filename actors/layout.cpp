@@ -10,6 +10,13 @@ std::string layout_spec::name() const {
   return (mode == parallel_mode::tp ? "tp" : "dep") + std::to_string(num_shards);
 }
 
+std::string model_fingerprint(const model_args& a, const kv_layout& kv) {
+  return "layers=" + std::to_string(a.num_hidden_layers) + " hidden=" + std::to_string(a.hidden_size) +
+         " heads=" + std::to_string(a.num_attention_heads) + " experts=" + std::to_string(a.n_routed_experts) +
+         " vocab=" + std::to_string(a.vocab_size) + " page_tokens=" + std::to_string(kv.page_tokens) +
+         " kv=" + (kv.dtype == kv_dtype::fp8 ? "fp8" : "fp4");
+}
+
 outcome<layout_spec> parse_layout(const std::string& text, const model_args& args) {
   layout_spec s;
   std::string digits;

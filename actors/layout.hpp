@@ -7,6 +7,7 @@
 
 #include "actors/errors.hpp"
 #include "config/model_args.hpp"
+#include "kernels/model/kv_layout.hpp"
 #include "kernels/model/shard_plan.hpp"
 
 namespace cedar {
@@ -26,5 +27,9 @@ struct layout_spec {
 
 /// Parses "tpN" or "depN" (N >= 1) and checks it against the model (check_layout).
 outcome<layout_spec> parse_layout(const std::string& text, const model_args& args);
+
+/// What a shard process and the runtime compare before working together: the model's shape
+/// and KV format (the weights themselves are the operator's responsibility).
+std::string model_fingerprint(const model_args& args, const kv_layout& kv);
 
 }  // namespace cedar

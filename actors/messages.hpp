@@ -130,6 +130,7 @@ struct shard_status {
   bool alive = true;
   int64_t steps = 0;             ///< steps it ran in this layout
   int64_t rows = 0;              ///< token rows it ran in this layout
+  bool remote = false;           ///< runs in another process (cedar shard --connect)
 };
 /// Reply to layout_atom: the layout, its shards and each group's load.
 struct layout_status {
@@ -140,7 +141,7 @@ struct layout_status {
   std::vector<int64_t> group_running;  ///< [groups] requests running now
   std::vector<int64_t> group_waiting;  ///< [groups] requests waiting now
   int64_t switches = 0;
-  int64_t rebuilds = 0;          ///< layouts rebuilt after a shard failed
+  int64_t rebuilds = 0;          ///< layouts rebuilt in place (a shard failed, or a shard process joined)
   double last_switch_ms = 0;
   std::string last_fault;        ///< what the last failed shard reported
 };

@@ -166,13 +166,21 @@ typename Inspector::result_type inspect(Inspector& f, step_timed_out& x) {
 
 using layout_atom = caf::atom_constant<caf::atom("layout")>;
 
+/// Command (a shard process -> the runtime): offers `shard` for the runtime's layouts.
+/// `model` describes the shard's model (model_fingerprint); a mismatch is refused.
+struct shard_join {
+  shard_actor shard;
+  std::string model;
+};
+
 /// The runtime (supervisor): stands where one scheduler would (sessions submit to it), runs
 /// the schedulers of its data-parallel groups over the current layout's shards, switches
 /// layouts and rebuilds after a shard failure.
 using runtime_actor = scheduler_actor::extend<
     caf::replies_to<switch_layout>::with<switch_result>,  ///< switch at a step boundary
     caf::replies_to<layout_atom>::with<layout_status>,    ///< layout, shards, per-group load
-    caf::replies_to<kill_shard>::with<status_reply>>;     ///< test hook: crash a shard
+    caf::replies_to<kill_shard>::with<status_reply>,      ///< test hook: crash a shard
+    caf::replies_to<shard_join>::with<status_reply>>;     ///< a shard process offers itself
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, switch_layout& x) {
@@ -185,12 +193,16 @@ typename Inspector::result_type inspect(Inspector& f, switch_result& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_status& x) {
-  return f(caf::meta::type_name("shard_status"), x.rank, x.group, x.alive, x.steps, x.rows);
+  return f(caf::meta::type_name("shard_status"), x.rank, x.group, x.alive, x.steps, x.rows, x.remote);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, layout_status& x) {
   return f(caf::meta::type_name("layout_status"), x.layout, x.generation, x.switching, x.shards, x.group_running,
            x.group_waiting, x.switches, x.rebuilds, x.last_switch_ms, x.last_fault);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_join& x) {
+  return f(caf::meta::type_name("shard_join"), x.shard, x.model);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kill_shard& x) {
@@ -225,6 +237,7 @@ inline void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<std::vector<shard_status>>("cedar::shard_statuses");
   cfg.add_message_type<layout_status>("cedar::layout_status");
   cfg.add_message_type<kill_shard>("cedar::kill_shard");
+  cfg.add_message_type<shard_join>("cedar::shard_join");
   cfg.add_message_type<runtime_actor>("cedar::runtime_actor");
   cfg.add_message_type<shard_actor>("cedar::shard_actor");
   cfg.add_message_type<scheduler_actor>("cedar::scheduler_actor");

@@ -27,6 +27,10 @@ rehome_stats rehome(const std::vector<rehome_source>& from, const std::vector<re
         continue;
       }
       const rehome_target& dst = to[target_group(router, chain.session_id, chain_load)];
+      if (!dst.reachable) {
+        ++stats.chains_dropped;
+        continue;
+      }
       const adopted_pages got = dst.policy->adopt_chain(chain);
       for (std::size_t i = 0; i < got.page_ids.size(); ++i) {
         const uint8_t* bytes = src.arena->page(chain.page_ids[got.first + i]);

@@ -27,6 +27,7 @@ struct rehome_source {
 struct rehome_target {
   scheduler* policy = nullptr;
   std::vector<kv_arena*> arenas;
+  bool reachable = true;  ///< false when a shard of the group is remote: no pages are copied
 };
 
 struct rehome_stats {

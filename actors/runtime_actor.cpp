@@ -59,7 +59,7 @@ layout_status make_status(const runtime_state& st) {
   s.switching = st.sw.has_value();
   for (std::size_t r = 0; r < st.ranks.size(); ++r) {
     const rank_entry& e = st.ranks[r];
-    s.shards.push_back({int32_t(r), int32_t(e.group), e.alive, e.steps, e.rows});
+    s.shards.push_back({int32_t(r), int32_t(e.group), e.alive, e.steps, e.rows, e.remote});
   }
   for (const auto& g : st.groups) {
     s.group_running.push_back(g->metrics().requests_running);
@@ -81,9 +81,10 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<con
   st.router = session_router(layout.num_groups());
   build_layout(self, layout, st.ranks, st.groups, st.comm);
   self->set_down_handler([=](caf::down_msg& dm) {
-    auto& ranks = self->state.ranks;
-    for (std::size_t r = 0; r < ranks.size(); ++r)
-      if (ranks[r].actor.address() == dm.source && ranks[r].alive)
+    auto& st = self->state;
+    std::erase_if(st.remote_pool, [&](const shard_actor& a) { return a.address() == dm.source; });
+    for (std::size_t r = 0; r < st.ranks.size(); ++r)
+      if (st.ranks[r].actor.address() == dm.source && st.ranks[r].alive)
         return on_fault(self, int(r), "shard actor down (" + self->system().render(dm.reason) + ")", true);
   });
   return {
@@ -141,6 +142,20 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<con
         return rp;
       },
       [=](layout_atom) -> layout_status { return make_status(self->state); },
+      [=](shard_join& msg) -> status_reply {
+        auto& st = self->state;
+        const std::string mine = model_fingerprint(st.m->args(), st.m->layout());
+        if (msg.model != mine)
+          return {int32_t(engine_errc::bad_params), "the shard's model (" + msg.model + ") is not this engine's (" + mine + ")"};
+        self->monitor(msg.shard);
+        st.remote_pool.push_back(msg.shard);
+        if (st.layout.num_shards == 1 && !st.sw) {  // move the one-shard layout onto it
+          st.sw = pending_switch{st.layout, std::nullopt, std::chrono::steady_clock::now()};
+          st.paused = true;
+          if (!st.step) run_switch(self);
+        }
+        return {};
+      },
       [=](const kill_shard& msg) -> status_reply {
 #ifdef CEDAR_TEST_HOOKS
         auto& st = self->state;

@@ -22,7 +22,8 @@ namespace cedar::runtime_detail {
 /// One shard of the current layout.
 struct rank_entry {
   shard_actor actor;
-  std::shared_ptr<shard> s;  ///< shared with the actor; its arena is read only between steps
+  std::shared_ptr<shard> s;  ///< shared with the actor; its arena is read only between steps (null: remote)
+  bool remote = false;       ///< a shard process (cedar shard --connect); its KV is out of reach
   int group = 0;
   bool alive = true;
   bool kv_safe = true;       ///< false once it failed mid-step (its KV may be half written)
@@ -66,6 +67,7 @@ struct runtime_state {
   std::map<uint64_t, caf::strong_actor_ptr> sinks;     ///< live request -> who submitted it
   std::map<uint64_t, int> faults;                      ///< request -> failed steps it was in
   std::set<uint64_t> live_sessions;
+  std::vector<shard_actor> remote_pool;                ///< shard processes that joined, monitored
   uint64_t next_request_id = 1;
   std::optional<global_step> step;
   uint64_t next_step_id = 1;

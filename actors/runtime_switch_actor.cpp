@@ -16,7 +16,7 @@ namespace {
 /// The arena an old group's KV can be read from, or null when it is lost.
 kv_arena* source_arena(std::vector<rank_entry>& ranks, int group) {
   for (rank_entry& r : ranks)
-    if (r.group == group && r.alive && r.kv_safe) return &r.s->arena();
+    if (r.group == group && r.alive && r.kv_safe && r.s) return &r.s->arena();
   return nullptr;
 }
 
@@ -52,7 +52,13 @@ void build_layout(self_ptr self, const layout_spec& spec, std::vector<rank_entry
   const kv_capacity cap = plan_kv_capacity(kv, st.options.kv_budget_bytes, st.options.max_num_seqs);
   comm = spec.num_shards > 1 ? inproc_group::make(spec.num_shards, std::chrono::milliseconds(st.options.step_timeout_ms))
                              : nullptr;
-  for (int r = 0; r < spec.num_shards; ++r) {
+  if (spec.num_shards == 1 && !st.remote_pool.empty()) {  // a joined shard process serves tp1
+    rank_entry e;
+    e.actor = st.remote_pool.front();
+    e.remote = true;
+    ranks.push_back(std::move(e));
+  }
+  for (int r = int(ranks.size()); r < spec.num_shards; ++r) {
     std::unique_ptr<communicator> c = comm ? comm->join(r) : nullptr;
     const shard_view view = make_shard_view(st.m->args(), spec.mode, r, spec.num_shards, c.get());
     auto s = std::make_shared<shard>(make_rank_model(st.m, view, std::move(c)), cap);
@@ -84,12 +90,16 @@ void run_switch(self_ptr self) {
   for (std::size_t g = 0; g < st.groups.size(); ++g) from.push_back({st.groups[g].get(), source_arena(st.ranks, int(g))});
   std::vector<rehome_target> to(groups.size());
   for (std::size_t g = 0; g < groups.size(); ++g) to[g].policy = groups[g].get();
-  for (rank_entry& r : ranks) to[r.group].arenas.push_back(&r.s->arena());
+  for (rank_entry& r : ranks) {
+    if (r.s) to[r.group].arenas.push_back(&r.s->arena());
+    else to[r.group].reachable = false;
+  }
   st.router.regroup(int(groups.size()));
   const rehome_stats moved = rehome(from, to, st.m->layout(), st.router, st.request_group);
 
   const bool rebuild = !st.sw->rp.has_value();
   for (rank_entry& r : st.ranks) {
+    if (r.remote) continue;  // stays in the pool (and monitored) for a later tp1
     self->demonitor(r.actor.address());
     self->send_exit(r.actor, caf::exit_reason::user_shutdown);
   }

@@ -48,6 +48,7 @@ const std::map<std::string, setter>& setters() {
       {"--page-tokens", [](engine_options& o, const std::string& v) { return parse_int(v, o.page_tokens); }},
       {"--step-timeout-ms", [](engine_options& o, const std::string& v) { return parse_int(v, o.step_timeout_ms); }},
       {"--layout", [](engine_options& o, const std::string& v) { return o.layout = v, !v.empty(); }},
+      {"--shard-port", [](engine_options& o, const std::string& v) { return parse_int(v, o.shard_port); }},
   };
   return table;
 }
@@ -67,7 +68,9 @@ std::string engine_options::help() {
          "  --page-tokens N                token positions per KV page (default 256)\n"
          "  --step-timeout-ms N            fail a step whose shard reply is later (default 60000)\n"
          "  --layout tpN|depN              CPU shards: TP-N splits heads and experts, DEP-N runs N\n"
-         "                                 schedulers with experts split (default tp1; switchable live)\n";
+         "                                 schedulers with experts split (default tp1; switchable live)\n"
+         "  --shard-port N                 accept a shard process (cedar shard --connect) on port N;\n"
+         "                                 a tp1 layout then runs on it (default off)\n";
 }
 
 engine_options_parse parse_engine_options(const std::vector<std::string>& args, engine_options defaults) {
@@ -103,6 +106,7 @@ std::vector<std::string> validate(const engine_options& o) {
   if (o.kv_budget_bytes < 1) errors.push_back("--kv-budget-bytes must be >= 1");
   if (o.page_tokens < 2 || o.page_tokens % 2) errors.push_back("--page-tokens must be even and >= 2");
   if (o.step_timeout_ms < 1) errors.push_back("--step-timeout-ms must be >= 1");
+  if (o.shard_port < -1 || o.shard_port > 65535) errors.push_back("--shard-port must be -1 (off) or 0..65535");
   return errors;
 }
 

@@ -33,6 +33,7 @@ struct engine_options {
   int page_tokens = 256;                           ///< --page-tokens: positions per KV page
   int64_t step_timeout_ms = 60000;                 ///< --step-timeout-ms: a shard reply later than this fails the step
   std::string layout = "tp1";                      ///< --layout tpN|depN: shards and how they split the model
+  int shard_port = -1;                             ///< --shard-port N: accept `cedar shard --connect` (0 = any free port, -1 = off)
 
   /// One line per option, for `--help`.
   static std::string help();

@@ -1,0 +1,112 @@
+// A shard in a second process (`cedar shard --connect 127.0.0.1:PORT`, the `cedar` binary
+// next to this test) joined through CAF's middleman: the engine's tp1 layout moves onto it and
+// serves the tokens the local shard served; when the process is killed the engine rebuilds on
+// a local shard and serves them again.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "actors/engine.hpp"
+#include "config/model_config.hpp"
+#include "kernels/model/random_weights.hpp"
+
+extern char** environ;
+
+using namespace cedar;
+
+namespace {
+
+constexpr uint64_t seed = 77;
+
+/// Runs `n` prompts to completion, one after another; returns their tokens.
+std::vector<std::vector<int32_t>> generate(engine& e, int n) {
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < n; ++i) {
+    request_spec spec;
+    for (int k = 0; k < 9 + 3 * i; ++k) spec.prompt.push_back(5 + (i * 977 + k * 31) % 7000);
+    spec.max_tokens = 6;
+    spec.ignore_eos = true;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int32_t> tokens;
+    std::string reason;
+    auto id = e.submit(spec, [&](const token_batch& b) {
+      std::lock_guard<std::mutex> lock(mu);
+      tokens.insert(tokens.end(), b.ids.begin(), b.ids.end());
+      if (b.finished) reason = b.finish_reason;
+      cv.notify_all();
+    });
+    REQUIRE(id.ok());
+    std::unique_lock<std::mutex> lock(mu);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return !reason.empty(); }));
+    CHECK(reason == "length");
+    out.push_back(tokens);
+  }
+  return out;
+}
+
+/// Polls until pred(layout_info) holds; false after timeout_s.
+template <class Pred>
+bool wait_layout(engine& e, Pred pred, int timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < end) {
+    auto st = e.layout_info();
+    if (st.ok() && pred(st.value())) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("remote shard: a second process serves the tp1 layout, and its death is survived") {
+  const std::filesystem::path cedar_bin = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "cedar";
+  REQUIRE_MESSAGE(std::filesystem::exists(cedar_bin), "build the cedar target next to this test: " << cedar_bin);
+  std::string error;
+  const auto args = load_model_args("micro", &error);
+  REQUIRE(args.has_value());
+  engine_options o;
+  o.page_tokens = 16;
+  o.kv_budget_bytes = int64_t(32) << 20;
+  o.shard_port = 0;
+  auto started = engine::start(*args, std::make_shared<tensor_map>(make_random_weights(*args, seed)), o);
+  REQUIRE(started.ok());
+  engine& e = *started.value();
+  REQUIRE(e.shard_port() > 0);
+  const auto local = generate(e, 4);
+
+  const std::string connect = "127.0.0.1:" + std::to_string(e.shard_port());
+  std::vector<std::string> argv_s{cedar_bin.string(), "shard", "--connect", connect, "--model", "micro",
+                                  "--seed", std::to_string(seed), "--page-tokens", "16",
+                                  "--kv-budget-bytes", std::to_string(o.kv_budget_bytes)};
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t child = 0;
+  REQUIRE(posix_spawn(&child, argv[0], nullptr, nullptr, argv.data(), environ) == 0);
+
+  const bool joined = wait_layout(e, [](const layout_status& s) { return s.shards.size() == 1 && s.shards[0].remote; }, 60);
+  CHECK(joined);
+  if (joined) {
+    CHECK(generate(e, 4) == local);  // the same model, the same bits, in another process
+    const layout_status st = e.layout_info().value();
+    CHECK(st.shards[0].remote);
+    CHECK(st.shards[0].steps > 0);  // the steps ran over there
+  }
+
+  kill(child, SIGKILL);
+  int wstatus = 0;
+  waitpid(child, &wstatus, 0);
+  CHECK(wait_layout(e, [](const layout_status& s) { return s.shards.size() == 1 && !s.shards[0].remote; }, 20));
+  CHECK(e.healthy());
+  CHECK(generate(e, 4) == local);
+}
