@@ -23,6 +23,8 @@ if (($(ulimit -n) < 10500)); then
   echo "serve_bad_input: the descriptor limit is $(ulimit -n); testing $idle idle connections instead of 10,000"
 fi
 
-start_server main --model null --null-step-us 1000 --api-key sk-bad --max-active 64
+start_server main --model null --null-step-us 1000 --api-key sk-bad
 start_server flood --model null --null-step-us 0 --write-timeout-s 2
-CEDAR_ROOT="$CEDAR_ROOT" URL_MAIN="$url_main" URL_FLOOD="$url_flood" IDLE="$idle" node "$here/serve_bad_input.mjs"
+start_server busy --model null --null-step-us 1000 --max-active 8
+CEDAR_ROOT="$CEDAR_ROOT" URL_MAIN="$url_main" URL_FLOOD="$url_flood" URL_BUSY="$url_busy" IDLE="$idle" \
+  node "$here/serve_bad_input.mjs"
