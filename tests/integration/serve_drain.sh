@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# SIGTERM drains: the server stops accepting at once, lets a running stream finish, and exits 0;
+# SIGTERM drains: the server stops accepting at once, answers /health with 503 on connections
+# already open, lets a running stream finish, and exits 0;
 # with a short --drain-timeout-s a stream that would run on is cancelled (finish_reason
 # "cancelled", then [DONE]) and the server still exits 0 within the timeout.
 # usage: tests/integration/serve_drain.sh path/to/cedar
@@ -14,17 +15,23 @@ fail() { echo "FAIL: $*"; exit 1; }
 start_server a --model null --null-step-us 5000 --drain-timeout-s 20
 curl -sN "$url_a/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}],"max_tokens":150,"stream":true}' >"$tmp/a.sse" &
 client=$!
+port="${url_a##*:}"
+exec 3<>"/dev/tcp/127.0.0.1/$port"  # a keep-alive connection opened before the signal
 sleep 0.3
 kill -TERM "$pid_a"
 sleep 0.1
 if curl -s -m 2 -o /dev/null "$url_a/health"; then fail "still accepting connections after SIGTERM"; fi
+printf 'GET /health HTTP/1.1\r\nHost: x\r\n\r\n' >&3
+read -r -t 5 status_line <&3 || fail "no answer on the open connection"
+[[ "$status_line" == "HTTP/1.1 503"* ]] || fail "/health while draining: $status_line"
+exec 3<&-
 wait "$client"
 rc=0; wait "$pid_a" || rc=$?
 [[ $rc == 0 ]] || fail "server exited $rc after draining"
 grep -q '"finish_reason":"length"' "$tmp/a.sse" || fail "the running stream did not finish: $(tail -c 300 "$tmp/a.sse")"
 [[ "$(grep -c '"content":" hi"\|"reasoning_content":" hi"' "$tmp/a.sse")" == 150 ]] || fail "tokens lost during the drain"
 grep -q 'event=drain_start' "$tmp/a.log" && grep -q 'event=drain_done' "$tmp/a.log" || fail "no drain log lines"
-echo "  ok  SIGTERM: stopped accepting, finished the running stream (150 tokens), exit 0"
+echo "  ok  SIGTERM: stopped accepting, /health 503 on an open connection, finished the running stream (150 tokens), exit 0"
 
 # 2. A stream that would take 100 s is cancelled at the 1 s drain timeout.
 start_server b --model null --null-step-us 1000 --drain-timeout-s 1
