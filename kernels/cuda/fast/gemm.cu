@@ -1,0 +1,446 @@
+// Tensor-core FP8 / W4A8 linear layers (fast_ops.hpp): activation quantization, a direct
+// kernel for decode (m <= 16: warps read the weight straight into mma fragments, one 128-wide
+// K chunk each, partials summed by a second pass), and a cp.async-pipelined tiled kernel
+// (skinny 32x64 for m <= 64, wide 128x128 for prefill). Dense and grouped (MoE) calls share them.
+//
+// One summation order for every tile, so a row's bits never depend on m: K is cut into chunks of
+// 4 blocks of 32; a chunk's partial is 0 + sum of its blocks in ascending order (each block =
+// one mma times sx * sw, an exact power of two, fused into the add); the result is 0 + the chunk
+// partials in ascending order.
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/cuda/fast/mma.cuh"
+
+namespace cedar::cuda::fast {
+namespace detail {
+namespace {
+
+using cuda::detail::scratch;
+using cuda::detail::stream;
+
+constexpr int chunk_k = 128;          ///< K per summation chunk (4 blocks)
+constexpr int chunk_blocks = chunk_k / 32;
+
+/// Where a call's operands are: one group for a dense call, num_groups for grouped ones.
+struct gemm_problem {
+  const uint8_t* w;        // FP8: [n, k] e4m3; FP4: [n, k/2] packed e2m1
+  const uint8_t* ws;       // FP8: [n/32, k/32] ue8m0; FP4: [n, k/32] ue8m0
+  const uint8_t* xq;       // [x rows, k] e4m3
+  const float* xs;         // [x rows, k/32]
+  const int32_t* rows;     // [slots] x row of each slot, or null (slot s = row s)
+  const expert_group* groups;  // [gridDim.z] or null (one group: all m slots, w/ws above)
+  float* y;                // [slots, n]
+  int m, n, k;
+};
+
+/// The group of blockIdx.z: weight pointers, first slot and slot count.
+struct group_view {
+  const uint8_t* w;
+  const uint8_t* ws;
+  int first, count;
+};
+
+__device__ __forceinline__ group_view group_of(const gemm_problem& p) {
+  if (!p.groups) return {p.w, p.ws, 0, p.m};
+  const expert_group& g = p.groups[blockIdx.z];
+  return {g.w, g.scale, g.first_slot, g.num_slots};
+}
+
+__device__ __forceinline__ int x_row(const gemm_problem& p, int slot) { return p.rows ? p.rows[slot] : slot; }
+
+/// Weight scale of row n, block kb.
+template <bool FP4>
+__device__ __forceinline__ float weight_scale(const uint8_t* ws, int n, int kb, int k) {
+  return ue8m0_value(FP4 ? ws[size_t(n) * (k / 32) + kb] : ws[size_t(n / 32) * (k / 32) + kb]);
+}
+
+/// A load through the read-only path (global weights) or a plain one (shared memory).
+template <bool Global, class T>
+__device__ __forceinline__ T load_w(const T* p) {
+  if constexpr (Global) return __ldg(p);
+  else return *p;
+}
+
+/// A fragment of rows r and r + 8 at block kb from a row-major weight (global or shared),
+/// `stride` bytes per row.
+template <bool FP4, bool Global>
+__device__ __forceinline__ void load_a(const uint8_t* w, size_t stride, int r, int kb, int tig,
+                                       uint32_t a[4]) {
+  if constexpr (FP4) {
+    const uint32_t p0 = load_w<Global>(reinterpret_cast<const uint32_t*>(w + r * stride + kb * 16 + tig * 4));
+    const uint32_t p1 = load_w<Global>(reinterpret_cast<const uint32_t*>(w + (r + 8) * stride + kb * 16 + tig * 4));
+    const uint2 v0 = e2m1x8_to_e4m3(p0), v1 = e2m1x8_to_e4m3(p1);
+    a[0] = v0.x, a[1] = v1.x, a[2] = v0.y, a[3] = v1.y;
+  } else {
+    const uint2 v0 = load_w<Global>(reinterpret_cast<const uint2*>(w + r * stride + kb * 32 + tig * 8));
+    const uint2 v1 = load_w<Global>(reinterpret_cast<const uint2*>(w + (r + 8) * stride + kb * 32 + tig * 8));
+    a[0] = v0.x, a[1] = v1.x, a[2] = v0.y, a[3] = v1.y;
+  }
+}
+
+// ---- activation quantization -----------------------------------------------------------------
+
+/// One warp per group of 32, one lane per value: codes and the power-of-two scale, as
+/// fmt::quantize_fp8 (the group max is exact in any order).
+__global__ void quantize_kernel(const float* x, long long groups, uint8_t* codes, float* scales) {
+  const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (g >= groups) return;  // g is uniform across the warp
+  const float v = x[g * 32 + lane];
+  float amax = fabsf(v);
+  for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float s = cuda::detail::fp8_group_scale(amax);
+  codes[g * 32 + lane] = cuda::detail::f32_to_e4m3(cuda::detail::clampf(v / s, -448.0f, 448.0f));
+  if (lane == 0) scales[g] = s;
+}
+
+// ---- direct kernel (decode) ------------------------------------------------------------------
+
+constexpr int direct_warps = 8;
+/// 128-wide K chunks per warp: 4 KB of FP8 or FP4 weight in flight per warp.
+template <bool FP4>
+constexpr int direct_chunks = FP4 ? 4 : 2;
+
+/// grid (n / 128, ceil(k / (128 * direct_chunks)), groups * token tiles): warp w computes rows
+/// 128 bx + 16 w for 8 * NT slots of its group, over chunks direct_chunks * by + c, each chunk's
+/// partial into part [chunks, total slots, n]. The weight goes straight into mma fragments.
+template <bool FP4, int NT>
+__global__ void __launch_bounds__(direct_warps * 32) direct_kernel(gemm_problem p, int token_tiles, float* part) {
+  const int lane = threadIdx.x % 32, g = lane / 4, tig = lane % 4;
+  const int r0 = blockIdx.x * direct_warps * 16 + (threadIdx.x / 32) * 16;
+  const int tile = blockIdx.z % token_tiles;
+  const size_t total_slots = size_t(p.m);
+  const uint8_t* w = p.w;
+  const uint8_t* ws = p.ws;
+  const int32_t* rows = p.rows;
+  int count = p.m;
+  if (p.groups) {
+    const expert_group& eg = p.groups[blockIdx.z / token_tiles];
+    w = eg.w, ws = eg.scale, count = eg.num_slots;
+    rows = p.rows + eg.first_slot;
+    part += size_t(eg.first_slot) * p.n;
+  }
+  const int slot0 = tile * 8 * NT;
+  if (slot0 >= count) return;
+  const size_t wstride = FP4 ? p.k / 2 : p.k;
+  // every weight fragment of the warp's chunks is loaded before the first mma (bytes in
+  // flight); x, shared by the block's warps, is read from L1 as the mmas go
+  constexpr int cpw = direct_chunks<FP4>;
+  constexpr int nb = cpw * chunk_blocks;
+  const int k_blocks = p.k / 32;
+  uint32_t a[nb][4];
+  float sw0[nb], sw1[nb];
+#pragma unroll
+  for (int i = 0; i < nb; ++i) {
+    const int kb = min(int(blockIdx.y) * nb + i, k_blocks - 1);  // past the end: loaded, never stored
+    load_a<FP4, true>(w, wstride, r0 + g, kb, tig, a[i]);
+    sw0[i] = weight_scale<FP4>(ws, r0 + g, kb, p.k);
+    sw1[i] = FP4 ? weight_scale<FP4>(ws, r0 + g + 8, kb, p.k) : sw0[i];
+  }
+  int xrow_b[NT], xrow_c[NT][2];  // x rows of the slots this thread loads / outputs (-1: none)
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int s_b = slot0 + j * 8 + g;
+    xrow_b[j] = s_b < count ? (rows ? rows[s_b] : s_b) : -1;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int s_c = slot0 + j * 8 + tig * 2 + c;
+      xrow_c[j][c] = s_c < count ? (rows ? rows[s_c] : s_c) : -1;
+    }
+  }
+#pragma unroll
+  for (int cc = 0; cc < cpw; ++cc) {
+    const int chunk = blockIdx.y * cpw + cc;
+    if (chunk * chunk_blocks >= k_blocks) break;
+    float acc[NT][4] = {};
+#pragma unroll
+    for (int i = cc * chunk_blocks; i < (cc + 1) * chunk_blocks; ++i) {
+      const int kb = chunk * chunk_blocks + (i - cc * chunk_blocks);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        uint2 v = make_uint2(0, 0);
+        if (xrow_b[j] >= 0) v = *reinterpret_cast<const uint2*>(p.xq + size_t(xrow_b[j]) * p.k + kb * 32 + tig * 8);
+        const uint32_t bj[2] = {v.x, v.y};
+        float sx[2];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) sx[c] = xrow_c[j][c] >= 0 ? p.xs[size_t(xrow_c[j][c]) * (p.k / 32) + kb] : 0.0f;
+        float d[4];
+        mma_e4m3(d, a[i], bj);
+        acc[j][0] = fmaf(d[0], sw0[i] * sx[0], acc[j][0]);
+        acc[j][1] = fmaf(d[1], sw0[i] * sx[1], acc[j][1]);
+        acc[j][2] = fmaf(d[2], sw1[i] * sx[0], acc[j][2]);
+        acc[j][3] = fmaf(d[3], sw1[i] * sx[1], acc[j][3]);
+      }
+    }
+    float* pc = part + size_t(chunk) * total_slots * p.n;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int s = slot0 + j * 8 + tig * 2 + c;
+        if (s >= count) continue;
+        pc[size_t(s) * p.n + r0 + g] = acc[j][c];
+        pc[size_t(s) * p.n + r0 + g + 8] = acc[j][2 + c];
+      }
+  }
+}
+
+/// y[s, n] = 0 + part[0, s, n] + part[1, s, n] + ... (ascending chunks).
+__global__ void chunk_sum_kernel(const float* part, int chunks, long long count, float* y) {
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  float s = 0.0f;
+  for (int c = 0; c < chunks; ++c) s = s + part[c * count + i];
+  y[i] = s;
+}
+
+// ---- tiled kernel (skinny and wide) ------------------------------------------------------
+
+/// Warp tile MT x 16 rows by NT x 8 slots, WW x WT warps, BK of K per pipeline stage.
+template <int MT_, int NT_, int WW_, int WT_, int BK_, int STAGES_>
+struct tile_shape {
+  static constexpr int MT = MT_, NT = NT_, WW = WW_, WT = WT_, BK = BK_, STAGES = STAGES_;
+  static constexpr int BW = MT * 16 * WW;  ///< weight rows per block
+  static constexpr int BT = NT * 8 * WT;   ///< slots per block
+  static constexpr int threads = WW * WT * 32;
+  static constexpr int KB = BK / 32;       ///< K blocks per stage
+};
+using skinny_shape = tile_shape<1, 4, 2, 2, 256, 4>;  // 32 x 64
+using wide_shape = tile_shape<4, 4, 2, 4, 128, 4>;    // 128 x 128
+
+/// Shared-memory layout of one stage. Rows are padded so that the 8-byte fragment loads of a
+/// half-warp (4 rows x 4 threads) hit 32 distinct banks.
+template <class S, bool FP4>
+struct stage_layout {
+  static constexpr int w_stride = FP4 ? S::BK / 2 + 16 : S::BK + 32;
+  static constexpr int x_stride = S::BK + 32;
+  static constexpr int ws_rows = FP4 ? S::BW : (S::BW + 31) / 32;
+  static constexpr int w_bytes = S::BW * w_stride;
+  static constexpr int x_bytes = S::BT * x_stride;
+  static constexpr int xs_bytes = S::BT * S::KB * 4;
+  static constexpr int ws_bytes = (ws_rows * S::KB + 15) / 16 * 16;
+  static constexpr int bytes = w_bytes + x_bytes + xs_bytes + ws_bytes;
+};
+
+template <class S, bool FP4>
+__device__ __forceinline__ void load_stage(const gemm_problem& p, const group_view& gv, int n0, int slot0,
+                                           int k0, uint8_t* smem) {
+  using L = stage_layout<S, FP4>;
+  uint8_t* sw = smem;
+  uint8_t* sx = smem + L::w_bytes;
+  float* sxs = reinterpret_cast<float*>(sx + L::x_bytes);
+  uint8_t* sws = sx + L::x_bytes + L::xs_bytes;
+  const int tid = threadIdx.x;
+  // weight rows: BK (FP8) or BK/2 (FP4) bytes each, in 16-byte pieces
+  constexpr int w_row_bytes = FP4 ? S::BK / 2 : S::BK;
+  constexpr int w_pieces = w_row_bytes / 16;
+  const size_t w_gstride = FP4 ? p.k / 2 : p.k;
+  const int k0_bytes = FP4 ? k0 / 2 : k0;
+  for (int c = tid; c < S::BW * w_pieces; c += S::threads) {
+    const int r = c / w_pieces, piece = c % w_pieces;
+    const bool valid = k0_bytes + piece * 16 < int(w_gstride);
+    cp_async16(sw + r * L::w_stride + piece * 16, gv.w + size_t(n0 + r) * w_gstride + (valid ? k0_bytes + piece * 16 : 0),
+               valid);
+  }
+  constexpr int x_pieces = S::BK / 16;
+  for (int c = tid; c < S::BT * x_pieces; c += S::threads) {
+    const int r = c / x_pieces, piece = c % x_pieces;
+    const int s = slot0 + r;
+    const bool valid = s < gv.count && k0 + piece * 16 < p.k;
+    const uint8_t* src = valid ? p.xq + size_t(x_row(p, gv.first + s)) * p.k + k0 + piece * 16 : p.xq;
+    cp_async16(sx + r * L::x_stride + piece * 16, src, valid);
+  }
+  constexpr int xs_pieces = S::KB / 4;  // 4 floats per piece
+  for (int c = tid; c < S::BT * xs_pieces; c += S::threads) {
+    const int r = c / xs_pieces, piece = c % xs_pieces;
+    const int s = slot0 + r;
+    const bool valid = s < gv.count && k0 / 32 + piece * 4 < p.k / 32;
+    const float* src = valid ? p.xs + size_t(x_row(p, gv.first + s)) * (p.k / 32) + k0 / 32 + piece * 4 : p.xs;
+    cp_async16(sxs + r * S::KB + piece * 4, src, valid);
+  }
+  constexpr int ws_pieces = S::KB / 4;  // 4 codes per piece
+  for (int c = tid; c < L::ws_rows * ws_pieces; c += S::threads) {
+    const int r = c / ws_pieces, piece = c % ws_pieces;
+    const int row = FP4 ? n0 + r : n0 / 32 + r;
+    const bool valid = k0 / 32 + piece * 4 < p.k / 32;
+    const uint8_t* src = valid ? gv.ws + size_t(row) * (p.k / 32) + k0 / 32 + piece * 4 : gv.ws;
+    cp_async4(sws + r * S::KB + piece * 4, src, valid);
+  }
+}
+
+/// grid (n / BW, ceil(max slots / BT), groups).
+template <class S, bool FP4>
+__global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
+  using L = stage_layout<S, FP4>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const group_view gv = group_of(p);
+  const int n0 = blockIdx.x * S::BW, slot0 = blockIdx.y * S::BT;
+  if (slot0 >= gv.count) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tig = lane % 4;
+  const int ww = warp % S::WW, wt = warp / S::WW;
+  const int k_tiles = (p.k + S::BK - 1) / S::BK;
+  const int k_blocks = p.k / 32;
+
+  float total[S::MT][S::NT][4] = {}, part[S::MT][S::NT][4] = {};
+#pragma unroll
+  for (int s = 0; s < S::STAGES - 1; ++s) {
+    if (s < k_tiles) load_stage<S, FP4>(p, gv, n0, slot0, s * S::BK, smem + s * L::bytes);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<S::STAGES - 2>();
+    __syncthreads();
+    const int next = kt + S::STAGES - 1;
+    if (next < k_tiles) load_stage<S, FP4>(p, gv, n0, slot0, next * S::BK, smem + (next % S::STAGES) * L::bytes);
+    cp_async_commit();
+    const uint8_t* st = smem + (kt % S::STAGES) * L::bytes;
+    const uint8_t* sw = st;
+    const uint8_t* sxq = st + L::w_bytes;
+    const float* sxs = reinterpret_cast<const float*>(sxq + L::x_bytes);
+    const uint8_t* sws = sxq + L::x_bytes + L::xs_bytes;
+#pragma unroll
+    for (int kb = 0; kb < S::KB; ++kb) {
+      const int kg = kt * S::KB + kb;
+      if (kg >= k_blocks) break;
+      uint32_t a[S::MT][4], b[S::NT][2];
+      float sw0[S::MT], sw1[S::MT], sx[S::NT][2];
+#pragma unroll
+      for (int i = 0; i < S::MT; ++i) {
+        const int r = ww * S::MT * 16 + i * 16 + g;
+        load_a<FP4, false>(sw, L::w_stride, r, kb, tig, a[i]);
+        if constexpr (FP4) {
+          sw0[i] = ue8m0_value(sws[r * S::KB + kb]);
+          sw1[i] = ue8m0_value(sws[(r + 8) * S::KB + kb]);
+        } else {
+          sw0[i] = sw1[i] = ue8m0_value(sws[(r / 32) * S::KB + kb]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < S::NT; ++j) {
+        const int t = wt * S::NT * 8 + j * 8;
+        const uint2 v = *reinterpret_cast<const uint2*>(sxq + (t + g) * L::x_stride + kb * 32 + tig * 8);
+        b[j][0] = v.x, b[j][1] = v.y;
+        sx[j][0] = sxs[(t + tig * 2) * S::KB + kb];
+        sx[j][1] = sxs[(t + tig * 2 + 1) * S::KB + kb];
+      }
+#pragma unroll
+      for (int i = 0; i < S::MT; ++i)
+#pragma unroll
+        for (int j = 0; j < S::NT; ++j) {
+          float d[4];
+          mma_e4m3(d, a[i], b[j]);
+          part[i][j][0] = fmaf(d[0], sw0[i] * sx[j][0], part[i][j][0]);
+          part[i][j][1] = fmaf(d[1], sw0[i] * sx[j][1], part[i][j][1]);
+          part[i][j][2] = fmaf(d[2], sw1[i] * sx[j][0], part[i][j][2]);
+          part[i][j][3] = fmaf(d[3], sw1[i] * sx[j][1], part[i][j][3]);
+        }
+      if ((kg + 1) % chunk_blocks == 0) {
+#pragma unroll
+        for (int i = 0; i < S::MT; ++i)
+#pragma unroll
+          for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) total[i][j][e] = total[i][j][e] + part[i][j][e], part[i][j][e] = 0.0f;
+      }
+    }
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int i = 0; i < S::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int s = slot0 + wt * S::NT * 8 + j * 8 + tig * 2 + c;
+        if (s >= gv.count) continue;
+        const int n = n0 + ww * S::MT * 16 + i * 16 + g;
+        float* yr = p.y + size_t(gv.first + s) * p.n;
+        yr[n] = total[i][j][c];
+        yr[n + 8] = total[i][j][2 + c];
+      }
+}
+
+// ---- launch ----------------------------------------------------------------------------------
+
+template <bool FP4, int NT>
+void launch_direct(const gemm_problem& p, int num_groups, int max_slots) {
+  const int token_tiles = (max_slots + 8 * NT - 1) / (8 * NT);
+  const int chunks = p.k / chunk_k;
+  const int total_slots = p.m;
+  scratch<float> part(size_t(chunks) * total_slots * p.n);
+  const dim3 grid(p.n / (direct_warps * 16), (chunks + direct_chunks<FP4> - 1) / direct_chunks<FP4>,
+                  num_groups * token_tiles);
+  direct_kernel<FP4, NT><<<grid, direct_warps * 32, 0, stream()>>>(p, token_tiles, part.get());
+  CEDAR_CUDA_LAUNCHED();
+  const long long count = (long long)total_slots * p.n;
+  chunk_sum_kernel<<<cuda::detail::blocks_for(count, 256), 256, 0, stream()>>>(part.get(), chunks, count, p.y);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+template <class S, bool FP4>
+void launch_tiled(const gemm_problem& p, int num_groups, int max_slots) {
+  constexpr int smem = S::STAGES * stage_layout<S, FP4>::bytes;
+  static bool attr_set = false;  // set once per instantiation (first call is on one thread)
+  if (!attr_set) {
+    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(tiled_kernel<S, FP4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    attr_set = true;
+  }
+  const dim3 grid(p.n / S::BW, (max_slots + S::BT - 1) / S::BT, num_groups);
+  tiled_kernel<S, FP4><<<grid, S::threads, smem, stream()>>>(p);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+template <bool FP4>
+void run(const gemm_problem& p, int num_groups, int max_slots, tile_kind t) {
+  CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 128 == 0, "fast gemm: k % 256 == 0 and n % 128 == 0");
+  if (max_slots <= 0) return;
+  switch (t) {
+    case tile_kind::gemv:
+      if (max_slots <= 8) launch_direct<FP4, 1>(p, num_groups, max_slots);
+      else launch_direct<FP4, 2>(p, num_groups, max_slots);
+      break;
+    case tile_kind::skinny: launch_tiled<skinny_shape, FP4>(p, num_groups, max_slots); break;
+    case tile_kind::wide: launch_tiled<wide_shape, FP4>(p, num_groups, max_slots); break;
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+const char* tile_name(tile_kind t) {
+  switch (t) {
+    case tile_kind::gemv: return "gemv";
+    case tile_kind::skinny: return "skinny";
+    case tile_kind::wide: return "wide";
+  }
+  return "?";
+}
+
+tile_kind pick_tile(int m) { return m <= 8 ? tile_kind::gemv : m <= 64 ? tile_kind::skinny : tile_kind::wide; }
+
+void quantize_rows_fp8(const float* x, int m, int k, uint8_t* codes, float* scales) {
+  CEDAR_CUDA_REQUIRE(k % 32 == 0, "quantize_rows_fp8: k % 32 == 0");
+  const long long groups = (long long)m * (k / 32);
+  if (groups == 0) return;
+  detail::quantize_kernel<<<cuda::detail::blocks_for(groups * 32, 256), 256, 0, cuda::detail::stream()>>>(
+      x, groups, codes, scales);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+void gemm_fp8(const uint8_t* xq, const float* xs, int m, const fp8_weight& w, float* y, tile_kind t) {
+  detail::run<false>({w.data, w.scale, xq, xs, nullptr, nullptr, y, m, w.out, w.in}, 1, m, t);
+}
+
+void gemm_fp4(const uint8_t* xq, const float* xs, int m, const fp4_weight& w, float* y, tile_kind t) {
+  detail::run<true>({w.data, w.scale, xq, xs, nullptr, nullptr, y, m, w.out, w.in}, 1, m, t);
+}
+
+void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows, const expert_group* groups,
+                 int num_groups, int total_slots, int max_slots, int n, int k, float* y, tile_kind t) {
+  CEDAR_CUDA_REQUIRE(slot_rows != nullptr, "grouped_fp4: slot_rows");
+  detail::run<true>({nullptr, nullptr, xq, xs, slot_rows, groups, y, total_slots, n, k}, num_groups, max_slots, t);
+}
+
+}  // namespace cedar::cuda::fast

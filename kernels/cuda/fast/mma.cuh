@@ -1,0 +1,75 @@
+// Device building blocks of the tensor-core GEMMs (kernels/cuda/fast/gemm.cu): the e4m3
+// m16n8k32 mma, cp.async, and E2M1 -> e4m3 in registers.
+//
+// K order inside a 32-wide block: thread (g, t) of a warp (g = lane / 4, t = lane % 4) loads the
+// 8 bytes k = 8t .. 8t+7 of its rows (one 8-byte load); the first 4 feed the mma's k-slots
+// 4t..4t+3, the last 4 the slots 16+4t.. . A and B are permuted the same way, so the block's dot
+// product is unchanged; the load is one 32-byte sector per row.
+#pragma once
+
+#include <cstdint>
+
+namespace cedar::cuda::fast::detail {
+
+/// D = A B (C = 0), A 16x32 e4m3 (row), B 32x8 e4m3 (col), fp32 out.
+__device__ __forceinline__ void mma_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.0f));
+}
+
+/// prmt.b32 in its default mode: selector nibble i picks byte (i & 7) of {b, a} for output byte
+/// i, or, with bit 3 set, that byte's sign replicated over 8 bits.
+__host__ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#ifdef __CUDA_ARCH__
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+#else
+  const uint64_t bytes = uint64_t(a) | uint64_t(b) << 32;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t s = (sel >> (4 * i)) & 0xF;
+    uint32_t v = uint32_t(bytes >> (8 * (s & 7))) & 0xFF;
+    if (s & 8) v = (v & 0x80) ? 0xFF : 0x00;
+    d |= v << (8 * i);
+  }
+  return d;
+#endif
+}
+
+/// 8 packed E2M1 values (nibble i = element i) -> 8 e4m3 bytes (element i in byte i of
+/// .x for i < 4, of .y for i >= 4). Exact: every E2M1 value is an e4m3 value.
+__host__ __device__ __forceinline__ uint2 e2m1x8_to_e4m3(uint32_t w) {
+  // e4m3 codes of the magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6
+  constexpr uint32_t lut_lo = 0x3C383000u, lut_hi = 0x4C484440u;
+  const uint32_t mag_lo = prmt(lut_lo, lut_hi, w & 0x7777u);
+  const uint32_t mag_hi = prmt(lut_lo, lut_hi, (w >> 16) & 0x7777u);
+  // sign of nibble i (bit 4i+3) is the msb of a byte of w << 4 (even i) or of w (odd i)
+  const uint32_t sign_lo = prmt(w << 4, w, 0xD9C8u);
+  const uint32_t sign_hi = prmt(w << 4, w, 0xFBEAu);
+  return make_uint2(mag_lo | (sign_lo & 0x80808080u), mag_hi | (sign_hi & 0x80808080u));
+}
+
+/// UE8M0 code -> 2^(code-127) (codes 1..254; 0 gives 2^-127; weights never hold 255).
+__device__ __forceinline__ float ue8m0_value(uint32_t code) {
+  return code == 0 ? 0x1p-127f : __uint_as_float(code << 23);
+}
+
+/// cp.async of 16 bytes (zero-filled when !valid).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+/// cp.async of 4 bytes (zero-filled when !valid).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+}  // namespace cedar::cuda::fast::detail

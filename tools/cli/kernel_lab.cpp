@@ -1,0 +1,225 @@
+// `cedar kernel-lab --op NAME [--out FILE.json] [--quick]`: validates every variant of a CUDA
+// op against the CPU op and times it next to the H200's own ceilings measured in the same run
+// (device-to-device copy bandwidth, a cuBLASLt matrix product), then estimates the decode-step
+// HBM floor of bench-40L-E64 and how close the lab's kernels come to it.
+// Ops: linear_fp8, linear_fp4, moe, ceilings, floor, all. A build without CUDA says so.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "config/model_config.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/model/inventory.hpp"
+#include "tools/cli/kernel_lab.hpp"
+#include "tools/cli/registry.hpp"
+
+namespace {
+
+using namespace cedar;
+using lab::lab_case;
+
+struct options {
+  std::string op, out;
+  bool quick = false;
+};
+
+bool parse(int argc, char** argv, options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") o.quick = true;
+    else if (a == "--op" && i + 1 < argc) o.op = argv[++i];
+    else if (a == "--out" && i + 1 < argc) o.out = argv[++i];
+    else return false;
+  }
+  static const char* ops[] = {"linear_fp8", "linear_fp4", "moe", "ceilings", "floor", "all"};
+  return std::any_of(std::begin(ops), std::end(ops), [&](const char* n) { return o.op == n; });
+}
+
+#ifdef CEDAR_HAVE_CUDA
+
+struct lab_ceilings {
+  std::string device;
+  double copy_gbps = 0;    ///< device-to-device copy, read + write bytes per second
+  double blas_tflops = 0;  ///< cuBLASLt 8192^3
+  std::string blas_dtype;
+};
+
+/// One part of a decode step's HBM traffic.
+struct floor_part {
+  std::string what;
+  double bytes = 0;
+  double gbps = 0;  ///< rate the lab measured for the kernel that reads it (copy rate if none)
+  std::string rate_from;
+};
+
+/// Bytes one decode step of `preset` reads at batch 1 with `context` tokens: every dense weight
+/// once (wo_a as the bf16 it is served in), top-k of the routed experts, one embedding row, the
+/// Engram rows gathered, and the KV the attention and indexers read.
+std::vector<floor_part> decode_bytes(const model_args& a, int64_t context) {
+  floor_part fp8{"FP8 linears (attention, shared experts, indexer, Engram proj)", 0, 0, ""};
+  floor_part woa{"attn.wo_a (bf16 as served)"}, experts{"routed experts (top-6 of 64, FP4)"};
+  floor_part head{"head (bf16)"}, bf16{"bf16 linears (compressor, indexer wk/proj, router)"};
+  floor_part small{"mHC fp32, norms, sinks, biases"}, gather{"embedding row, Engram rows"};
+  floor_part kv{"KV read (window, top-512 records, index keys)"};
+  for (const tensor_spec& t : model_inventory(a)) {
+    const double b = double(t.num_bytes());
+    if (t.name.find("attn.wo_a.") != std::string::npos) {
+      if (t.role == tensor_role::fp8_weight) woa.bytes += 2.0 * t.num_elements();
+    } else if (t.expert_idx >= 0) {
+      experts.bytes += b * a.num_experts_per_tok / a.n_routed_experts;
+    } else if (t.role == tensor_role::fp8_weight || t.role == tensor_role::fp8_scale) {
+      fp8.bytes += b;
+    } else if (t.role == tensor_role::head) {
+      head.bytes += b;
+    } else if (t.role == tensor_role::bf16_linear) {
+      bf16.bytes += b;
+    } else if (t.role == tensor_role::embedding) {
+      gather.bytes += 2.0 * a.hidden_size;
+    } else if (t.role == tensor_role::engram_table || t.role == tensor_role::engram_scale) {
+      gather.bytes += b / double(t.shape[0]) * a.engram_rows_per_token();
+    } else {
+      small.bytes += b;
+    }
+  }
+  for (const layer_info& l : a.layers) {
+    kv.bytes += double(a.sliding_window) * 528;
+    if (l.compress_ratio > 0) kv.bytes += double(std::min<int64_t>(a.index_topk, context / l.compress_ratio)) * 288;
+  }
+  for (int src : a.index_source_layer_ids) {
+    const int ratio = a.layers[src].compress_ratio > 0 ? a.layers[src].compress_ratio : 1;
+    kv.bytes += double(context / ratio) * 68;
+  }
+  return {fp8, woa, experts, head, bf16, small, gather, kv};
+}
+
+double gbps(const lab_case& c) { return c.time_us > 0 ? c.bytes / (c.time_us * 1e3) : 0; }
+double tflops(const lab_case& c) { return c.time_us > 0 ? c.flops / (c.time_us * 1e6) : 0; }
+
+/// Bytes-weighted rate of the cases that match (time-weighted mean: total bytes / total time).
+double rate_of(const std::vector<lab_case>& cases, const char* op, int m, const char* variant) {
+  double bytes = 0, us = 0;
+  for (const lab_case& c : cases)
+    if (c.op == op && c.m == m && c.variant == variant) bytes += c.bytes, us += c.time_us;
+  return us > 0 ? bytes / (us * 1e3) : 0;
+}
+
+void write_json(const std::string& path, const lab_ceilings& ceil, const std::vector<lab_case>& cases,
+                const std::vector<floor_part>& parts, int64_t context) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "kernel-lab: cannot write %s\n", path.c_str());
+    return;
+  }
+  std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"copy_gbps\": %.1f,\n  \"blas_tflops\": %.1f,\n  \"blas_dtype\": \"%s\",\n",
+               ceil.device.c_str(), ceil.copy_gbps, ceil.blas_tflops, ceil.blas_dtype.c_str());
+  std::fprintf(f, "  \"error_bound\": %.9g,\n  \"cases\": [\n", lab::err_bound);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const lab_case& c = cases[i];
+    std::fprintf(f,
+                 "    {\"op\": \"%s\", \"variant\": \"%s\", \"shape\": \"%s\", \"m\": %d, \"n\": %d, \"k\": %d, "
+                 "\"groups\": %d, \"time_us\": %.3f, \"eager_us\": %.3f, \"bytes\": %.0f, \"flops\": %.0f, \"gbps\": %.1f, "
+                 "\"tflops\": %.2f, \"checked\": %s, \"pass\": %s, \"max_err_ratio\": %.3g, \"same_bits\": %s}%s\n",
+                 c.op.c_str(), c.variant.c_str(), c.shape.c_str(), c.m, c.n, c.k, c.groups, c.time_us, c.eager_us, c.bytes,
+                 c.flops, gbps(c), tflops(c), c.checked ? "true" : "false", c.pass ? "true" : "false",
+                 c.max_err_ratio, c.same_bits ? "true" : "false", i + 1 < cases.size() ? "," : "");
+  }
+  std::fprintf(f, "  ],\n  \"decode_floor\": {\"preset\": \"bench-40L-E64\", \"batch\": 1, \"context\": %lld, \"parts\": [\n",
+               (long long)context);
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    std::fprintf(f, "    {\"what\": \"%s\", \"bytes\": %.0f, \"gbps\": %.1f, \"rate_from\": \"%s\"}%s\n",
+                 parts[i].what.c_str(), parts[i].bytes, parts[i].gbps, parts[i].rate_from.c_str(),
+                 i + 1 < parts.size() ? "," : "");
+  std::fprintf(f, "  ]}\n}\n");
+  std::fclose(f);
+}
+
+void print_cases(const lab_ceilings& ceil, const std::vector<lab_case>& cases) {
+  std::printf("%-10s %-16s %-13s %5s %6s %6s %9s %9s %8s %6s %8s %6s %9s %s\n", "op", "shape", "variant", "m", "n",
+              "k", "graph_us", "eager_us", "GB/s", "%copy", "TFLOP/s", "%blas", "err/sum", "check");
+  for (const lab_case& c : cases) {
+    const char* verdict = !c.checked ? "-" : !c.pass ? "FAIL" : c.same_bits ? "ok" : "ok (bits differ)";
+    std::printf("%-10s %-16s %-13s %5d %6d %6d %9.2f %9.2f %8.0f %5.0f%% %8.1f %5.0f%% %9.2e %s\n", c.op.c_str(),
+                c.shape.c_str(), c.variant.c_str(), c.m, c.n, c.k, c.time_us, c.eager_us, gbps(c),
+                100 * gbps(c) / ceil.copy_gbps, tflops(c), 100 * tflops(c) / ceil.blas_tflops, c.max_err_ratio, verdict);
+  }
+}
+
+#endif  // CEDAR_HAVE_CUDA
+
+int kernel_lab_main(int argc, char** argv) {
+  options o;
+  if (!parse(argc, argv, o)) {
+    std::fprintf(stderr,
+                 "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|ceilings|floor|all [--out FILE.json] [--quick]\n");
+    return 2;
+  }
+#ifndef CEDAR_HAVE_CUDA
+  std::fprintf(stderr, "kernel-lab: built without CUDA\n");
+  return 1;
+#else
+  if (!cuda::available()) {
+    std::fprintf(stderr, "kernel-lab: %s\n", cuda::status().c_str());
+    return 1;
+  }
+  void* lab_stream = cuda::fast::create_stream();  // graphs cannot capture the legacy stream
+  cuda::set_stream(lab_stream);
+  lab_ceilings ceil;
+  ceil.device = cuda::status();
+  ceil.copy_gbps = cuda::fast::copy_bandwidth_gbps(std::size_t(1) << 30);
+  {
+    cuda::fast::blaslt_gemm blas(8192, 8192, 8192);
+    if (blas.ok()) {
+      const double ms = cuda::fast::time_ms([&](int) { blas.run(); }, 3, 20);
+      ceil.blas_tflops = 2.0 * 8192.0 * 8192.0 * 8192.0 / (ms * 1e9);
+      ceil.blas_dtype = blas.dtype();
+    }
+  }
+  std::printf("device    %s\nceilings  copy %.0f GB/s (1 GiB device-to-device), cuBLASLt %s 8192^3 %.0f TFLOP/s\n",
+              ceil.device.c_str(), ceil.copy_gbps, ceil.blas_dtype.c_str(), ceil.blas_tflops);
+  std::vector<lab_case> cases;
+  auto add = [&](std::vector<lab_case> v) { cases.insert(cases.end(), v.begin(), v.end()); };
+  if (o.op == "linear_fp8" || o.op == "all") add(lab::run_linear_cases(false, o.quick));
+  if (o.op == "linear_fp4" || o.op == "all") add(lab::run_linear_cases(true, o.quick));
+  if (o.op == "moe" || o.op == "all") add(lab::run_moe_cases(o.quick));
+
+  constexpr int64_t context = 8192;
+  std::vector<floor_part> parts;
+  std::string error;
+  if (auto args = load_model_args("bench-40L-E64", &error)) parts = decode_bytes(*args, context);
+  else std::fprintf(stderr, "kernel-lab: bench-40L-E64: %s\n", error.c_str());
+  const double fp8_rate = rate_of(cases, "linear_fp8", 1, "gemv");
+  const double moe_rate = rate_of(cases, "moe_up", 1, "gemv") > 0
+                              ? 0.5 * (rate_of(cases, "moe_up", 1, "gemv") + rate_of(cases, "moe_down", 1, "gemv"))
+                              : 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    parts[i].gbps = ceil.copy_gbps, parts[i].rate_from = "copy (no lab kernel)";
+    if (i == 0 && fp8_rate > 0) parts[i].gbps = fp8_rate, parts[i].rate_from = "linear_fp8 gemv m=1";
+    if (i == 2 && moe_rate > 0) parts[i].gbps = moe_rate, parts[i].rate_from = "moe gemv 1 token";
+  }
+  if (!cases.empty()) print_cases(ceil, cases);
+  double bytes = 0, lab_ms = 0;
+  for (const floor_part& p : parts) bytes += p.bytes, lab_ms += p.bytes / (p.gbps * 1e6);
+  std::printf("\ndecode step, bench-40L-E64, batch 1, %lld context:\n", (long long)context);
+  for (const floor_part& p : parts)
+    std::printf("  %-62s %9.1f MB  at %6.0f GB/s (%s)\n", p.what.c_str(), p.bytes / 1e6, p.gbps, p.rate_from.c_str());
+  const double floor_ms = bytes / (ceil.copy_gbps * 1e6);
+  std::printf("  total %.1f MB: HBM floor %.3f ms at the copy rate; at the lab's rates %.3f ms (%.0f%% of the floor)\n",
+              bytes / 1e6, floor_ms, lab_ms, lab_ms > 0 ? 100 * floor_ms / lab_ms : 0.0);
+  if (!o.out.empty()) write_json(o.out, ceil, cases, parts, context);
+  cuda::synchronize();
+  cuda::set_stream(nullptr);
+  cuda::fast::destroy_stream(lab_stream);
+  const bool all_pass = std::all_of(cases.begin(), cases.end(), [](const lab_case& c) { return c.pass; });
+  std::printf("%s\n", all_pass ? "all checked variants within the bound" : "SOME VARIANTS FAILED THE CHECK");
+  return all_pass ? 0 : 1;
+#endif
+}
+
+}  // namespace
+
+CEDAR_COMMAND("kernel-lab", "validate and time the CUDA kernels against the GPU's measured ceilings",
+              kernel_lab_main);

@@ -1,0 +1,36 @@
+// `cedar kernel-lab`: what the lab's files share. kernel_lab.cpp is the command (ceilings,
+// decode floor, report), kernel_lab_gemm.cpp the GEMM cases (every variant checked against the
+// CPU op on sampled rows, then timed with the weights rotated through copies larger than L2).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace cedar::lab {
+
+/// One timed variant of one op at one shape.
+struct lab_case {
+  std::string op;       ///< linear_fp8, linear_fp4, moe_up, moe_down
+  std::string variant;  ///< gemv, skinny, wide, quant, baseline (the exact CUDA op), cublaslt
+  std::string shape;    ///< the weight's name in the model
+  int m = 0, n = 0, k = 0;
+  int groups = 1;             ///< experts touched (grouped ops)
+  double time_us = 0;         ///< mean per call inside a CUDA graph (device time)
+  double eager_us = 0;        ///< mean per call launched one by one from the host
+  double bytes = 0;           ///< bytes a call must move (weights, activations, output)
+  double flops = 0;           ///< 2 m n k
+  bool checked = false;       ///< compared with the CPU op
+  bool pass = true;           ///< every checked output within the bound
+  double max_err_ratio = 0;   ///< max |y - y_cpu| / sum_k |xq_k w_k|
+  bool same_bits = true;      ///< bit-identical to the op's first fast variant (batch invariance)
+};
+
+/// |y - y_cpu| <= err_bound * sum_k |xq_k w_k| (2^-16) for every checked output of a fast variant.
+constexpr double err_bound = 1.0 / 65536;
+
+/// GEMM cases of the real V4.1 shapes; quick keeps fewer row counts.
+std::vector<lab_case> run_linear_cases(bool fp4, bool quick);
+/// Grouped W4A8 expert GEMMs (64 experts, top-6) for 1, 16 and 8192 tokens.
+std::vector<lab_case> run_moe_cases(bool quick);
+
+}  // namespace cedar::lab
