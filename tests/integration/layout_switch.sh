@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Layout switches under load through the server: 32 WebSocket sessions (Responses WebSocket
+# mode, the `ws` client) of 3 turns each stream while POST /admin/layout switches
+# tp4 -> dep2 -> tp4 -> tp1; every turn must end normally with as many tokens as in an
+# unswitched tp4 run, and (exact replay) with the same text.
+# usage: tests/integration/layout_switch.sh path/to/cedar
+set -euo pipefail
+cedar="$(realpath "${1:?usage: layout_switch.sh path/to/cedar}")"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CEDAR_ROOT="${CEDAR_ROOT:-$(cd "$here/../.." && pwd)}"
+source "$here/serve_lib.bash"
+trap 'show_logs_on_failure; cleanup_servers' EXIT
+
+opts=(--model micro --layout tp4 --page-tokens 16 --swa-replay full --admin-key adm-layout)
+start_server ref "${opts[@]}"
+start_server live "${opts[@]}"
+CEDAR_ROOT="$CEDAR_ROOT" URL_REF="$url_ref" URL_LIVE="$url_live" node "$here/layout_switch.mjs"
