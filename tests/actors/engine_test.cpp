@@ -171,3 +171,39 @@ TEST_CASE("engine: cancellation, bad input and drain answer clearly and leave th
   CHECK(m.pages_used == 0);
   CHECK(m.ring_slots_used == 0);
 }
+
+namespace {
+
+/// The toy model, failing any forward call that runs token 63.
+class failing_model final : public step_model {
+ public:
+  failing_model() : inner_(test::toy_args(), 16) {}
+  const model_args& args() const override { return inner_.args(); }
+  const kv_layout& layout() const override { return inner_.layout(); }
+  void forward(std::span<forward_item> batch, std::vector<float>& logits) override {
+    for (auto& it : batch)
+      for (int32_t t : it.tokens)
+        if (t == 63) throw std::runtime_error("device fault");
+    inner_.forward(batch, logits);
+  }
+
+ private:
+  test::toy_model inner_;
+};
+
+}  // namespace
+
+TEST_CASE("engine: a failed step ends its requests with an error and the runtime keeps serving") {
+  auto eng = engine::start(std::make_unique<failing_model>(), toy_options()).value();
+  collector c;
+  const uint64_t bad = eng->submit(spec_of({3, 63, 4}, 5), c.callback()).value();
+  REQUIRE(c.wait(bad));
+  CHECK(c.last[bad].finish_reason == "error");
+  CHECK(c.last[bad].error.find("device fault") != std::string::npos);
+  const uint64_t good = eng->submit(spec_of({3, 4, 5}, 5), c.callback()).value();
+  REQUIRE(c.wait(good));
+  CHECK(c.last[good].finish_reason == "length");
+  const metrics_snapshot m = eng->metrics();
+  CHECK(m.pages_used == 0);
+  CHECK(m.ring_slots_used == 0);
+}
