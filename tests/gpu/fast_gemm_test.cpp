@@ -1,0 +1,147 @@
+// GPU tests of the tensor-core linear layers (kernels/cuda/fast): every tile against the CPU op
+// within 2^-16 of sum_k |xq_k w_k| per output, all tiles bit-identical to each other (so a row's
+// bits never depend on m), grouped W4A8 equal to the dense op per expert, and the activation
+// quantization bit-exact against fmt::quantize_fp8.
+#include <memory>
+#include <random>
+
+#include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/formats.hpp"
+#include "tests/gpu/gpu_test_util.hpp"
+
+namespace {
+
+using namespace cedar;
+using namespace cedar::gpu_test;
+namespace fast = cuda::fast;
+
+constexpr double bound = 1.0 / 65536;
+const fast::tile_kind tiles[] = {fast::tile_kind::gemv, fast::tile_kind::skinny, fast::tile_kind::wide};
+
+/// s[r, n] = sum_k |xq[r, k]| |w[n, k]| (w dequantized [n, k]).
+std::vector<double> abs_products(const std::vector<float>& x, int m, int k, const std::vector<float>& w, int n) {
+  std::vector<double> s(std::size_t(m) * n);
+  std::vector<float> xq(k);
+  for (int r = 0; r < m; ++r) {
+    std::copy(x.begin() + std::size_t(r) * k, x.begin() + std::size_t(r + 1) * k, xq.begin());
+    fmt::fake_quant_fp8(xq.data(), k);
+    for (int c = 0; c < n; ++c) {
+      double acc = 0;
+      for (int i = 0; i < k; ++i) acc += std::fabs(double(xq[i]) * w[std::size_t(c) * k + i]);
+      s[std::size_t(r) * n + c] = acc;
+    }
+  }
+  return s;
+}
+
+/// Every |gpu - cpu| <= bound * sabs; prints the worst ratio.
+void check_bound(const std::string& what, const std::vector<float>& gpu, const std::vector<float>& cpu,
+                 const std::vector<double>& sabs) {
+  double worst = 0;
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    const double d = std::fabs(double(gpu[i]) - cpu[i]);
+    const double ratio = sabs[i] > 0 ? d / sabs[i] : (d == 0 ? 0 : INFINITY);
+    worst = std::isnan(ratio) ? INFINITY : std::max(worst, ratio);
+  }
+  std::printf("  %-34s err/sum|xw| %.2e  bound %.1e\n", what.c_str(), worst, bound);
+  CHECK_MESSAGE(worst <= bound, what);
+}
+
+}  // namespace
+
+TEST_CASE("fast gemm: every tile within 2^-16 of the CPU op, all tiles give the same bits") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(31);
+  const int n = 256, k = 768;
+  for (bool fp4 : {false, true}) {
+    const auto w8 = op_reference::random_fp8(rng, n, k);
+    const auto w4 = op_reference::random_fp4(rng, n, k);
+    const std::vector<float> wd = fp4 ? op_reference::dequant(w4.view) : op_reference::dequant(w8.view);
+    const dev_fp8 d8(w8);
+    const dev_fp4 d4(w4);
+    for (int m : {1, 5, 37, 130}) {
+      const std::vector<float> x = activations(rng, m, k);
+      std::vector<float> ref(std::size_t(m) * n);
+      if (fp4) cpu::linear_fp4(x.data(), m, w4.view, ref.data());
+      else cpu::linear_fp8(x.data(), m, w8.view, ref.data());
+      const std::vector<double> sabs = abs_products(x, m, k, wd, n);
+      dev<float> xd(x);
+      dev<uint8_t> xq(std::size_t(m) * k);
+      dev<float> xs(std::size_t(m) * (k / 32));
+      fast::quantize_rows_fp8(xd.get(), m, k, xq.get(), xs.get());
+      std::vector<uint8_t> codes(std::size_t(m) * k), scale_codes(std::size_t(m) * (k / 32));
+      fmt::quantize_fp8(x.data(), m * k, codes.data(), scale_codes.data());
+      std::vector<float> scales(scale_codes.size());
+      for (std::size_t i = 0; i < scales.size(); ++i) scales[i] = fmt::ue8m0_to_f32(scale_codes[i]);
+      check_equal("quantize_rows_fp8 codes m=" + std::to_string(m), xq.host(), codes);
+      check_equal("quantize_rows_fp8 scales m=" + std::to_string(m), xs.host(), scales);
+      std::vector<float> first;
+      for (fast::tile_kind t : tiles) {
+        dev<float> y(std::size_t(m) * n);
+        if (fp4) fast::gemm_fp4(xq.get(), xs.get(), m, d4.view, y.get(), t);
+        else fast::gemm_fp8(xq.get(), xs.get(), m, d8.view, y.get(), t);
+        const std::vector<float> got = y.host();
+        const std::string what = std::string(fp4 ? "gemm_fp4 " : "gemm_fp8 ") + fast::tile_name(t) + " m=" + std::to_string(m);
+        check_bound(what, got, ref, sabs);
+        if (first.empty()) first = got;
+        else CHECK_MESSAGE(op_reference::same_bits(first.data(), got.data(), got.size()), (what + " vs gemv bits"));
+      }
+    }
+  }
+}
+
+TEST_CASE("fast grouped_fp4: each expert's slots equal gemm_fp4 on its rows, bit for bit") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(32);
+  const int n = 256, k = 512, experts = 5, tokens = 23;
+  std::vector<op_reference::owned_fp4> hw;
+  for (int e = 0; e < experts; ++e) hw.push_back(op_reference::random_fp4(rng, n, k));
+  std::vector<std::unique_ptr<dev_fp4>> dw;
+  for (const auto& w : hw) dw.push_back(std::make_unique<dev_fp4>(w));
+  // expert e takes the tokens t with t % experts <= e (expert 0 the fewest), in token order
+  std::vector<int32_t> slot_rows;
+  std::vector<fast::expert_group> groups;
+  int max_slots = 0;
+  for (int e = 0; e < experts; ++e) {
+    fast::expert_group g{dw[e]->view.data, dw[e]->view.scale, int(slot_rows.size()), 0};
+    for (int t = 0; t < tokens; ++t)
+      if (t % experts <= e) slot_rows.push_back(t), ++g.num_slots;
+    max_slots = std::max(max_slots, g.num_slots);
+    groups.push_back(g);
+  }
+  const int slots = int(slot_rows.size());
+  const std::vector<float> x = activations(rng, tokens, k);
+  dev<float> xd(x);
+  dev<uint8_t> xq(std::size_t(tokens) * k);
+  dev<float> xs(std::size_t(tokens) * (k / 32));
+  fast::quantize_rows_fp8(xd.get(), tokens, k, xq.get(), xs.get());
+  const std::vector<uint8_t> xq_host = xq.host();
+  const std::vector<float> xs_host = xs.host();
+  dev<int32_t> rows_d(slot_rows);
+  dev<fast::expert_group> groups_d(groups);
+  for (fast::tile_kind t : tiles) {
+    dev<float> y(std::size_t(slots) * n);
+    fast::grouped_fp4(xq.get(), xs.get(), rows_d.get(), groups_d.get(), experts, slots, max_slots, n, k, y.get(), t);
+    const std::vector<float> got = y.host();
+    bool same = true;
+    for (int e = 0; e < experts; ++e) {
+      // the expert's rows gathered on the host, then the dense op with the same tile
+      std::vector<uint8_t> gq;
+      std::vector<float> gs;
+      for (int s = groups[e].first_slot; s < groups[e].first_slot + groups[e].num_slots; ++s) {
+        gq.insert(gq.end(), xq_host.begin() + std::size_t(slot_rows[s]) * k, xq_host.begin() + std::size_t(slot_rows[s] + 1) * k);
+        gs.insert(gs.end(), xs_host.begin() + std::size_t(slot_rows[s]) * (k / 32),
+                  xs_host.begin() + std::size_t(slot_rows[s] + 1) * (k / 32));
+      }
+      dev<uint8_t> gq_d(gq);
+      dev<float> gs_d(gs);
+      dev<float> ye(std::size_t(groups[e].num_slots) * n);
+      fast::gemm_fp4(gq_d.get(), gs_d.get(), groups[e].num_slots, dw[e]->view, ye.get(), t);
+      const std::vector<float> want = ye.host();
+      same = same && op_reference::same_bits(want.data(), got.data() + std::size_t(groups[e].first_slot) * n, want.size());
+    }
+    std::printf("  grouped_fp4 %-8s %d experts, %d slots: %s\n", fast::tile_name(t), experts, slots,
+                same ? "identical to gemm_fp4" : "DIFFERENT");
+    CHECK_MESSAGE(same, fast::tile_name(t));
+  }
+}
