@@ -11,6 +11,7 @@
 
 #include "actors/engine.hpp"
 #include "net/bridge.hpp"
+#include "net/json_writer.hpp"
 
 namespace cedar::net {
 
@@ -104,6 +105,30 @@ class runtime_bridge final : public engine_bridge {
       e.group_waiting = s.group_waiting;
     }
     return e;
+  }
+
+  std::string layout_status_json() const override {
+    auto l = runtime_->layout_info();
+    if (!l) return {};
+    const layout_status& s = l.value();
+    json_writer w;
+    w.obj().kv("layout", s.layout).kv("generation", int64_t(s.generation)).kv("switching", s.switching)
+        .kv("switches", s.switches).kv("rebuilds", s.rebuilds).kv("last_switch_ms", s.last_switch_ms)
+        .kv("last_fault", s.last_fault);
+    w.key("shards").arr();
+    for (const shard_status& sh : s.shards)
+      w.obj().kv("rank", int(sh.rank)).kv("group", int(sh.group)).kv("alive", sh.alive).kv("remote", sh.remote)
+          .kv("steps", sh.steps).kv("rows", sh.rows).end_obj();
+    w.end_arr().key("groups").arr();
+    for (std::size_t g = 0; g < s.group_running.size(); ++g)
+      w.obj().kv("group", int(g)).kv("running", s.group_running[g]).kv("waiting", s.group_waiting[g]).end_obj();
+    w.end_arr().end_obj();
+    return w.take();
+  }
+
+  std::string kill_shard(int rank) override {
+    const status s = runtime_->kill_shard(rank);
+    return s.ok() ? std::string() : s.error().message;
   }
 
   void switch_layout(const std::string& layout,

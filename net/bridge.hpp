@@ -122,6 +122,15 @@ class engine_bridge {
     (void)layout;
     done("this engine has no parallel layouts", {});
   }
+  /// The layout, its shards (alive, steps and token rows run, remote) and each data-parallel
+  /// group's load, as one JSON object (GET /admin/status); empty when there are no layouts.
+  virtual std::string layout_status_json() const { return {}; }
+  /// Test builds (CEDAR_TEST_HOOKS): shard `rank` crashes and the runtime rebuilds the layout
+  /// (POST /admin/kill-shard). Returns an error message, empty on success.
+  virtual std::string kill_shard(int rank) {
+    (void)rank;
+    return "this engine has no shards";
+  }
   /// Stops the engine: running requests end with finished == cancelled. Blocks until done.
   virtual void shutdown() = 0;
 };

@@ -6,6 +6,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/websocket/rfc6455.hpp>
 
+#include "net/admin_layout.hpp"
 #include "net/api_parse.hpp"
 #include "net/websocket_session.hpp"
 
@@ -144,6 +145,8 @@ void http_session::handle_request() {
   }
   if (is_api) state_->metrics.num_requests_total.fetch_add(1);
   if (req.method() == http::verb::post && path_ == "/admin/layout") return switch_layout(req.body());
+  if (auto r = path_.rfind("/admin/", 0) == 0 ? handle_admin_layout(*state_, method_, path_, req.body()) : std::nullopt)
+    return respond(*r);
   if (path_.rfind("/admin/", 0) == 0) return respond(handle_admin(*state_, method_, path_));
   if (req.method() == http::verb::post &&
       (path_ == "/v1/chat/completions" || path_ == "/v1/completions" || path_ == "/v1/responses"))

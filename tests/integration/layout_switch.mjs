@@ -52,6 +52,13 @@ async function run(url, onTurnDone = () => {}) {
   return Promise.all(Array.from({ length: sessions }, (_, s) => one(s)));
 }
 
+const admin = { Authorization: "Bearer adm-layout", "Content-Type": "application/json" };
+async function status() {
+  const r = await fetch(process.env.URL_LIVE + "/admin/status", { headers: admin });
+  assert.equal(r.status, 200);
+  return r.json();
+}
+
 async function switchTo(layout) {
   const r = await fetch(process.env.URL_LIVE + "/admin/layout", {
     method: "POST", headers: { Authorization: "Bearer adm-layout", "Content-Type": "application/json" },
@@ -89,4 +96,46 @@ console.log(`  ${failed} failed, ${truncated} with another token count, ${differ
 assert.equal(failed, 0);
 assert.equal(truncated, 0);
 assert.equal(differ, 0);
+const st = await status();
+assert.equal(st.layout, "tp1");
+assert.equal(st.switches, 3);
+assert.equal(st.shards.length, 1);
+assert.ok(st.shards[0].steps > 0 && st.shards[0].alive);
+
+// A shard killed mid-stream (test hook): every stream ends within 10 s, /health answers
+// throughout, and new sessions are served after the rebuild.
+results.push(await switchTo("dep2"));
+const t0 = Date.now();
+let healthFailures = 0, killed = false;
+const probe = setInterval(async () => {
+  try { if ((await fetch(process.env.URL_LIVE + "/health")).status !== 200) healthFailures++; } catch { healthFailures++; }
+}, 100);
+const after = await Promise.all(Array.from({ length: 8 }, async (_, s) => {
+  const ws = await open(process.env.URL_LIVE);
+  ws.send(JSON.stringify({ type: "response.create", model: "micro", max_output_tokens: 24, temperature: 0,
+                           reasoning: { effort: "none" }, input: [{ role: "user", content: `After ${s}` }] }));
+  await ws.next((e) => e.type === "response.output_text.delta" || e.type === "response.reasoning_text.delta");
+  if (!killed) {
+    killed = true;
+    const r = await fetch(process.env.URL_LIVE + "/admin/kill-shard", { method: "POST", headers: admin,
+                                                                       body: JSON.stringify({ rank: 1 }) });
+    assert.equal(r.status, 200, await r.text());
+  }
+  const end = await ws.next(isEnd);
+  ws.close();
+  return { status: end.response.status, ms: Date.now() - t0 };
+}));
+clearInterval(probe);
+const slowest = Math.max(...after.map((a) => a.ms));
+console.log(`  shard killed: ${after.filter((a) => a.status === "incomplete" || a.status === "completed").length}/8 ` +
+            `streams completed, ${after.filter((a) => a.status === "failed").length} failed cleanly, last ended ${slowest} ms ` +
+            `after the streams started; /health failures: ${healthFailures}`);
+assert.ok(after.every((a) => ["completed", "incomplete", "failed"].includes(a.status)));
+assert.ok(slowest < 10000);
+assert.equal(healthFailures, 0);
+const rebuilt = await status();
+assert.equal(rebuilt.rebuilds, 1);
+assert.ok(rebuilt.shards.every((s) => s.alive));
+const fresh = await run(process.env.URL_LIVE);
+assert.ok(fresh.every((turnsOut) => turnsOut.every((t) => ["completed", "incomplete"].includes(t.status))));
 console.log("layout_switch: ok");

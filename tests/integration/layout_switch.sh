@@ -2,7 +2,9 @@
 # Layout switches under load through the server: 32 WebSocket sessions (Responses WebSocket
 # mode, the `ws` client) of 3 turns each stream while POST /admin/layout switches
 # tp4 -> dep2 -> tp4 -> tp1; every turn must end normally with as many tokens as in an
-# unswitched tp4 run, and (exact replay) with the same text.
+# unswitched tp4 run, and (exact replay) with the same text. Then GET /admin/status, and a
+# shard killed mid-stream (POST /admin/kill-shard, a test hook): every stream ends within 10 s,
+# /health answers throughout, and the rebuilt layout serves 32 new sessions.
 # usage: tests/integration/layout_switch.sh path/to/cedar
 set -euo pipefail
 cedar="$(realpath "${1:?usage: layout_switch.sh path/to/cedar}")"
