@@ -14,8 +14,8 @@ namespace runtime_detail {
 
 submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_actor_ptr& sink) {
   auto& st = self->state;
-  std::vector<int64_t> load;
-  for (auto& g : st.groups) load.push_back(int64_t(g->metrics().requests_running + g->metrics().requests_waiting));
+  std::vector<int64_t> load(st.groups.size(), 0);  // live requests per group
+  for (const auto& [id, g] : st.request_group) ++load[g];
   const int g = st.router.route(msg.spec.session_id, load);
   st.groups[g]->set_next_request_id(st.next_request_id);
   auto r = st.groups[g]->submit(std::move(msg.spec));
