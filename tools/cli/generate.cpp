@@ -1,6 +1,7 @@
-// `cedar generate`: greedy generation on the CPU backend, for smoke tests and CPU timings.
-// Prefills the prompt (whole, or in --chunk pieces), then decodes one token per call; prints
-// the ids (and text when a tokenizer is at hand) and the prefill / decode rates.
+// `cedar generate`: greedy generation on the CPU or the GPU model (--device), for smoke tests
+// and timings. Prefills the prompt (whole, or in --chunk pieces), then decodes one token per
+// call; prints the ids (and text when a tokenizer is at hand) and the load, prefill and decode
+// times.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 
 #include "net/json_writer.hpp"
 #include "net/tokenizer.hpp"
+#include "tools/cli/device_model.hpp"
 #include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
@@ -24,18 +26,25 @@ struct generate_args {
   std::string prompt_ids, prompt;
   int max_tokens = 16;
   int chunk = 0;  ///< 0: the whole prompt in one call
-  bool truncate = false, json = false, ignore_eos = false;
+  bool truncate = false, json = false, ignore_eos = false, progress = false;
+  double max_prefill_s = 0;  ///< > 0: stop prefilling after this long (the prompt is cut there)
   cedar::kv_dtype kv = cedar::kv_dtype::fp4;
+  cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
 };
 
 void usage() {
   std::fprintf(stderr,
                "usage: cedar generate [--model DIR|PRESET] [--seed S] (--prompt-ids 1,2,3 | --prompt TEXT)\n"
                "                      --max-tokens N [--chunk N] [--truncate on|off] [--kv-dtype fp4|fp8]\n"
-               "                      [--ignore-eos] [--json]\n"
-               "  greedy decoding on the CPU backend. Default model: preset '%s' with random\n"
+               "                      [--ignore-eos] [--json] [--device cpu|cuda] [--progress]\n"
+               "                      [--max-prefill-s S]\n"
+               "  greedy decoding on the CPU backend (default) or the GPU model (--device cuda: weights\n"
+               "  and KV on the device, the CPU's bits). Default model: preset '%s' with random\n"
                "  weights from seed %llu (--seed changes it). --truncate on runs the decoder's late\n"
-               "  layers on the prompt's last window only (approximate, as in serving).\n",
+               "  layers on the prompt's last window only (approximate, as in serving). --progress:\n"
+               "  load progress and per-chunk / per-16-token times on stderr. --max-prefill-s S: stop\n"
+               "  prefilling at the first chunk boundary after S seconds and decode from there (the\n"
+               "  prompt is cut; the token count prefilled is reported).\n",
                cedar::cli::default_model, static_cast<unsigned long long>(cedar::cli::default_seed));
 }
 
@@ -44,6 +53,7 @@ bool parse(int argc, char** argv, generate_args& a) {
     const std::string k = argv[i];
     if (k == "--json") { a.json = true; continue; }
     if (k == "--ignore-eos") { a.ignore_eos = true; continue; }
+    if (k == "--progress") { a.progress = true; continue; }
     if (i + 1 >= argc) return false;
     const std::string v = argv[++i];
     if (k == "--model") a.model = v;
@@ -52,12 +62,15 @@ bool parse(int argc, char** argv, generate_args& a) {
     else if (k == "--prompt") a.prompt = v;
     else if (k == "--max-tokens") a.max_tokens = std::atoi(v.c_str());
     else if (k == "--chunk") a.chunk = std::atoi(v.c_str());
+    else if (k == "--max-prefill-s") a.max_prefill_s = std::atof(v.c_str());
+    else if (k == "--device" && cedar::cli::parse_device(v)) a.device = *cedar::cli::parse_device(v);
     else if (k == "--truncate" && (v == "on" || v == "off")) a.truncate = v == "on";
     else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8"))
       a.kv = v == "fp4" ? cedar::kv_dtype::fp4 : cedar::kv_dtype::fp8;
     else return false;
   }
-  return a.max_tokens > 0 && a.chunk >= 0 && (a.prompt_ids.empty() != a.prompt.empty());
+  return a.max_tokens > 0 && a.chunk >= 0 && a.max_prefill_s >= 0 && !(a.max_prefill_s > 0 && a.truncate) &&
+         (a.prompt_ids.empty() != a.prompt.empty());
 }
 
 double seconds_since(clock_type::time_point t0) {
@@ -73,28 +86,38 @@ int32_t argmax(std::span<const float> v) {
 
 struct run_result {
   std::vector<int32_t> output;
-  double prefill_s = 0, decode_s = 0;
+  int prefilled = 0;  ///< prompt tokens run (all of them unless --max-prefill-s cut the prompt)
+  double load_s = 0, prefill_s = 0, decode_s = 0;
 };
 
-run_result generate(const cedar::model& m, const generate_args& a, const std::vector<int32_t>& prompt) {
-  const int n = int(prompt.size());
-  cedar::cli::owned_request req(m.layout(), n + a.max_tokens);
+run_result generate(cedar::cli::cli_model& m, const generate_args& a, const std::vector<int32_t>& prompt) {
+  int n = int(prompt.size());
+  const auto kv = m.new_request(n + a.max_tokens);
   std::vector<int32_t> history;
   std::vector<float> logits;
   run_result r;
   const int chunk = a.chunk > 0 ? a.chunk : n;
   const auto t0 = clock_type::now();
+  double chunk_s = 0;  // the previous chunk's time
   for (int p = 0; p < n; p += chunk) {
+    // --max-prefill-s: the chunk expected to end past the limit is the prompt's last.
+    const double elapsed = seconds_since(t0);
+    const bool last = p + chunk >= n || (a.max_prefill_s > 0 && elapsed + 2 * chunk_s > a.max_prefill_s);
     cedar::forward_item it;
-    it.kv = &req.kv;
+    it.kv = kv.get();
     it.history = history;
     it.tokens = std::span(prompt).subspan(p, std::min(chunk, n - p));
-    it.logits = p + chunk >= n ? cedar::logits_mode::last : cedar::logits_mode::none;
+    it.logits = last ? cedar::logits_mode::last : cedar::logits_mode::none;
     it.truncate_below = a.truncate ? std::max(0, n - m.args().sliding_window) : -1;
     logits.clear();
     m.forward(std::span(&it, 1), logits);
     history.insert(history.end(), it.tokens.begin(), it.tokens.end());
+    chunk_s = seconds_since(t0) - elapsed;
+    if (a.progress)
+      std::fprintf(stderr, "cedar: prefilled %zu of %d tokens, %.2f s\n", history.size(), n, seconds_since(t0));
+    if (last) break;
   }
+  r.prefilled = int(history.size());
   r.prefill_s = seconds_since(t0);
   const auto t1 = clock_type::now();
   for (int step = 0; step < a.max_tokens; ++step) {
@@ -102,12 +125,14 @@ run_result generate(const cedar::model& m, const generate_args& a, const std::ve
     r.output.push_back(next);
     if ((next == m.args().eos_token_id && !a.ignore_eos) || step + 1 == a.max_tokens) break;
     cedar::forward_item it;
-    it.kv = &req.kv;
+    it.kv = kv.get();
     it.history = history;
     it.tokens = std::span(&r.output.back(), 1);
     logits.clear();
     m.forward(std::span(&it, 1), logits);
     history.push_back(next);
+    if (a.progress && (step + 1) % 16 == 0)
+      std::fprintf(stderr, "cedar: decoded %d tokens, %.2f s\n", step + 1, seconds_since(t1));
   }
   r.decode_s = seconds_since(t1);
   return r;
@@ -115,14 +140,15 @@ run_result generate(const cedar::model& m, const generate_args& a, const std::ve
 
 void print(const generate_args& a, const std::vector<int32_t>& prompt, const run_result& r,
            const std::string& text) {
-  const double prefill_tps = prompt.size() / std::max(r.prefill_s, 1e-9);
+  const double prefill_tps = r.prefilled / std::max(r.prefill_s, 1e-9);
   const int decoded = int(r.output.size()) - 1;  // the first token comes from the prefill
   const double decode_tps = decoded > 0 ? decoded / std::max(r.decode_s, 1e-9) : 0.0;
   if (a.json) {
     cedar::net::json_writer w;
-    w.obj().kv("model", a.model).kv("prompt_tokens", int64_t(prompt.size())).key("output_ids").arr();
+    w.obj().kv("model", a.model).kv("device", a.device == cedar::cli::device_kind::cuda ? "cuda" : "cpu")
+        .kv("prompt_tokens", int64_t(prompt.size())).kv("prefilled_tokens", int64_t(r.prefilled)).key("output_ids").arr();
     for (int32_t id : r.output) w.num(int64_t{id});
-    w.end_arr().kv("text", text).kv("prefill_s", r.prefill_s).kv("decode_s", r.decode_s)
+    w.end_arr().kv("text", text).kv("load_s", r.load_s).kv("prefill_s", r.prefill_s).kv("decode_s", r.decode_s)
         .kv("prefill_tok_s", prefill_tps).kv("decode_tok_s", decode_tps).end_obj();
     std::printf("%s\n", w.str().c_str());
     return;
@@ -131,7 +157,10 @@ void print(const generate_args& a, const std::vector<int32_t>& prompt, const run
   for (int32_t id : r.output) ids += (ids.empty() ? "" : ",") + std::to_string(id);
   std::printf("output ids: %s\n", ids.c_str());
   if (!text.empty()) std::printf("text: %s\n", text.c_str());
-  std::printf("prefill: %zu tokens in %.3f s (%.1f tok/s)\n", prompt.size(), r.prefill_s, prefill_tps);
+  std::printf("load: %.1f s\n", r.load_s);
+  if (r.prefilled < int(prompt.size()))
+    std::printf("prefill cut by --max-prefill-s: %d of %zu prompt tokens run\n", r.prefilled, prompt.size());
+  std::printf("prefill: %d tokens in %.3f s (%.1f tok/s)\n", r.prefilled, r.prefill_s, prefill_tps);
   std::printf("decode: %d tokens in %.3f s (%.1f tok/s)\n", decoded, r.decode_s, decode_tps);
 }
 
@@ -161,7 +190,13 @@ int generate_main(int argc, char** argv) {
     std::fprintf(stderr, "cedar: --prompt-ids must be comma-separated non-negative integers\n");
     return 2;
   }
-  auto m = cedar::cli::open_model(a.model, a.seed, a.kv, &error);
+  if (std::string why = cedar::cli::device_unavailable(a.device); !why.empty()) {
+    std::fprintf(stderr, "cedar: %s\n", why.c_str());
+    return 1;
+  }
+  const auto t_load = clock_type::now();
+  auto m = cedar::cli::open_cli_model(a.model, a.seed, a.kv, a.device, a.progress, &error);
+  const double load_s = seconds_since(t_load);
   if (!m) {
     std::fprintf(stderr, "cedar: %s\n", error.c_str());
     return 1;
@@ -171,11 +206,12 @@ int generate_main(int argc, char** argv) {
       std::fprintf(stderr, "cedar: token id %d is outside the vocabulary (%d)\n", id, m->args().vocab_size);
       return 2;
     }
-  const run_result r = generate(*m, a, prompt);
+  run_result r = generate(*m, a, prompt);
+  r.load_s = load_s;
   print(a, prompt, r, tok ? tok->decode(r.output) : std::string());
   return 0;
 }
 
 }  // namespace
 
-CEDAR_COMMAND("generate", "greedy generation on the CPU backend (prints ids and tok/s)", generate_main);
+CEDAR_COMMAND("generate", "greedy generation on the CPU or GPU model (prints ids and tok/s)", generate_main);

@@ -15,6 +15,7 @@
 #include "kernels/checkpoint/safetensors.hpp"
 #include "kernels/model/random_weights.hpp"
 #include "net/server.hpp"
+#include "tools/cli/device_model.hpp"
 #include "tools/cli/registry.hpp"
 
 namespace {
@@ -26,6 +27,7 @@ struct model_choice {
   uint64_t seed = 1234;
   int null_step_us = 1000;
   std::string null_output;  ///< null model: this text (then EOS) instead of a repeated token
+  cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
   cedar::engine_options options;
 };
 
@@ -54,11 +56,22 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
   std::string error;
   auto args = cedar::load_model_args(c.model, &error);
   if (!args) throw std::runtime_error(error);
-  auto started = cedar::engine::start(*args, load_weights(c, *args), c.options);
+  auto started = [&] {
+    if (c.device == cedar::cli::device_kind::cpu) return cedar::engine::start(*args, load_weights(c, *args), c.options);
+    // GPU: one shard under one scheduler; its KV stays in the shard's host arena and each step
+    // copies the batch's pages to the device and back (gpu_model::forward_host_kv).
+    auto weights = cedar::cli::load_weights(c.model, *args, c.seed, true, &error);
+    if (!weights) throw std::runtime_error(error);
+    auto gpu = cedar::cli::make_gpu_step_model(*args, std::move(weights),
+                                               c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4, true, &error);
+    if (!gpu) throw std::runtime_error(error);
+    return cedar::engine::start(std::move(gpu), c.options);
+  }();
   if (!started) throw std::runtime_error(started.error().message);
   std::string name = std::filesystem::path(c.model).filename().string();
   if (name.empty() || name.find(".json") != std::string::npos) name = "model";
-  std::string layout = std::string("KV ") + (c.options.kv_fp8 ? "fp8" : "fp4") + ", " +
+  std::string layout = std::string(c.device == cedar::cli::device_kind::cuda ? "cuda, " : "") + "KV " +
+                       (c.options.kv_fp8 ? "fp8" : "fp4") + ", " +
                        std::to_string(args->num_hidden_layers) + " layers, hidden " +
                        std::to_string(args->hidden_size);
   return cedar::net::make_runtime_bridge(std::move(started.value()), name, layout, c.options.page_tokens);
@@ -75,6 +88,9 @@ void print_help(FILE* out) {
       "  --model NAME                   tiny | micro | null | a checkpoint directory (default tiny);\n"
       "                                 null returns a fixed token at once (measures streaming cost)\n"
       "  --seed N                       random-weight seed for presets (default 1234)\n"
+      "  --device cpu|cuda              where the model runs (default cpu). cuda: weights on the GPU,\n"
+      "                                 the CPU's bits; one shard (--layout tp1), KV in host memory\n"
+      "                                 copied to the device per step\n"
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
       "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
@@ -148,6 +164,12 @@ int serve_main(int argc, char** argv) {
     if (flag == "--no-request-log") o.log_requests = false;
     else if (flag == "--model") { if (next()) engine.model = value; }
     else if (flag == "--seed") number(engine.seed);
+    else if (flag == "--device") {
+      if (next()) {
+        if (auto d = cedar::cli::parse_device(value)) engine.device = *d;
+        else errors.push_back("--device: cpu or cuda, not " + value);
+      }
+    }
     else if (flag == "--served-model-name") { if (next()) o.served_model_name = value; }
     else if (flag == "--tokenizer") { if (next()) o.tokenizer_path = value; }
     else if (flag == "--null-step-us") number(engine.null_step_us);
@@ -176,6 +198,12 @@ int serve_main(int argc, char** argv) {
     } else errors.push_back("unknown option " + flag);
   }
   if (o.num_threads < 1) errors.push_back("--threads must be at least 1");
+  if (engine.device == cedar::cli::device_kind::cuda) {
+    if (std::string why = cedar::cli::device_unavailable(engine.device); !why.empty()) errors.push_back(why);
+    if (engine.model == "null") errors.push_back("--device cuda: the null model has no device");
+    if (engine.options.layout != "tp1" || engine.options.shard_port >= 0)
+      errors.push_back("--device cuda runs one shard: --layout tp1 only, no --shard-port");
+  }
   if (o.port > 65535) errors.push_back("--port must be below 65536");
   if (!errors.empty()) {
     for (auto& e : errors) std::fprintf(stderr, "cedar serve: %s\n", e.c_str());

@@ -1,0 +1,206 @@
+// The model commands' devices (see device_model.hpp): CPU model, GPU model, and the GPU model
+// as a shard's step_model.
+#include "tools/cli/device_model.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+
+#include "actors/shard.hpp"
+#include "config/model_config.hpp"
+#include "kernels/checkpoint/safetensors.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/model/inventory.hpp"
+#include "kernels/model/random_weights.hpp"
+#include "tools/cli/model_source.hpp"
+
+#ifdef CEDAR_HAVE_CUDA
+#include "kernels/cuda_model/gpu_model.hpp"
+#endif
+
+namespace cedar::cli {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+constexpr double gib = double(uint64_t(1) << 30);
+
+/// Prints "<what> 10% .. 100%" lines to stderr as `done` crosses each tenth of `total`.
+struct tenths_printer {
+  const char* what;
+  clock_type::time_point t0 = clock_type::now();
+  int printed = 0;
+  void operator()(uint64_t done, uint64_t total) {
+    const int tenth = total == 0 ? 10 : int(done * 10 / total);
+    if (tenth <= printed) return;
+    printed = tenth;
+    std::fprintf(stderr, "cedar: %s %3d%% (%.2f of %.2f GiB, %.1f s)\n", what, tenth * 10, double(done) / gib,
+                 double(total) / gib, seconds_since(t0));
+  }
+};
+
+class cpu_cli_model final : public cli_model {
+ public:
+  explicit cpu_cli_model(std::unique_ptr<model> m) : m_(std::move(m)) {}
+  const model_args& args() const override { return m_->args(); }
+  const kv_layout& layout() const override { return m_->layout(); }
+  void forward(std::span<forward_item> batch, std::vector<float>& logits) override { m_->forward(batch, logits); }
+  std::shared_ptr<request_kv> new_request(int64_t max_tokens) override {
+    auto req = std::make_shared<owned_request>(m_->layout(), max_tokens);
+    return std::shared_ptr<request_kv>(req, &req->kv);
+  }
+
+ private:
+  std::unique_ptr<model> m_;
+};
+
+#ifdef CEDAR_HAVE_CUDA
+
+std::unique_ptr<gpu_model> upload(const model_args& args, std::shared_ptr<const tensor_map> weights, kv_dtype dtype,
+                                  bool verbose) {
+  const auto t0 = clock_type::now();
+  tenths_printer print{"upload to the device"};
+  upload_progress_fn progress;
+  if (verbose) progress = [&](uint64_t done, uint64_t total) { print(done, total); };
+  auto m = std::make_unique<gpu_model>(args, std::move(weights), dtype, progress);
+  if (verbose)
+    std::fprintf(stderr, "cedar: %.2f GiB of weights on the device in %.1f s (%s)\n", double(m->weight_bytes()) / gib,
+                 seconds_since(t0), cuda::status().c_str());
+  return m;
+}
+
+class gpu_cli_model final : public cli_model {
+ public:
+  explicit gpu_cli_model(std::unique_ptr<gpu_model> m) : m_(std::move(m)) {}
+  const model_args& args() const override { return m_->args(); }
+  const kv_layout& layout() const override { return m_->layout(); }
+  void forward(std::span<forward_item> batch, std::vector<float>& logits) override { m_->forward(batch, logits); }
+  std::shared_ptr<request_kv> new_request(int64_t max_tokens) override {
+    // One arena per request, sized for it: the CLI runs one request at a time.
+    const kv_layout& l = m_->layout();
+    std::size_t free_b = 0, total_b = 0;
+    cuda::memory_info(&free_b, &total_b);
+    const double need = double(max_tokens / l.page_tokens + 1) * double(l.page_bytes);
+    auto arena = std::make_shared<gpu_kv_arena>(l, (need + 0.5 * double(l.page_bytes)) / double(std::max<std::size_t>(1, free_b)));
+    auto kv = arena->allocate(max_tokens);
+    if (!kv) throw std::runtime_error("not enough device memory for the KV of " + std::to_string(max_tokens) + " tokens");
+    auto held = std::make_shared<request_kv>(std::move(*kv));
+    return std::shared_ptr<request_kv>(held.get(), [arena, held](request_kv* p) { arena->release(*p); });
+  }
+
+ private:
+  std::unique_ptr<gpu_model> m_;
+};
+
+class gpu_step_model final : public step_model {
+ public:
+  explicit gpu_step_model(std::unique_ptr<gpu_model> m) : m_(std::move(m)) {}
+  const model_args& args() const override { return m_->args(); }
+  const kv_layout& layout() const override { return m_->layout(); }
+  void forward(std::span<forward_item> batch, std::vector<float>& logits) override {
+    m_->forward_host_kv(batch, logits);
+  }
+
+ private:
+  std::unique_ptr<gpu_model> m_;
+};
+
+#endif  // CEDAR_HAVE_CUDA
+
+}  // namespace
+
+std::optional<device_kind> parse_device(const std::string& text) {
+  if (text == "cpu") return device_kind::cpu;
+  if (text == "cuda") return device_kind::cuda;
+  return std::nullopt;
+}
+
+std::string device_unavailable(device_kind device) {
+  if (device == device_kind::cpu) return {};
+#ifdef CEDAR_HAVE_CUDA
+  if (cuda::available()) return {};
+  return "--device cuda: " + cuda::status();
+#else
+  return "--device cuda: cedar was built without CUDA (rebuild with nvcc present or -DCEDAR_CUDA=ON)";
+#endif
+}
+
+std::shared_ptr<const tensor_map> load_weights(const std::string& dir_or_preset, const model_args& args,
+                                               uint64_t seed, bool verbose, std::string* error) {
+  const auto t0 = clock_type::now();
+  auto weights = std::make_shared<tensor_map>();
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir_or_preset, ec)) {
+    if (!read_safetensors(dir_or_preset, *weights, error)) return nullptr;
+    const auto problems = check_tensors(args, *weights);
+    if (!problems.empty()) {
+      *error = "checkpoint " + dir_or_preset + " does not match its config.json: " + problems.front() +
+               (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : "");
+      return nullptr;
+    }
+    if (verbose) std::fprintf(stderr, "cedar: opened %s in %.1f s\n", dir_or_preset.c_str(), seconds_since(t0));
+    return weights;
+  }
+  tenths_printer print{"random weights"};
+  progress_fn progress;
+  if (verbose) progress = [&](uint64_t done, uint64_t total) { print(done, total); };
+  *weights = make_random_weights(args, seed, progress);
+  if (verbose)
+    std::fprintf(stderr, "cedar: random weights for %s (seed %llu) generated in host memory in %.1f s\n",
+                 dir_or_preset.c_str(), static_cast<unsigned long long>(seed), seconds_since(t0));
+  return weights;
+}
+
+std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype,
+                                          device_kind device, bool verbose, std::string* error) {
+  if (device == device_kind::cpu) {
+    auto m = open_model(dir_or_preset, seed, dtype, error);
+    if (!m) return nullptr;
+    return std::make_unique<cpu_cli_model>(std::move(m));
+  }
+  if (std::string why = device_unavailable(device); !why.empty()) {
+    *error = why;
+    return nullptr;
+  }
+#ifdef CEDAR_HAVE_CUDA
+  auto args = load_model_args(dir_or_preset, error);
+  if (!args) return nullptr;
+  auto weights = load_weights(dir_or_preset, *args, seed, verbose, error);
+  if (!weights) return nullptr;
+  try {
+    return std::make_unique<gpu_cli_model>(upload(*args, std::move(weights), dtype, verbose));
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return nullptr;
+  }
+#else
+  return nullptr;
+#endif
+}
+
+std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::shared_ptr<const tensor_map> weights,
+                                                kv_dtype dtype, bool verbose, std::string* error) {
+  if (std::string why = device_unavailable(device_kind::cuda); !why.empty()) {
+    *error = why;
+    return nullptr;
+  }
+#ifdef CEDAR_HAVE_CUDA
+  try {
+    return std::make_unique<gpu_step_model>(upload(args, std::move(weights), dtype, verbose));
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return nullptr;
+  }
+#else
+  (void)args, (void)weights, (void)dtype, (void)verbose;
+  return nullptr;
+#endif
+}
+
+}  // namespace cedar::cli

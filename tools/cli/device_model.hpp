@@ -1,0 +1,59 @@
+// The model the model commands run, on the device `--device` names: the CPU model, or the GPU
+// model (kernels/cuda_model) when cedar is built with CUDA. Also the step_model that puts the
+// GPU model under the serving engine. Weights come from a checkpoint directory or a preset
+// (random weights, generated in host memory with progress on stderr, then uploaded).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "actors/shard.hpp"
+#include "kernels/checkpoint/tensor_map.hpp"
+#include "kernels/model/model.hpp"
+
+namespace cedar::cli {
+
+enum class device_kind { cpu, cuda };
+
+/// "cpu" | "cuda" -> the kind; nullopt on anything else.
+std::optional<device_kind> parse_device(const std::string& text);
+
+/// Empty when `device` can run here; otherwise why not ("cedar was built without CUDA", or the
+/// CUDA runtime's reason when no device is present).
+std::string device_unavailable(device_kind device);
+
+/// Loads DIR's safetensors (checked against the config) or generates PRESET's random weights
+/// from `seed` on every core. verbose: progress and the load time on stderr. On failure
+/// returns nullptr and sets *error.
+std::shared_ptr<const tensor_map> load_weights(const std::string& dir_or_preset, const model_args& args,
+                                               uint64_t seed, bool verbose, std::string* error);
+
+/// A model the CLI drives one forward call at a time.
+class cli_model {
+ public:
+  virtual ~cli_model() = default;
+  virtual const model_args& args() const = 0;
+  virtual const kv_layout& layout() const = 0;
+  /// model::forward; every item's kv must come from new_request of this model.
+  virtual void forward(std::span<forward_item> batch, std::vector<float>& logits) = 0;
+  /// KV memory for one request of up to max_tokens positions, zeroed, in the memory forward
+  /// reads (host or device); freed with the returned pointer.
+  virtual std::shared_ptr<request_kv> new_request(int64_t max_tokens) = 0;
+};
+
+/// Opens DIR or PRESET (as load_weights) on `device`. cuda: weights uploaded to the device
+/// (progress on stderr when verbose), KV in device memory. nullptr and *error on failure.
+std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype,
+                                          device_kind device, bool verbose, std::string* error);
+
+/// The GPU model as a shard's step_model: weights uploaded from `weights` (progress on stderr
+/// when verbose); each step runs gpu_model::forward_host_kv on the shard's host KV arena.
+/// nullptr and *error when built without CUDA, with no device, or on bad weights.
+std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::shared_ptr<const tensor_map> weights,
+                                                kv_dtype dtype, bool verbose, std::string* error);
+
+}  // namespace cedar::cli
