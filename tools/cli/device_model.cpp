@@ -31,16 +31,18 @@ double seconds_since(clock_type::time_point t0) {
 
 constexpr double gib = double(uint64_t(1) << 30);
 
-/// Prints "<what> 10% .. 100%" lines to stderr as `done` crosses each tenth of `total`.
+/// Prints a "<what>: X GiB of about Y GiB" line to stderr each time `done` crosses another tenth
+/// of `total` (the total may be an estimate that `done` passes: the GPU upload counts only the
+/// large matrices in it).
 struct tenths_printer {
   const char* what;
   clock_type::time_point t0 = clock_type::now();
-  int printed = 0;
+  uint64_t printed = 0;
   void operator()(uint64_t done, uint64_t total) {
-    const int tenth = total == 0 ? 10 : int(done * 10 / total);
+    const uint64_t tenth = done * 10 / std::max<uint64_t>(1, total);
     if (tenth <= printed) return;
     printed = tenth;
-    std::fprintf(stderr, "cedar: %s %3d%% (%.2f of %.2f GiB, %.1f s)\n", what, tenth * 10, double(done) / gib,
+    std::fprintf(stderr, "cedar: %s: %.2f GiB of about %.2f GiB, %.1f s\n", what, double(done) / gib,
                  double(total) / gib, seconds_since(t0));
   }
 };
