@@ -1,6 +1,13 @@
 // The runtime behind the bridge: net's requests become actors' request_specs, the runtime's
 // token batches become net's. The only net/ file that includes actors/. Cancels and session
 // closes go through one worker thread, so an I/O strand never waits on an actor round trip.
+//
+// Conversations: net names one by a key (generate_request::session_id) and always sends the
+// whole prompt. The bridge keeps, per key, a runtime session and the tokens it holds (prompts
+// and completions). When the new prompt extends them, only the new tokens are submitted to the
+// session, whose pages the runtime keeps warm; otherwise (the conversation was edited, a
+// reply was cut off before its end token) the key moves to a fresh session with the whole
+// prompt. A second turn on a key while one runs (a fork of a Responses chain) runs alone.
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -8,6 +15,8 @@
 #include <random>
 #include <set>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 
 #include "actors/engine.hpp"
 #include "net/bridge.hpp"
@@ -56,7 +65,6 @@ class runtime_bridge final : public engine_bridge {
 
   submit_result submit(generate_request r, token_callback on_tokens) override {
     request_spec spec;
-    spec.prompt = std::move(r.prompt_ids);
     spec.max_tokens = r.max_tokens;
     spec.stop_ids = std::move(r.stop_ids);
     spec.sampling.temperature = r.sampling.temperature;
@@ -65,11 +73,20 @@ class runtime_bridge final : public engine_bridge {
     spec.sampling.seed = r.sampling.has_seed ? r.sampling.seed : random_seed();
     spec.sampling.logprobs = std::max(0, r.top_logprobs);
     bool want_logprobs = r.top_logprobs >= 0;
-    auto id = runtime_->submit(std::move(spec), [this, cb = std::move(on_tokens), want_logprobs](const cedar::token_batch& b) {
+    const uint64_t key = r.session_id;
+    std::vector<int32_t> before;  // the session's tokens before this turn, restored on refusal
+    if (key == 0 || !begin_turn(key, r.prompt_ids, spec, before)) spec.prompt = std::move(r.prompt_ids);
+    const bool in_session = spec.session_id != 0;
+    auto id = runtime_->submit(std::move(spec), [this, cb = std::move(on_tokens), want_logprobs, key,
+                                                 in_session](const cedar::token_batch& b) {
       if (b.finished) forget(b.request_id);
+      if (in_session) session_tokens(key, b);
       cb(convert(b, want_logprobs));
     });
-    if (!id) return {status_of(id.error().code), 0, id.error().message};
+    if (!id) {
+      if (in_session) end_turn(key, &before);
+      return {status_of(id.error().code), 0, id.error().message};
+    }
     std::lock_guard lock(mutex_);
     live_.insert(id.value());
     return {submit_status::ok, id.value(), {}};
@@ -79,7 +96,16 @@ class runtime_bridge final : public engine_bridge {
     post([this, request_id] { runtime_->cancel(request_id); });
   }
 
-  void close_session(uint64_t) override {}  // full prompts each turn: the prefix cache keeps KV
+  void close_session(uint64_t key) override {
+    std::lock_guard lock(mutex_);
+    auto it = sessions_.find(key);
+    if (it == sessions_.end()) return;
+    if (it->second.busy) {  // closed when its turn ends
+      it->second.closing = true;
+      return;
+    }
+    close_locked(it);
+  }
 
   engine_metrics metrics() const override {
     auto m = runtime_->metrics();
@@ -92,6 +118,12 @@ class runtime_bridge final : public engine_bridge {
     e.num_prefix_lookup_tokens = m.prefix_queried_tokens;
     e.num_prefix_hit_tokens = m.prefix_hit_tokens;
     e.topology_state = stopping_ ? "draining" : "serving";
+    {
+      std::lock_guard lock(mutex_);
+      e.num_sessions_open = int64_t(sessions_.size());
+      e.num_session_turns_extended = turns_extended_;
+      e.num_session_turns_restarted = turns_restarted_;
+    }
     if (auto l = runtime_->layout_info()) {
       const layout_status& s = l.value();
       e.topology = s.layout;
@@ -190,6 +222,82 @@ class runtime_bridge final : public engine_bridge {
     return out;
   }
 
+  /// Points `spec` at key's runtime session: the new tokens when `prompt` extends what the
+  /// session holds, else a fresh session and the whole prompt. False: run without a session.
+  bool begin_turn(uint64_t key, std::vector<int32_t>& prompt, request_spec& spec, std::vector<int32_t>& before) {
+    uint64_t stale = 0;
+    {
+      std::lock_guard lock(mutex_);
+      if (stopping_) return false;
+      conversation& c = sessions_[key];
+      if (c.busy || c.closing) return false;
+      c.busy = true;
+      const bool extends = c.runtime_id != 0 && c.tokens.size() < prompt.size() &&
+                           std::equal(c.tokens.begin(), c.tokens.end(), prompt.begin());
+      if (extends) {
+        ++turns_extended_;
+        spec.session_id = c.runtime_id;
+        spec.prompt.assign(prompt.begin() + std::ptrdiff_t(c.tokens.size()), prompt.end());
+        before = c.tokens;
+        c.tokens = std::move(prompt);
+        return true;
+      }
+      if (c.runtime_id) ++turns_restarted_;
+      stale = std::exchange(c.runtime_id, 0);
+      c.tokens.clear();
+    }
+    if (stale) runtime_->close_session(stale);
+    auto opened = runtime_->open_session();
+    std::lock_guard lock(mutex_);
+    conversation& c = sessions_[key];
+    if (!opened) {
+      sessions_.erase(key);
+      return false;
+    }
+    c.runtime_id = opened.value();
+    spec.session_id = c.runtime_id;
+    spec.prompt = prompt;
+    c.tokens = std::move(prompt);
+    return true;
+  }
+
+  /// A session turn's batch: the runtime appended its tokens to the session; so do we.
+  void session_tokens(uint64_t key, const cedar::token_batch& b) {
+    std::lock_guard lock(mutex_);
+    auto it = sessions_.find(key);
+    if (it == sessions_.end()) return;
+    it->second.tokens.insert(it->second.tokens.end(), b.ids.begin(), b.ids.end());
+    if (!b.finished) return;
+    it->second.busy = false;
+    if (it->second.closing) close_locked(it);
+  }
+
+  /// A session turn was refused: the session holds `before` again.
+  void end_turn(uint64_t key, std::vector<int32_t>* before) {
+    std::lock_guard lock(mutex_);
+    auto it = sessions_.find(key);
+    if (it == sessions_.end()) return;
+    it->second.tokens = std::move(*before);
+    it->second.busy = false;
+    if (it->second.closing) close_locked(it);
+  }
+
+  struct conversation {
+    uint64_t runtime_id = 0;        ///< the runtime's session (0 = none yet)
+    std::vector<int32_t> tokens;    ///< what that session holds: prompts and completions
+    bool busy = false;              ///< a turn is running
+    bool closing = false;           ///< close when that turn ends
+  };
+
+  void close_locked(std::unordered_map<uint64_t, conversation>::iterator it) {
+    uint64_t id = it->second.runtime_id;
+    sessions_.erase(it);
+    if (id && !stopping_) {
+      jobs_.push_back([this, id] { runtime_->close_session(id); });
+      wake_.notify_one();
+    }
+  }
+
   void forget(uint64_t request_id) {
     std::lock_guard lock(mutex_);
     live_.erase(request_id);
@@ -224,10 +332,12 @@ class runtime_bridge final : public engine_bridge {
   std::unique_ptr<cedar::engine> runtime_;
   std::string name_, layout_;
   int page_tokens_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> jobs_;
   std::set<uint64_t> live_;  ///< submitted and not finished
+  std::unordered_map<uint64_t, conversation> sessions_;  ///< by net's conversation key
+  int64_t turns_extended_ = 0, turns_restarted_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread worker_;
   mutable std::mutex ready_mutex_;

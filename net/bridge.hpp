@@ -82,6 +82,9 @@ struct engine_metrics {
   int64_t num_kv_pages_free = 0;
   int64_t num_prefix_lookup_tokens = 0;  ///< prompt tokens looked up in the prefix cache
   int64_t num_prefix_hit_tokens = 0;     ///< of those, found cached
+  int64_t num_sessions_open = 0;         ///< conversations holding a runtime session
+  int64_t num_session_turns_extended = 0;   ///< turns that sent only their new tokens
+  int64_t num_session_turns_restarted = 0;  ///< turns that did not extend the session (a fresh one)
   std::string topology = "single";       ///< current layout, e.g. "tp4", "dep2"
   std::string topology_state = "serving";  ///< serving, switching, draining
   int num_shards = 1;

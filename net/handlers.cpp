@@ -174,12 +174,22 @@ started start_responses(const std::shared_ptr<server_state>& state,
     turn.session_id = state->next_id.fetch_add(1);
   }
   for (auto& m : req.input) turn.conversation.push_back(m);
-  std::vector<chat_message> rendered;
-  if (!req.instructions.empty()) rendered.push_back({"system", req.instructions, {}, {}, {}});
-  rendered.insert(rendered.end(), turn.conversation.begin(), turn.conversation.end());
-  auto prompt = state->codec->render_chat(rendered, visible_tools(req.tools, req.tool_choice),
-                                          req.reasoning);
+  // Continue the previous turn's rendered conversation when nothing that shapes the rendering
+  // changed: only the new input is rendered and tokenized, and the prompt extends the ids the
+  // engine session already holds. Otherwise render the whole chain again.
+  const auto& tools = visible_tools(req.tools, req.tool_choice);
+  context_prompt prompt;
+  if (previous && previous->context && req.instructions == previous->instructions &&
+      state->codec->can_continue(*previous->context, tools, req.reasoning)) {
+    prompt = state->codec->extend_chat(previous->context, req.input, tools, req.reasoning);
+  } else {
+    std::vector<chat_message> rendered;
+    if (!req.instructions.empty()) rendered.push_back({"system", req.instructions, {}, {}, {}});
+    rendered.insert(rendered.end(), turn.conversation.begin(), turn.conversation.end());
+    prompt = state->codec->extend_chat(nullptr, rendered, tools, req.reasoning);
+  }
   if (!prompt.error.empty()) return {nullptr, bad_request(prompt.error, "input")};
+  turn.context = std::move(prompt.context);
   turn.tools = req.tools;
   turn.instructions = req.instructions;
   turn.tool_choice = req.tool_choice;
@@ -190,9 +200,13 @@ started start_responses(const std::shared_ptr<server_state>& state,
   turn.on_stored = std::move(on_stored);
   auto gen_request = make_request(*state, std::move(prompt.ids), req.gen);
   gen_request.session_id = turn.session_id;
+  const uint64_t session_id = turn.session_id;
   auto writer = make_responses_writer(context(*state, state->new_id("resp_"), req.gen), std::move(turn));
-  return launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),
-                std::move(writer), req.gen, std::move(gen_request), sink);
+  auto s = launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),
+                  std::move(writer), req.gen, std::move(gen_request), sink);
+  if (s.error && !previous) state->responses->release(session_id);
+  s.session_id = session_id;
+  return s;
 }
 
 }  // namespace cedar::net

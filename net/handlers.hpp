@@ -33,6 +33,7 @@ struct started {
   std::shared_ptr<generation> gen;
   std::optional<api_error> error;
   bool stream = false;
+  uint64_t session_id = 0;  ///< Responses: the engine session the chain runs in
 };
 
 started start_chat(const std::shared_ptr<server_state>& state, boost::asio::any_io_executor strand,

@@ -81,6 +81,14 @@ std::string server_metrics::render(const engine_metrics& e, bool ready, bool dra
          double(e.num_prefix_lookup_tokens));
   metric(out, "cedar_prefix_cache_hit_tokens_total", "counter", "prompt tokens found cached",
          double(e.num_prefix_hit_tokens));
+  metric(out, "cedar_sessions_open", "gauge", "conversations (Responses chains, WebSockets) with KV kept warm",
+         double(e.num_sessions_open));
+  metric(out, "cedar_session_turns_extended_total", "counter",
+         "conversation turns that sent only their new tokens to the session",
+         double(e.num_session_turns_extended));
+  metric(out, "cedar_session_turns_restarted_total", "counter",
+         "conversation turns whose prompt did not extend the session (a new session, whole prompt)",
+         double(e.num_session_turns_restarted));
   out += "# HELP cedar_topology_info current parallel layout and its state\n"
          "# TYPE cedar_topology_info gauge\n";
   out += "cedar_topology_info{topology=\"" + e.topology + "\",state=\"" + e.topology_state +
@@ -113,6 +121,9 @@ std::string server_metrics::render(const engine_metrics& e, bool ready, bool dra
          get(num_generated_tokens));
   metric(out, "cedar_open_connections", "gauge", "open TCP connections", get(num_open_connections));
   metric(out, "cedar_open_websockets", "gauge", "open WebSocket sessions", get(num_open_websockets));
+  metric(out, "cedar_websocket_merged_events_total", "counter",
+         "delta events merged into the queued delta before them (a socket behind)",
+         get(num_ws_merged_events));
   metric(out, "cedar_active_generations", "gauge", "generations being streamed or collected",
          get(num_active_generations));
   ttft.render(out, "cedar_time_to_first_token_seconds", "request received -> first token sent");

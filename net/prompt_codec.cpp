@@ -1,5 +1,6 @@
 // prompt_codec over the tokenizer and the V4.1 chat encoding (net/chat_format.hpp): request
-// messages and tools become chat::messages, rendered and tokenized.
+// messages and tools become chat::messages appended to a chat::conversation; only the new text
+// is tokenized, with special tokens matched in the template alone (never in message text).
 #include "net/prompt_codec.hpp"
 
 #include "net/chat_format.hpp"
@@ -48,7 +49,20 @@ std::optional<std::string> attach_tools(std::vector<chat::message>& msgs, const 
   return {};
 }
 
+/// What fixes a conversation's rendering besides its messages: tools and reasoning options.
+std::string options_key(const std::vector<tool_def>& tools, const reasoning_options& reasoning) {
+  std::string key = std::to_string(int(reasoning.thinking)) + ":" + std::to_string(reasoning.effort);
+  for (auto& t : tools) key += "\n" + t.name + "\n" + t.function_json;
+  return key;
+}
+
 }  // namespace
+
+struct chat_context {
+  chat::conversation conversation;
+  std::vector<int32_t> ids;  ///< ids of conversation.text()
+  std::string key;           ///< options_key of the first turn
+};
 
 std::unique_ptr<prompt_codec> prompt_codec::create(const std::string& path, std::string* error) {
   auto tok = tokenizer::load_dsv41(path.empty() ? tokenizer::default_path() : path, error);
@@ -62,20 +76,64 @@ prompt_codec::~prompt_codec() = default;
 rendered_prompt prompt_codec::render_chat(const std::vector<chat_message>& input,
                                           const std::vector<tool_def>& tools,
                                           const reasoning_options& reasoning) const {
+  auto p = extend_chat(nullptr, input, tools, reasoning);
+  return {std::move(p.ids), std::move(p.error)};
+}
+
+context_prompt prompt_codec::extend_chat(const std::shared_ptr<const chat_context>& previous,
+                                         const std::vector<chat_message>& input,
+                                         const std::vector<tool_def>& tools,
+                                         const reasoning_options& reasoning) const {
+  if (input.empty()) return {nullptr, {}, "there are no messages"};
   if (input.back().role == "assistant")
-    return {{}, "the last message must not be an assistant message"};
+    return {nullptr, {}, "the last message must not be an assistant message"};
   std::vector<chat::message> msgs;
   msgs.reserve(input.size() + 1);
   for (auto& m : input) msgs.push_back(to_chat(m));
-  if (auto err = attach_tools(msgs, tools)) return {{}, *err};
-  chat::render_options opts;
-  opts.thinking = reasoning.thinking;
-  opts.effort = reasoning.effort;
+  auto next = std::make_shared<chat_context>();
+  if (previous) {
+    if (!can_continue(*previous, tools, reasoning))
+      return {nullptr, {}, "tools or reasoning differ from the conversation's"};
+    *next = *previous;
+  } else {
+    if (auto err = attach_tools(msgs, tools)) return {nullptr, {}, *err};
+    chat::render_options opts;
+    opts.thinking = reasoning.thinking;
+    opts.effort = reasoning.effort;
+    next->conversation = chat::conversation(opts);
+    next->key = options_key(tools, reasoning);
+  }
+  const size_t from = next->conversation.text().size();
   std::string error;
-  auto text = chat::render(std::move(msgs), opts, &error);
-  if (!text) return {{}, error};
-  return {tok_->encode(*text, false), {}};
+  if (!next->conversation.append(std::move(msgs), &error)) return {nullptr, {}, error};
+  auto added = next->conversation.encode_from(*tok_, from);
+  next->ids.insert(next->ids.end(), added.begin(), added.end());
+  auto ids = next->ids;
+  return {std::move(next), std::move(ids), {}};
 }
+
+bool prompt_codec::can_continue(const chat_context& context, const std::vector<tool_def>& tools,
+                                const reasoning_options& reasoning) const {
+  return context.key == options_key(tools, reasoning);
+}
+
+std::shared_ptr<const chat_context> prompt_codec::with_reply(const std::shared_ptr<const chat_context>& context,
+                                                             const chat_message& reply,
+                                                             const std::vector<int32_t>& generated) const {
+  if (!context) return nullptr;
+  auto next = std::make_shared<chat_context>(*context);
+  const size_t from = next->conversation.text().size();
+  std::string error;
+  if (!next->conversation.append({to_chat(reply)}, &error)) return nullptr;
+  std::vector<int32_t> added = generated;
+  if (!added.empty() && added.back() != tok_->eos_id()) added.push_back(tok_->eos_id());
+  if (added.empty() || tok_->decode(added) != std::string_view(next->conversation.text()).substr(from))
+    added = next->conversation.encode_from(*tok_, from);
+  next->ids.insert(next->ids.end(), added.begin(), added.end());
+  return next;
+}
+
+const std::vector<int32_t>& prompt_codec::context_ids(const chat_context& context) { return context.ids; }
 
 rendered_prompt prompt_codec::encode_text(const std::string& text) const {
   std::string error;

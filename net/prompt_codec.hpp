@@ -40,6 +40,17 @@ struct rendered_prompt {
   std::string error;
 };
 
+/// A conversation rendered so far, with its ids (defined in prompt_codec.cpp). Immutable: a
+/// Responses chain shares it between turns, and each turn copies it to grow it.
+struct chat_context;
+
+/// A prompt that starts or continues a conversation.
+struct context_prompt {
+  std::shared_ptr<const chat_context> context;  ///< the conversation up to the assistant header
+  std::vector<int32_t> ids;                     ///< the whole prompt (context's ids)
+  std::string error;                            ///< set instead of the above (a 400)
+};
+
 class prompt_codec {
  public:
   /// Loads the tokenizer (path empty = the default); on failure returns nullptr and sets error.
@@ -50,6 +61,26 @@ class prompt_codec {
   rendered_prompt render_chat(const std::vector<chat_message>& messages,
                               const std::vector<tool_def>& tools,
                               const reasoning_options& reasoning) const;
+  /// Starts (previous null) or continues a conversation with `messages`, rendering and
+  /// tokenizing only the new turns. Control tokens come only from the template: a message
+  /// that types "<｜User｜>" gets the ids of that text. Tools and reasoning are fixed when the
+  /// conversation starts; continuing one whose tools or reasoning differ is an error (check
+  /// with can_continue and start over from the messages instead).
+  context_prompt extend_chat(const std::shared_ptr<const chat_context>& previous,
+                             const std::vector<chat_message>& messages, const std::vector<tool_def>& tools,
+                             const reasoning_options& reasoning) const;
+  /// Whether `context` was started with these tools and reasoning options.
+  bool can_continue(const chat_context& context, const std::vector<tool_def>& tools,
+                    const reasoning_options& reasoning) const;
+  /// `context` followed by the assistant's reply (the next turn extends this); null when the
+  /// reply cannot be rendered. `generated` (the ids the model emitted for it) become the reply's
+  /// ids when they spell exactly the rendered reply (an end token is added when the reply was
+  /// cut short), so the next prompt extends what the engine holds; else the text is tokenized.
+  std::shared_ptr<const chat_context> with_reply(const std::shared_ptr<const chat_context>& context,
+                                                 const chat_message& reply,
+                                                 const std::vector<int32_t>& generated = {}) const;
+  /// The ids of a context (prompt and replies so far).
+  static const std::vector<int32_t>& context_ids(const chat_context& context);
   /// Plain text -> ids (no chat template, BOS first), for /v1/completions.
   rendered_prompt encode_text(const std::string& text) const;
   /// Parser for chat output (starts inside reasoning when thinking is on).

@@ -29,8 +29,9 @@ class responses_writer final : public response_writer {
     event(sink, "response.in_progress", [&](json_writer& w) { w.key("response"); response(w, nullptr); });
   }
 
-  void deltas(const std::vector<stream_delta>& deltas, const token_batch&, const turn_result& r,
+  void deltas(const std::vector<stream_delta>& deltas, const token_batch& batch, const turn_result& r,
               frame_sink& sink) override {
+    generated_.insert(generated_.end(), batch.ids.begin(), batch.ids.end());
     for (auto& d : deltas) {
       switch (d.type) {
         case stream_delta::kind::reasoning:
@@ -63,6 +64,7 @@ class responses_writer final : public response_writer {
     response(full, &r);
     std::string body = full.take();
     if (r.finished != finish_reason::error && r.finished != finish_reason::cancelled) store(r, body);
+    else if (!turn_.on_stored) turn_.state->responses->release(turn_.session_id);
     if (!ctx_.stream) { sink.send_frame({}, std::move(body), std::chrono::steady_clock::now()); return; }
     const char* name = status_ == "completed" ? "response.completed"
                        : status_ == "incomplete" ? "response.incomplete"
@@ -227,15 +229,18 @@ class responses_writer final : public response_writer {
     s->tools = turn_.tools;
     s->instructions = turn_.instructions;
     s->session_id = turn_.session_id;
+    s->context = ctx_.codec->with_reply(turn_.context, s->conversation.back(), generated_);
     s->json = body;
     std::shared_ptr<const stored_response> frozen = std::move(s);
     if (turn_.store) turn_.state->responses->put(frozen);
+    else if (!turn_.on_stored) turn_.state->responses->release(turn_.session_id);
     if (turn_.on_stored) turn_.on_stored(frozen);
   }
 
   writer_context ctx_;
   responses_turn turn_;
   std::vector<output_item> items_;
+  std::vector<int32_t> generated_;  ///< the reply's ids as the model emitted them
   std::string status_ = "in_progress";
   int64_t seq_ = 0;
 };

@@ -94,6 +94,15 @@ bool response_store::erase(const std::string& id) {
   return true;
 }
 
+void response_store::release(uint64_t session_id) {
+  if (session_id == 0) return;
+  {
+    std::lock_guard lock(mutex_);
+    if (session_refs_.count(session_id)) return;
+  }
+  engine_->close_session(session_id);
+}
+
 size_t response_store::size() const {
   std::lock_guard lock(mutex_);
   return lru_.size();

@@ -51,6 +51,7 @@ struct stored_response {
   std::vector<tool_def> tools;
   std::string instructions;
   uint64_t session_id = 0;                 ///< engine session keeping this chain's KV warm
+  std::shared_ptr<const chat_context> context;  ///< the conversation rendered and tokenized so far
   std::string json;                        ///< the final response object
 };
 
@@ -62,6 +63,9 @@ class response_store {
   std::shared_ptr<const stored_response> get(const std::string& id);
   bool erase(const std::string& id);
   size_t size() const;
+  /// Closes the engine session unless a stored turn still uses it (a turn that was not stored,
+  /// or a WebSocket that closed).
+  void release(uint64_t session_id);
 
  private:
   using entry = std::shared_ptr<const stored_response>;

@@ -8,6 +8,7 @@
 #include "net/api_parse.hpp"
 #include "net/handlers.hpp"
 #include "net/json_writer.hpp"
+#include "net/ws_coalesce.hpp"
 
 namespace cedar::net {
 
@@ -24,6 +25,7 @@ websocket_session::websocket_session(asio::ip::tcp::socket&& socket, std::shared
 
 websocket_session::~websocket_session() {
   if (gen_) gen_->detach();
+  for (uint64_t id : engine_sessions_) state_->responses->release(id);
   state_->metrics.num_open_websockets.fetch_sub(1);
   state_->metrics.num_open_connections.fetch_sub(1);
   state_->log({{"event", "websocket_closed"}, {"ws_id", session_id_}, {"turns", std::to_string(num_turns_)}});
@@ -92,6 +94,7 @@ void websocket_session::handle_event(std::string_view text) {
     state_->metrics.num_requests_failed.fetch_add(1);
     return send_error(*s.error);
   }
+  if (s.session_id) engine_sessions_.insert(s.session_id);
   gen_ = std::move(s.gen);
   gen_->open_stream();
 }
@@ -130,7 +133,18 @@ void websocket_session::enqueue(std::string text, clock::time_point emitted_at) 
     state_->log({{"event", "slow_client_closed"}, {"ws_id", session_id_}});
     return close_now();
   }
-  queue_.push_back({std::make_shared<const std::string>(std::move(text)), emitted_at});
+  // The back may take this event unless it is the front being written.
+  constexpr size_t max_merged_bytes = 64 << 10;
+  if (queue_.size() > (writing_ ? 1u : 0u) && queue_.back().text.size() < max_merged_bytes) {
+    auto& back = queue_.back().text;
+    const size_t old_size = back.size();
+    if (merge_delta_events(back, text)) {
+      queued_bytes_ = queued_bytes_ - text.size() - old_size + back.size();
+      state_->metrics.num_ws_merged_events.fetch_add(1);
+      return;
+    }
+  }
+  queue_.push_back({std::move(text), emitted_at});
   if (!writing_) do_write();
 }
 
@@ -138,7 +152,7 @@ void websocket_session::do_write() {
   if (closed_ || queue_.empty()) return;
   writing_ = true;
   ws_.text(true);
-  ws_.async_write(asio::buffer(*queue_.front().text),
+  ws_.async_write(asio::buffer(queue_.front().text),
                   [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_write(ec, n); });
 }
 
@@ -148,7 +162,7 @@ void websocket_session::on_write(beast::error_code ec, size_t) {
   auto& front = queue_.front();
   if (front.emitted_at != clock::time_point{})
     state_->metrics.server_added.observe(std::chrono::duration<double>(clock::now() - front.emitted_at).count());
-  queued_bytes_ -= front.text->size();
+  queued_bytes_ -= front.text.size();
   queue_.pop_front();
   do_write();
 }

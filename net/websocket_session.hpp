@@ -2,7 +2,11 @@
 // {"type":"response.create", ...} with only the new input (the socket remembers its last turn,
 // or the event names previous_response_id) and {"type":"response.cancel"}; the server answers
 // with the same events it streams over SSE, one response in flight per socket. Outgoing frames
-// wait in a queue of immutable buffers; everything runs on the socket's strand.
+// wait in a queue; while a write is in flight, a delta event is merged into the queued delta
+// before it (net/ws_coalesce.hpp), so a busy socket sends one message per flush rather than one
+// per token. Everything runs on the socket's strand. Closing the socket closes the engine
+// sessions of its turns unless stored turns still use them (a client may reconnect and go on
+// with previous_response_id).
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
@@ -13,6 +17,7 @@
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "net/generation.hpp"
@@ -45,7 +50,7 @@ class websocket_session : public std::enable_shared_from_this<websocket_session>
   void close_now();
 
   struct out_buffer {
-    std::shared_ptr<const std::string> text;
+    std::string text;  ///< not changed while it is the front and a write is in flight
     clock::time_point emitted_at;
   };
 
@@ -59,6 +64,7 @@ class websocket_session : public std::enable_shared_from_this<websocket_session>
   std::shared_ptr<generation> gen_;
   std::shared_ptr<const stored_response> last_;  ///< this socket's last finished turn
   std::string session_id_;
+  std::set<uint64_t> engine_sessions_;  ///< of the turns started here
   int num_turns_ = 0;
 };
 

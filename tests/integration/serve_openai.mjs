@@ -184,6 +184,33 @@ await check("responses: a three-turn chain with previous_response_id, usage and 
                        (e) => e.status === 404);
 });
 
+async function metric(base, name) {
+  const text = await (await fetch(base + "/metrics")).text();
+  const line = text.split("\n").find((l) => l.startsWith(name + " "));
+  return Number(line.split(" ")[1]);
+}
+
+await check("responses: a chain runs in one engine session; turn N's cached tokens cover every earlier turn", async () => {
+  const page = 256;  // the server's --page-tokens (default): the cache holds whole pages
+  const extended0 = await metric(process.env.URL_TINY, "cedar_session_turns_extended_total");
+  let prev = await tiny.responses.create({ model: "tiny", input: "Tell me a story. " + "Once more. ".repeat(120),
+    max_output_tokens: 24, reasoning: { effort: "none" }, temperature: 0 });
+  for (let turn = 2; turn <= 4; turn++) {
+    const r = await tiny.responses.create({ model: "tiny", previous_response_id: prev.id, temperature: 0,
+      input: `Turn ${turn}: <｜User｜> go on. ` + "And then? ".repeat(40), max_output_tokens: 24, reasoning: { effort: "none" } });
+    // The engine holds the earlier prompts and completions; this turn's prompt extends them.
+    const held = prev.usage.input_tokens + prev.usage.output_tokens;
+    assert.ok(r.usage.input_tokens > held, `turn ${turn}: ${r.usage.input_tokens} prompt tokens, ${held} held`);
+    const cached = r.usage.input_tokens_details.cached_tokens;
+    assert.ok(cached >= Math.floor(held / page) * page && cached >= page,
+              `turn ${turn}: ${cached} cached of ${held} held (pages of ${page})`);
+    console.log(`      turn ${turn}: ${r.usage.input_tokens} prompt tokens, ${held} held from turns 1-${turn - 1}, ${cached} cached`);
+    prev = r;
+  }
+  assert.equal(await metric(process.env.URL_TINY, "cedar_session_turns_extended_total") - extended0, 3,
+               "a turn did not extend the chain's engine session");
+});
+
 await check("responses, streamed: created, item added, text deltas, completed with usage", async () => {
   const stream = await tiny.responses.create({ model: "tiny", input: "Hello", max_output_tokens: 6, stream: true,
     reasoning: { effort: "none" } });

@@ -78,6 +78,27 @@ await check("20 turns on one socket: each sends only the new input and continues
   ws.close();
 });
 
+await check("a conversation survives a reconnect: previous_response_id continues its engine session", async () => {
+  const page = 256;
+  const extended0 = await metric(process.env.URL_TINY, "cedar_session_turns_extended_total");
+  let ws = await open(wsUrl(process.env.URL_TINY), { Authorization: "Bearer sk-ws" });
+  ws.send(JSON.stringify({ type: "response.create", model: "tiny", max_output_tokens: 8, reasoning: { effort: "none" },
+                           temperature: 0, input: "Remember the number 7. ".repeat(60) }));
+  const first = (await ws.next(isEnd)).response;
+  ws.close();
+  ws = await open(wsUrl(process.env.URL_TINY), { Authorization: "Bearer sk-ws" });
+  ws.send(JSON.stringify({ type: "response.create", model: "tiny", max_output_tokens: 8, reasoning: { effort: "none" },
+                           temperature: 0, previous_response_id: first.id, input: "Which number?" }));
+  const second = (await ws.next(isEnd)).response;
+  assert.equal(second.previous_response_id, first.id);
+  const held = first.usage.input_tokens + first.usage.output_tokens;
+  assert.ok(second.usage.input_tokens > held);
+  assert.ok(second.usage.input_tokens_details.cached_tokens >= Math.floor(held / page) * page);
+  assert.equal(await metric(process.env.URL_TINY, "cedar_session_turns_extended_total") - extended0, 1,
+               "the reconnected turn did not extend the stored chain's session");
+  ws.close();
+});
+
 await check("response.cancel stops a response mid-stream; the socket serves the next turn", async () => {
   const ws = await open(wsUrl(process.env.URL_NULL));
   ws.send(JSON.stringify({ type: "response.create", input: "go on forever", max_output_tokens: 100000,
