@@ -7,8 +7,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
+#include <vector>
 #include <stdexcept>
 
+#include "actors/messages.hpp"
+#include "actors/sampler.hpp"
 #include "actors/shard.hpp"
 
 namespace cedar::test {
@@ -104,5 +108,34 @@ class toy_model final : public step_model {
   model_args args_;
   kv_layout layout_;
 };
+
+/// The stand-alone tokens of `s` on the toy model (default args), computed directly without a
+/// scheduler or a pool: the whole prompt in one forward call on private pages and ring, then
+/// one token per call, sampled with the request's seed and token index as the shard samples.
+inline std::vector<int32_t> toy_alone(const request_spec& s, int page_tokens = 16) {
+  toy_model m(toy_args(), page_tokens);
+  const kv_layout& l = m.layout();
+  const std::size_t total = s.prompt.size() + std::size_t(s.max_tokens);
+  const std::size_t num_pages = (total + std::size_t(page_tokens) - 1) / std::size_t(page_tokens);
+  std::vector<std::vector<uint8_t>> pages(num_pages, std::vector<uint8_t>(l.page_bytes));  // [page_bytes] each
+  std::vector<uint8_t> ring(l.ring_bytes());  // [layers, window, record] bytes
+  std::vector<float> tails(l.tail_floats());
+  request_kv kv;
+  for (auto& p : pages) kv.pages.push_back(p.data());
+  kv.swa_ring = ring.data();
+  kv.tails = tails.data();
+  std::vector<int32_t> seq = s.prompt, out;
+  std::vector<float> logits;  // [vocab] fp32
+  while (int(out.size()) < s.max_tokens) {
+    forward_item it;
+    it.kv = &kv;
+    it.history = std::span<const int32_t>(seq).first(std::size_t(kv.num_tokens));
+    it.tokens = std::span<const int32_t>(seq).subspan(std::size_t(kv.num_tokens));
+    m.forward(std::span<forward_item>(&it, 1), logits);
+    out.push_back(sample(logits, s.sampling, int64_t(out.size())).token_id);
+    seq.push_back(out.back());
+  }
+  return out;
+}
 
 }  // namespace cedar::test
