@@ -89,7 +89,8 @@ function quantileDelta(before, after, q) {
   }
   return prevLe;
 }
-const pct = (arr, q) => { const s = [...arr].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(q * s.length))]; };
+// NaN (null in the JSON) when every client got one message (no gaps).
+const pct = (arr, q) => { const s = [...arr].sort((a, b) => a - b); return s.length ? s[Math.min(s.length - 1, Math.floor(q * s.length))] : NaN; };
 
 const before = await histogram("cedar_server_added_latency_seconds");
 const t0 = performance.now();
