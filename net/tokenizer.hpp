@@ -39,6 +39,10 @@ class tokenizer {
   /// Default tokenizer.json: $CEDAR_TOKENIZER, else the npm copy under the source tree.
   static std::string default_path();
 
+  /// The tokenizer.json to serve `model` with: the checkpoint's own file when `model` is a
+  /// directory holding tokenizer.json, else default_path().
+  static std::string path_for_model(const std::string& model);
+
   ~tokenizer();
   tokenizer(const tokenizer&) = delete;
   tokenizer& operator=(const tokenizer&) = delete;

@@ -178,7 +178,7 @@ int generate_main(int argc, char** argv) {
   std::unique_ptr<cedar::net::tokenizer> tok;
   std::vector<int32_t> prompt;
   if (!a.prompt.empty()) {
-    tok = cedar::net::tokenizer::load_dsv41(cedar::net::tokenizer::default_path(), &error);
+    tok = cedar::net::tokenizer::load_dsv41(cedar::net::tokenizer::path_for_model(a.model), &error);
     if (!tok) {
       std::fprintf(stderr, "cedar: --prompt needs a tokenizer (%s); use --prompt-ids\n", error.c_str());
       return 1;

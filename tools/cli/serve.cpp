@@ -16,6 +16,7 @@
 #include "kernels/model/random_weights.hpp"
 #include "net/server.hpp"
 #include "tools/cli/device_model.hpp"
+#include "net/tokenizer.hpp"
 #include "tools/cli/registry.hpp"
 
 namespace {
@@ -205,6 +206,8 @@ int serve_main(int argc, char** argv) {
       errors.push_back("--device cuda runs one shard: --layout tp1 only, no --shard-port");
   }
   if (o.port > 65535) errors.push_back("--port must be below 65536");
+  if (o.tokenizer_path.empty() && engine.model != "null")
+    o.tokenizer_path = cedar::net::tokenizer::path_for_model(engine.model);
   if (!errors.empty()) {
     for (auto& e : errors) std::fprintf(stderr, "cedar serve: %s\n", e.c_str());
     std::fprintf(stderr, "(cedar serve --help lists the options)\n");
