@@ -15,6 +15,10 @@ cleanup_servers() {
 }
 trap cleanup_servers EXIT
 export NODE_PATH="${NODE_PATH:-$CEDAR_ROOT/tools/node/node_modules}"
+# CEDAR_SERVE_MODEL_ARGS: more `cedar serve` options for a script's model server (the one its
+# clients call "tiny"), e.g. "--model micro --device cuda --served-model-name tiny" on a GPU machine
+# (tools/gpu_integration.sh). Scripts pass "${model_args[@]}" to that server only.
+read -ra model_args <<< "${CEDAR_SERVE_MODEL_ARGS:-}"
 
 start_server() {
   local name="$1"; shift

@@ -11,6 +11,6 @@ CEDAR_ROOT="${CEDAR_ROOT:-$(cd "$here/../.." && pwd)}"
 source "$here/serve_lib.bash"
 
 dsml=$'I should call the weather tool.</think>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="get_weather">\n<｜DSML｜ parameter name="location" string="true">Paris</｜DSML｜ parameter>\n<｜DSML｜ parameter name="days" string="false">3</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>'
-start_server tiny --api-key sk-test --swa-replay full --admin-key adm
+start_server tiny --api-key sk-test --swa-replay full --admin-key adm "${model_args[@]}"
 start_server null --model null --null-output "$dsml" --null-step-us 200
 CEDAR_ROOT="$CEDAR_ROOT" URL_TINY="$url_tiny" URL_NULL="$url_null" node "$here/serve_openai.mjs"

@@ -9,6 +9,6 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CEDAR_ROOT="${CEDAR_ROOT:-$(cd "$here/../.." && pwd)}"
 source "$here/serve_lib.bash"
 
-start_server tiny --api-key sk-ws
+start_server tiny --api-key sk-ws "${model_args[@]}"
 start_server null --model null --null-step-us 2000
 CEDAR_ROOT="$CEDAR_ROOT" URL_TINY="$url_tiny" URL_NULL="$url_null" node "$here/serve_websocket.mjs"
