@@ -1,0 +1,249 @@
+// Fused mHC boundary and MoE router of the fast kernel set (layer_ops.hpp).
+//
+// hc_boundary: launch 1 cuts each row's d positions into blocks of 256; a block applies the
+// previous sublayer's HCPost to its slice of the hc copies, writes them back, and leaves its
+// share of the HCMix dots (and of the sum of squares) in a partials buffer. Launch 2, one block
+// per row, adds the partials in slice order, finishes pre/post/comb (Sinkhorn, one thread, hc
+// is small) and writes the normalized collapsed input of the next sublayer.
+// moe_route: one warp per (row, expert) dot; the last block of a row to finish (a per-row
+// arrival counter, reset by that block) picks the top-k with warp argmax rounds.
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fast/layer_ops.hpp"
+
+namespace cedar::cuda::fast {
+namespace detail {
+namespace {
+
+using cuda::detail::exp_f;
+using cuda::detail::log1p_f;
+using cuda::detail::round_bf16;
+using cuda::detail::scratch;
+using cuda::detail::stream;
+
+constexpr int slice = 256;  ///< positions per block in launch 1 (= threads)
+
+__device__ __forceinline__ float sigmoid_fast(float x) { return 1.0f / (1.0f + exp_f(-x)); }
+
+/// Sum over the block of v (blockDim.x == slice); every thread gets the result.
+__device__ float block_sum(float v, float* shared /*[slice / 32]*/) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) shared[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int w = 0; w < int(blockDim.x / 32); ++w) s += shared[w];
+  return s;
+}
+
+template <int HC>
+__global__ void __launch_bounds__(slice) post_mix_partials(float* X, int d, const float* f, const float* post,
+                                                           const float* comb, const float* fn,
+                                                           float* partials /*[m, slices, n_mix + 1]*/) {
+  constexpr int n_mix = HC * HC + 2 * HC;
+  __shared__ float red[slice / 32];
+  const int r = blockIdx.y, i = blockIdx.x * slice + threadIdx.x;
+  const bool live = i < d;
+  float* xr = X + size_t(r) * HC * d;
+  float v[HC];
+  for (int j = 0; j < HC; ++j) v[j] = live ? xr[size_t(j) * d + i] : 0.0f;
+  if (f != nullptr && live) {
+    const float* c = comb + size_t(r) * HC * HC;
+    const float fi = f[size_t(r) * d + i];
+    float out[HC];
+    for (int k = 0; k < HC; ++k) {
+      float s = 0.0f;
+      for (int j = 0; j < HC; ++j) s = __fadd_rn(s, __fmul_rn(c[j * HC + k], v[j]));
+      out[k] = round_bf16(__fadd_rn(__fmul_rn(post[r * HC + k], fi), s));  // hc_post's bits
+    }
+    for (int k = 0; k < HC; ++k) xr[size_t(k) * d + i] = v[k] = out[k];
+  }
+  float* pr = partials + (size_t(r) * gridDim.x + blockIdx.x) * (n_mix + 1);
+  float sq = 0.0f;
+  for (int j = 0; j < HC; ++j) sq += v[j] * v[j];
+  for (int o = 0; o < n_mix; ++o) {
+    float acc = 0.0f;
+    if (live)
+      for (int j = 0; j < HC; ++j) acc += v[j] * fn[size_t(o) * HC * d + size_t(j) * d + i];
+    acc = block_sum(acc, red);
+    if (threadIdx.x == 0) pr[o] = acc;
+  }
+  sq = block_sum(sq, red);
+  if (threadIdx.x == 0) pr[n_mix] = sq;
+}
+
+template <int HC>
+__global__ void __launch_bounds__(slice) mix_finish(const float* X, int d, int slices, const float* partials,
+                                                    const float* scale, const float* base, int iters, float hc_eps,
+                                                    float norm_eps, float* pre, float* post, float* comb,
+                                                    const float* collapse_pre, const float* norm_w, float* x_out) {
+  constexpr int n_mix = HC * HC + 2 * HC;
+  __shared__ float mix[n_mix + 1];
+  __shared__ float red[slice / 32];
+  const int r = blockIdx.x;
+  for (int o = threadIdx.x; o <= n_mix; o += blockDim.x) {
+    float s = 0.0f;
+    for (int b = 0; b < slices; ++b) s += partials[(size_t(r) * slices + b) * (n_mix + 1) + o];
+    mix[o] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const float inv_rms = 1.0f / sqrtf(mix[n_mix] / float(HC * d) + norm_eps);
+    for (int j = 0; j < HC; ++j) {
+      pre[r * HC + j] = sigmoid_fast(mix[j] * inv_rms * scale[0] + base[j]) + hc_eps;
+      post[r * HC + j] = 2.0f * sigmoid_fast(mix[HC + j] * inv_rms * scale[1] + base[HC + j]);
+    }
+    float c[HC * HC];
+    for (int q = 0; q < HC * HC; ++q) c[q] = mix[2 * HC + q] * inv_rms * scale[2] + base[2 * HC + q];
+    for (int j = 0; j < HC; ++j) {
+      float* row = c + j * HC;
+      float mx = row[0];
+      for (int k = 1; k < HC; ++k) mx = mx < row[k] ? row[k] : mx;
+      float sum = 0.0f;
+      for (int k = 0; k < HC; ++k) sum += row[k] = exp_f(row[k] - mx);
+      for (int k = 0; k < HC; ++k) row[k] = row[k] / sum + hc_eps;
+    }
+    for (int it = 0; it < iters; ++it) {
+      if (it > 0)
+        for (int j = 0; j < HC; ++j) {
+          float sum = 0.0f;
+          for (int k = 0; k < HC; ++k) sum += c[j * HC + k];
+          for (int k = 0; k < HC; ++k) c[j * HC + k] /= sum + hc_eps;
+        }
+      for (int k = 0; k < HC; ++k) {
+        float sum = 0.0f;
+        for (int j = 0; j < HC; ++j) sum += c[j * HC + k];
+        for (int j = 0; j < HC; ++j) c[j * HC + k] /= sum + hc_eps;
+      }
+    }
+    for (int q = 0; q < HC * HC; ++q) comb[size_t(r) * HC * HC + q] = c[q];
+  }
+  // collapse with the given pre, then RMSNorm
+  const float* xr = X + size_t(r) * HC * d;
+  float cp[HC];
+  for (int j = 0; j < HC; ++j) cp[j] = collapse_pre[r * HC + j];
+  float* out = x_out + size_t(r) * d;
+  float sq = 0.0f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float s = 0.0f;
+    for (int j = 0; j < HC; ++j) s += cp[j] * xr[size_t(j) * d + i];
+    out[i] = s;
+    sq += s * s;
+  }
+  const float inv = 1.0f / sqrtf(block_sum(sq, red) / float(d) + norm_eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = (out[i] * inv) * norm_w[i];
+}
+
+template <int HC>
+void boundary(float* X, int m, int d, const float* f, float* post, float* comb, const hc_mix_params& p,
+              float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out) {
+  constexpr int n_mix = HC * HC + 2 * HC;
+  const int slices = (d + slice - 1) / slice;
+  scratch<float> partials(size_t(m) * slices * (n_mix + 1));
+  post_mix_partials<HC><<<dim3(slices, m), slice, 0, stream()>>>(X, d, f, post, comb, p.fn, partials.get());
+  CEDAR_CUDA_LAUNCHED();
+  mix_finish<HC><<<m, slice, 0, stream()>>>(X, d, slices, partials.get(), p.scale, p.base, p.sinkhorn_iters,
+                                            p.hc_eps, p.norm_eps, pre_out, post, comb, collapse_pre, norm_w, x_out);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+// ---- router ----
+
+constexpr int route_warps = 8;
+constexpr int max_route_experts = 1024;
+
+__device__ __forceinline__ float softplus_fast(float x) { return x > 20.0f ? x : log1p_f(exp_f(x)); }
+
+__global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y, int k_in, const uint16_t* gate,
+                                                                  int n, const float* bias, int topk,
+                                                                  float route_scale, float* s /*[m, n]*/,
+                                                                  unsigned* arrived /*[m]*/, int32_t* sel,
+                                                                  float* weights) {
+  const int r = blockIdx.y, lane = threadIdx.x & 31;
+  const int e = blockIdx.x * route_warps + threadIdx.x / 32;
+  const float* yr = y + size_t(r) * k_in;
+  if (e < n) {
+    const uint16_t* g = gate + size_t(e) * k_in;
+    float acc = 0.0f;
+    for (int c = lane * 8; c < k_in; c += 256) {
+      const uint4 w = *reinterpret_cast<const uint4*>(g + c);
+      const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+      for (int q = 0; q < 4; ++q) {
+        acc += yr[c + 2 * q] * __uint_as_float(ws[q] << 16);
+        acc += yr[c + 2 * q + 1] * __uint_as_float(ws[q] & 0xffff0000u);
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) s[size_t(r) * n + e] = sqrtf(softplus_fast(acc));
+  }
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&arrived[r], 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last || threadIdx.x >= 32) return;
+  __threadfence();
+  const float* sr = s + size_t(r) * n;
+  uint32_t taken = 0;  // lane-local bit q: expert lane + 32 q was taken (n <= 1024)
+  float sum = 0.0f;
+  int32_t* sel_r = sel + size_t(r) * topk;
+  for (int t = 0; t < topk; ++t) {
+    int best = -1;
+    float best_v = 0.0f;
+    for (int q = 0; lane + 32 * q < n; ++q) {
+      const int x = lane + 32 * q;
+      if (taken >> q & 1) continue;
+      const float v = sr[x] + bias[x];
+      if (best < 0 || v > best_v) best = x, best_v = v;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
+      if (ob >= 0 && (best < 0 || ov > best_v || (ov == best_v && ob < best))) best = ob, best_v = ov;
+    }
+    if (best % 32 == lane) taken |= 1u << (best / 32);
+    if (lane == 0) sel_r[t] = best;
+    sum += sr[best];
+  }
+  if (lane == 0) {
+    for (int t = 0; t < topk; ++t)
+      weights[size_t(r) * topk + t] = sr[sel_r[t]] / (sum + 1e-20f) * route_scale;
+    arrived[r] = 0;
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+using namespace detail;
+
+void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post, float* comb, const hc_mix_params& mix,
+                 float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out) {
+  if (m <= 0) return;
+  switch (hc) {
+    case 1: return boundary<1>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out);
+    case 2: return boundary<2>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out);
+    case 4: return boundary<4>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out);
+    case 8: return boundary<8>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out);
+    default: CEDAR_CUDA_REQUIRE(false, "hc_boundary: hc must be 1, 2, 4 or 8");
+  }
+}
+
+void moe_route(const float* y, int m, const bf16_weight& gate, const float* bias, int topk, float route_scale,
+               int32_t* sel, float* weights) {
+  CEDAR_CUDA_REQUIRE(gate.out <= max_route_experts && topk >= 1 && topk <= 16 && topk <= gate.out,
+                     "moe_route: at most 1024 experts, top-k 1..16");
+  CEDAR_CUDA_REQUIRE(gate.in % 8 == 0, "moe_route: gate.in % 8 == 0");
+  if (m <= 0) return;
+  scratch<float> s(size_t(m) * gate.out);
+  scratch<unsigned> arrived(m);
+  CEDAR_CUDA_CHECK(cudaMemsetAsync(arrived.get(), 0, sizeof(unsigned) * m, stream()));
+  const dim3 grid((gate.out + route_warps - 1) / route_warps, m);
+  route_kernel<<<grid, route_warps * 32, 0, stream()>>>(y, gate.in, reinterpret_cast<const uint16_t*>(gate.data),
+                                                        gate.out, bias, topk, route_scale, s.get(), arrived.get(),
+                                                        sel, weights);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+}  // namespace cedar::cuda::fast

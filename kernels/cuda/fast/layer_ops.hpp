@@ -1,0 +1,42 @@
+// Fused per-layer steps of the fast kernel set: the mHC boundary between two sublayers (HCPost
+// of the one before, HCMix with Sinkhorn of the next, HCCollapse and RMSNorm) in two launches,
+// and the MoE router (gate product, sqrt-softplus, bias, top-k, weights) in one. Same
+// semantics as the exact ops of kernels/cuda (cuda_ops.hpp: hc_post, hc_mix, hc_collapse,
+// rmsnorm, moe_route); sums run in another order, so results agree within fp32 rounding, and a
+// router tie closer than that may pick another expert. Plain C++ header, CUDA builds only.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/weights.hpp"
+
+namespace cedar::cuda::fast {
+
+#ifdef CEDAR_HAVE_CUDA
+
+/// The HCMix weights of one sublayer (device arrays) and its constants.
+struct hc_mix_params {
+  const float* fn = nullptr;     // [hc * hc + 2 * hc, hc * d] fp32
+  const float* scale = nullptr;  // [3]
+  const float* base = nullptr;   // [hc * hc + 2 * hc]
+  int sinkhorn_iters = 0;
+  float hc_eps = 0, norm_eps = 0;
+};
+
+/// One sublayer boundary for m rows of the residual X [m, hc, d] (device arrays):
+///  1. if f != null: X <- hc_post(f [m, d], X, post, comb) (the previous sublayer's output);
+///  2. pre_out, post, comb <- hc_mix(X, mix) (post and comb are overwritten after step 1 read them);
+///  3. x_out [m, d] <- rmsnorm(hc_collapse(X, collapse_pre [m, hc]), norm_w, mix.norm_eps).
+/// collapse_pre must not alias pre_out. Two launches; no host synchronization.
+void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post /*[m, hc]*/,
+                 float* comb /*[m, hc, hc]*/, const hc_mix_params& mix, float* pre_out /*[m, hc]*/,
+                 const float* collapse_pre, const float* norm_w /*[d]*/, float* x_out);
+
+/// cuda::moe_route in one launch: s = sqrt(softplus(y gate^T)), top-k of s + bias (ties to the
+/// lowest expert), weights = s[sel] / sum * route_scale. gate.out <= 1024, topk <= 16.
+void moe_route(const float* y /*[m, gate.in]*/, int m, const bf16_weight& gate, const float* bias, int topk,
+               float route_scale, int32_t* sel /*[m, topk]*/, float* weights /*[m, topk]*/);
+
+#endif  // CEDAR_HAVE_CUDA
+
+}  // namespace cedar::cuda::fast

@@ -1,0 +1,90 @@
+// The fused steps of the fast kernel set (kernels/cuda/fast/layer_ops.hpp) against the CPU ops
+// they replace, on fresh random inputs with outputs poisoned first. Bounds (max error relative
+// to the largest reference value): the residual copies after HCPost are bit-identical (same
+// products and sums, no contraction); the mixing weights, the normalized sublayer input and the
+// routing weights within 1e-5 (dot products summed in another order, then exp / sqrt); expert
+// choices identical (random logits have no near-ties at this size).
+#include <doctest/doctest.h>
+
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/fast/layer_ops.hpp"
+#include "kernels/ops.hpp"
+#include "tests/gpu/gpu_test_util.hpp"
+
+using namespace cedar;
+using namespace cedar::gpu_test;
+namespace ref = cedar::op_reference;
+
+namespace {
+
+constexpr double reorder_bound = 1e-5;
+
+void check_boundary(int m, int d, bool with_post) {
+  std::mt19937_64 rng(301 + m * 7 + d);
+  const int hc = 4, n_mix = hc * hc + 2 * hc, iters = 20;
+  const float hc_eps = 1e-6f, eps = 1e-6f;
+  const auto X = activations(rng, m, hc * d);
+  const auto f = activations(rng, m, d);
+  const auto fn = ref::random_floats(rng, size_t(n_mix) * hc * d, -0.05f, 0.05f);
+  const std::vector<float> scale = {0.7f, 0.9f, 1.1f};
+  const auto base = ref::random_floats(rng, n_mix, -0.5f, 0.5f);
+  const auto post0 = ref::random_floats(rng, size_t(m) * hc, 0.2f, 1.8f);
+  const auto comb0 = ref::random_floats(rng, size_t(m) * hc * hc, 0.0f, 0.5f);
+  const auto cpre = ref::random_floats(rng, size_t(m) * hc, 0.1f, 1.0f);
+  const auto norm_w = ref::random_floats(rng, d, 0.5f, 1.5f);
+
+  // CPU: hc_post, hc_mix, hc_collapse, rmsnorm
+  std::vector<float> X1 = X, pre(size_t(m) * hc), post(pre.size()), comb(size_t(m) * hc * hc), c(size_t(m) * d);
+  if (with_post) cpu::hc_post(f.data(), X.data(), post0.data(), comb0.data(), m, hc, d, X1.data());
+  cpu::hc_mix(X1.data(), m, hc, d, fn.data(), scale.data(), base.data(), iters, hc_eps, eps, pre.data(),
+              post.data(), comb.data());
+  cpu::hc_collapse(X1.data(), cpre.data(), m, hc, d, c.data());
+  cpu::rmsnorm(c.data(), m, d, norm_w.data(), eps, c.data());
+
+  dev<float> dX(X), df(f), dfn(fn), dscale(scale), dbase(base), dpost(post0), dcomb(comb0), dcpre(cpre),
+      dnorm(norm_w), dpre(pre.size()), dx(size_t(m) * d);
+  const cuda::fast::hc_mix_params p{dfn.get(), dscale.get(), dbase.get(), iters, hc_eps, eps};
+  cuda::fast::hc_boundary(dX.get(), m, hc, d, with_post ? df.get() : nullptr, dpost.get(), dcomb.get(), p,
+                          dpre.get(), dcpre.get(), dnorm.get(), dx.get());
+  const std::string tag = " m=" + std::to_string(m) + " d=" + std::to_string(d) + (with_post ? " +post" : "");
+  check_close("hc_boundary X" + tag, dX.host().data(), X1.data(), X1.size(), 0.0);
+  check_close("hc_boundary pre" + tag, dpre.host().data(), pre.data(), pre.size(), reorder_bound);
+  check_close("hc_boundary post" + tag, dpost.host().data(), post.data(), post.size(), reorder_bound);
+  check_close("hc_boundary comb" + tag, dcomb.host().data(), comb.data(), comb.size(), reorder_bound);
+  check_close("hc_boundary x" + tag, dx.host().data(), c.data(), c.size(), reorder_bound);
+}
+
+}  // namespace
+
+TEST_CASE("fast hc_boundary: HCPost, HCMix (Sinkhorn), collapse and RMSNorm as the CPU ops") {
+  if (!have_gpu()) return;
+  check_boundary(1, 5120, true);
+  check_boundary(5, 640, true);
+  check_boundary(3, 200, false);
+}
+
+TEST_CASE("fast moe_route: the CPU's experts, weights within 1e-5") {
+  if (!have_gpu()) return;
+  for (const int m : {1, 37}) {
+    std::mt19937_64 rng(401 + m);
+    const int d = 512, num_experts = 64, topk = 6;
+    const auto y = activations(rng, m, d);
+    const auto gate = ref::random_bf16(rng, num_experts, d, 0.1f);
+    const auto bias = ref::random_floats(rng, num_experts, -0.05f, 0.05f);
+    std::vector<int32_t> sel(size_t(m) * topk);
+    std::vector<float> wts(sel.size());
+    cpu::moe_route(y.data(), m, gate.view, bias.data(), topk, 1.5f, sel.data(), wts.data());
+    dev<float> dy(y), dbias(bias), dwts(sel.size());
+    dev<int32_t> dsel(sel.size());
+    dev_bf16 dgate(gate);
+    // twice: the arrival counters must be back at zero after a call
+    for (int rep = 0; rep < 2; ++rep) {
+      cuda::fast::moe_route(dy.get(), m, dgate.view, dbias.get(), topk, 1.5f, dsel.get(), dwts.get());
+      check_equal("fast moe_route experts m=" + std::to_string(m), dsel.host(), sel);
+      check_close("fast moe_route weights m=" + std::to_string(m), dwts.host().data(), wts.data(), wts.size(),
+                  reorder_bound);
+    }
+  }
+}
