@@ -7,6 +7,7 @@
 // is small) and writes the normalized collapsed input of the next sublayer.
 // moe_route: one warp per (row, expert) dot; the last block of a row to finish (a per-row
 // arrival counter, reset by that block) picks the top-k with warp argmax rounds.
+// greedy_rows: one block per row, argmax and the log-sum-exp by block reductions.
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -213,10 +214,65 @@ __global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y,
   }
 }
 
+__global__ void gather_kernel(const float* src, const int32_t* rows, int width, float* dst) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < width) dst[size_t(blockIdx.y) * width + i] = src[size_t(rows[blockIdx.y]) * width + i];
+}
+
+// ---- greedy sampling ----
+
+constexpr int greedy_threads = 1024;
+
+__global__ void __launch_bounds__(greedy_threads) greedy_kernel(const float* logits, int vocab, int32_t* tokens,
+                                                                float* logprobs) {
+  __shared__ float best_v[greedy_threads / 32];
+  __shared__ int best_i[greedy_threads / 32];
+  __shared__ double sums[greedy_threads / 32];
+  const float* l = logits + size_t(blockIdx.x) * vocab;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  float bv = 0.0f;
+  int bi = -1;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+    if (bi < 0 || l[i] > bv) bv = l[i], bi = i;
+  const auto better = [](float v, int i, float w, int j) { return j >= 0 && (i < 0 || w > v || (w == v && j < i)); };
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int j = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(bv, bi, w, j)) bv = w, bi = j;
+  }
+  if (lane == 0) best_v[warp] = bv, best_i[warp] = bi;
+  __syncthreads();
+  bv = best_v[0], bi = best_i[0];
+  for (int w = 1; w < int(blockDim.x / 32); ++w)
+    if (better(bv, bi, best_v[w], best_i[w])) bv = best_v[w], bi = best_i[w];
+  double s = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) s += exp(double(l[i]) - double(bv));
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane == 0) sums[warp] = s;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double total = 0;
+  for (int w = 0; w < int(blockDim.x / 32); ++w) total += sums[w];
+  tokens[blockIdx.x] = bi;
+  logprobs[blockIdx.x] = float(double(l[bi]) - (double(bv) + log(total)));
+}
+
 }  // namespace
 }  // namespace detail
 
 using namespace detail;
+
+void gather_rows(const float* src, const int32_t* rows, int m, int width, float* dst) {
+  if (m <= 0 || width <= 0) return;
+  gather_kernel<<<dim3((width + 255) / 256, m), 256, 0, stream()>>>(src, rows, width, dst);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+void greedy_rows(const float* logits, int m, int vocab, int32_t* tokens, float* logprobs) {
+  if (m <= 0 || vocab <= 0) return;
+  greedy_kernel<<<m, greedy_threads, 0, stream()>>>(logits, vocab, tokens, logprobs);
+  CEDAR_CUDA_LAUNCHED();
+}
 
 void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post, float* comb, const hc_mix_params& mix,
                  float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out) {

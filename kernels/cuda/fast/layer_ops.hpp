@@ -37,6 +37,15 @@ void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post /*[
 void moe_route(const float* y /*[m, gate.in]*/, int m, const bf16_weight& gate, const float* bias, int topk,
                float route_scale, int32_t* sel /*[m, topk]*/, float* weights /*[m, topk]*/);
 
+/// dst[i, :] = src[rows[i], :] for i < m; rows is a device array, width floats per row.
+void gather_rows(const float* src, const int32_t* rows, int m, int width, float* dst);
+
+/// Greedy sampling of m rows in one launch: tokens[r] = argmax of logits row r (ties to the
+/// lowest id, as cuda::argmax_rows) and logprobs[r] its log-softmax (the sum of exponentials in
+/// double, in another order than the host sampler's: within 1e-6).
+void greedy_rows(const float* logits /*[m, vocab]*/, int m, int vocab, int32_t* tokens /*[m]*/,
+                 float* logprobs /*[m]*/);
+
 #endif  // CEDAR_HAVE_CUDA
 
 }  // namespace cedar::cuda::fast
