@@ -35,6 +35,15 @@ void* current_stream();
 /// Waits for the current stream; aborts with the CUDA error if one occurred.
 void synchronize();
 
+/// CUDA graphs. Between graph_capture_begin and graph_capture_end the ops are recorded (on a
+/// private capture stream, relaxed mode) instead of run; graph_capture_end returns the
+/// executable graph, which graph_launch runs on the current stream. Captured ops must not copy
+/// from pageable host memory or wait for the device.
+void graph_capture_begin();
+void* graph_capture_end();
+void graph_launch(void* exec);
+void graph_destroy(void* exec);
+
 /// Device allocation (aborts on failure) and release.
 void* device_alloc(std::size_t bytes);
 void device_free(void* p);

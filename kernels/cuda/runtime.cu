@@ -39,6 +39,33 @@ void* current_stream() { return current; }
 
 void synchronize() { CEDAR_CUDA_CHECK(cudaStreamSynchronize(current)); }
 
+namespace {
+cudaStream_t capture_stream = nullptr, stream_before_capture = nullptr;
+}  // namespace
+
+void graph_capture_begin() {
+  if (capture_stream == nullptr) CEDAR_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
+  stream_before_capture = current;
+  current = capture_stream;
+  CEDAR_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeRelaxed));
+}
+
+void* graph_capture_end() {
+  cudaGraph_t graph = nullptr;
+  CEDAR_CUDA_CHECK(cudaStreamEndCapture(capture_stream, &graph));
+  current = stream_before_capture;
+  cudaGraphExec_t exec = nullptr;
+  CEDAR_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CEDAR_CUDA_CHECK(cudaGraphDestroy(graph));
+  return exec;
+}
+
+void graph_launch(void* exec) { CEDAR_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), current)); }
+
+void graph_destroy(void* exec) {
+  if (exec) CEDAR_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)));
+}
+
 void* device_alloc(std::size_t bytes) {
   void* p = nullptr;
   CEDAR_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));
