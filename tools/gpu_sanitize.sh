@@ -4,7 +4,8 @@
 #   memcheck and racecheck: every test case of cedar_gpu_tests except the whole-model, NCCL and
 #     host-only libm ones (so ops_test.cpp, fast_gemm_test.cpp, sampling_test.cpp), one process
 #     per test case and tool, JOBS (default 8) at a time
-#   memcheck on the model tests that use micro only (MODEL_CASES), when SANITIZE_MODEL=1 (default)
+#   memcheck on the whole-model tests that use micro only (MODEL_CASES: prefill, host KV,
+#     forward_sample, decode under CUDA graphs), when SANITIZE_MODEL=1 (default)
 # Each process runs under its own timeout (CASE_TIMEOUT_S, default 150) and the whole run stops
 # starting new ones BUDGET_S (default 240) seconds in. Full logs: $OUT/sanitize_memcheck.txt,
 # $OUT/sanitize_racecheck.txt; the table (tool, case, exit status, seconds, sanitizer summary,
@@ -18,7 +19,7 @@ sanitizer="${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}"
 max_jobs="${JOBS:-8}"
 case_timeout="${CASE_TIMEOUT_S:-150}"
 deadline=$((SECONDS + ${BUDGET_S:-240}))
-model_cases="${MODEL_CASES:-gpu model: prefill*|gpu model with host KV*}"
+model_cases="${MODEL_CASES:-gpu model: prefill*|gpu model with host KV*|gpu model: forward_sample*|gpu model: decode steps*}"
 work="$(mktemp -d)"
 mkdir -p "$out"
 [[ -x $sanitizer ]] || { echo "gpu_sanitize: no $sanitizer" >&2; exit 1; }
@@ -30,12 +31,12 @@ mapfile -t cases < <(bash "$bundle/run" cedar_gpu_tests -ltc 2>/dev/null |
 ((${#cases[@]})) || { echo "gpu_sanitize: cedar_gpu_tests -ltc listed no cases" >&2; exit 1; }
 
 # one line per job: tool<TAB>filter
-{
-  for c in "${cases[@]}"; do printf 'memcheck\t%s\n' "$c"; done
+{  # the model cases first: they take the longest
   if [[ ${SANITIZE_MODEL:-1} == 1 ]]; then
     IFS='|' read -ra mc <<< "$model_cases"
     for c in "${mc[@]}"; do printf 'memcheck\t%s\n' "$c"; done
   fi
+  for c in "${cases[@]}"; do printf 'memcheck\t%s\n' "$c"; done
   for c in "${cases[@]}"; do printf 'racecheck\t%s\n' "$c"; done
 } > "$work/jobs.tsv"
 
