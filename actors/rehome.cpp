@@ -1,8 +1,6 @@
 // Re-homing requests and cached pages between layouts (see rehome.hpp).
 #include "actors/rehome.hpp"
 
-#include <cstring>
-
 namespace cedar {
 namespace {
 
@@ -16,7 +14,7 @@ int target_group(session_router& router, uint64_t session_id, std::vector<int64_
 }  // namespace
 
 rehome_stats rehome(const std::vector<rehome_source>& from, const std::vector<rehome_target>& to,
-                    const kv_layout& layout, session_router& router, std::map<uint64_t, int>& request_group) {
+                    const kv_layout& /*layout*/, session_router& router, std::map<uint64_t, int>& request_group) {
   CEDAR_CHECK(router.num_groups() == int(to.size()));
   rehome_stats stats;
   std::vector<int64_t> chain_load(to.size(), 0), request_load(to.size(), 0);
@@ -33,8 +31,7 @@ rehome_stats rehome(const std::vector<rehome_source>& from, const std::vector<re
       }
       const adopted_pages got = dst.policy->adopt_chain(chain);
       for (std::size_t i = 0; i < got.page_ids.size(); ++i) {
-        const uint8_t* bytes = src.arena->page(chain.page_ids[got.first + i]);
-        for (kv_arena* a : dst.arenas) std::memcpy(a->page(got.page_ids[i]), bytes, layout.page_bytes);
+        for (kv_arena* a : dst.arenas) a->copy_page(got.page_ids[i], *src.arena, chain.page_ids[got.first + i]);
         ++stats.pages_copied;
       }
       if (got.first + got.page_ids.size() < chain.page_ids.size()) ++stats.chains_dropped;

@@ -1,8 +1,10 @@
 // Re-homing at a layout switch or a rebuild after a shard failure: every request and every
 // cached chain of full global-KV pages moves from the old data-parallel groups' schedulers to
 // the new ones; page bytes are copied from one old shard that holds them (in TP every rank
-// holds a replica) into every new shard of the target group. SWA rings are not moved: the
-// moved requests resume through the prefix cache, which schedules their bounded replay.
+// holds a replica) into every new shard of the target group with kv_arena::copy_page (host or
+// device memory on either side: a GPU shard's pages move by device copies). SWA rings are not
+// moved: the moved requests resume through the prefix cache, which schedules their bounded
+// replay.
 // Plain C++, run on the runtime actor's thread while no shard is running a step.
 #pragma once
 

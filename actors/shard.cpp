@@ -1,6 +1,7 @@
 // Runs a step on one shard: page ids -> request_kv, forward, sample (see shard.hpp).
 #include "actors/shard.hpp"
 
+#include <cstring>
 #include <exception>
 
 #include "actors/errors.hpp"
@@ -25,29 +26,32 @@ std::unique_ptr<step_model> wrap_model(std::shared_ptr<const model> m) {
   return std::make_unique<model_adapter>(std::move(m));
 }
 
-kv_arena::kv_arena(const kv_layout& layout, kv_capacity cap)
+host_kv_arena::host_kv_arena(const kv_layout& layout, kv_capacity cap)
     : layout_(layout), cap_(cap), pages_(cap.num_pages), rings_(cap.num_slots), tails_(cap.num_slots) {}
 
-uint8_t* kv_arena::page(int32_t id) {
+uint8_t* host_kv_arena::page(int32_t id) {
   CEDAR_CHECK(id >= 0 && id < cap_.num_pages);
   if (!pages_[id]) pages_[id] = std::make_unique<uint8_t[]>(layout_.page_bytes);
   return pages_[id].get();
 }
 
-uint8_t* kv_arena::ring(int32_t slot) {
+uint8_t* host_kv_arena::ring(int32_t slot) {
   CEDAR_CHECK(slot >= 0 && slot < cap_.num_slots);
   if (!rings_[slot]) rings_[slot] = std::make_unique<uint8_t[]>(layout_.ring_bytes());
   return rings_[slot].get();
 }
 
-float* kv_arena::tails(int32_t slot) {
+float* host_kv_arena::tails(int32_t slot) {
   CEDAR_CHECK(slot >= 0 && slot < cap_.num_slots);
   if (!tails_[slot]) tails_[slot] = std::make_unique<float[]>(std::max<std::size_t>(1, layout_.tail_floats()));
   return tails_[slot].get();
 }
 
-shard::shard(std::unique_ptr<step_model> m, kv_capacity cap)
-    : model_(std::move(m)), arena_(model_->layout(), cap) {}
+void host_kv_arena::read_page(int32_t id, uint8_t* out) { std::memcpy(out, page(id), layout_.page_bytes); }
+
+void host_kv_arena::copy_page(int32_t dst_id, kv_arena& src, int32_t src_id) { src.read_page(src_id, page(dst_id)); }
+
+shard::shard(std::unique_ptr<step_model> m, kv_capacity cap) : model_(std::move(m)), arena_(model_->make_arena(cap)) {}
 
 step_output shard::run(const run_step& step) {
   const std::size_t n = step.items.size();
@@ -55,9 +59,9 @@ step_output shard::run(const run_step& step) {
   std::vector<forward_item> batch(n);
   for (std::size_t i = 0; i < n; ++i) {
     const step_item& s = step.items[i];
-    for (int32_t p : s.page_ids) kvs[i].pages.push_back(arena_.page(p));
-    kvs[i].swa_ring = arena_.ring(s.ring_slot);
-    kvs[i].tails = arena_.tails(s.ring_slot);
+    for (int32_t p : s.page_ids) kvs[i].pages.push_back(arena_->page(p));
+    kvs[i].swa_ring = arena_->ring(s.ring_slot);
+    kvs[i].tails = arena_->tails(s.ring_slot);
     kvs[i].num_tokens = s.start_pos;
     std::span<const int32_t> all(s.tokens);
     batch[i].kv = &kvs[i];

@@ -1,0 +1,102 @@
+// KV in device memory for a GPU shard, and the GPU model as its step_model (see gpu_shard.hpp).
+#ifdef CEDAR_HAVE_CUDA
+
+#include "actors/gpu_shard.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "actors/errors.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
+
+namespace cedar {
+namespace {
+
+constexpr double gib = double(uint64_t(1) << 30);
+
+}  // namespace
+
+gpu_shard_arena::gpu_shard_arena(const kv_layout& layout, const kv_capacity& cap)
+    : layout_(layout), cap_(cap), tail_bytes_(std::max<std::size_t>(1, layout.tail_floats()) * sizeof(float)) {
+  const uint64_t need = device_bytes();
+  std::size_t free_b = 0, total_b = 0;
+  cuda::memory_info(&free_b, &total_b);
+  if (need > free_b)
+    throw std::runtime_error("KV of " + std::to_string(cap.num_pages) + " pages and " + std::to_string(cap.num_slots) +
+                             " ring slots needs " + std::to_string(need >> 20) + " MiB of device memory, " +
+                             std::to_string(free_b >> 20) + " MiB are free");
+  const std::size_t page_b = std::size_t(cap.num_pages) * layout.page_bytes;
+  const std::size_t ring_b = std::size_t(cap.num_slots) * layout.ring_bytes();
+  const std::size_t tail_b = std::size_t(cap.num_slots) * tail_bytes_;
+  pages_ = static_cast<uint8_t*>(cuda::device_alloc(page_b));
+  rings_ = static_cast<uint8_t*>(cuda::device_alloc(ring_b));
+  tails_ = static_cast<uint8_t*>(cuda::device_alloc(tail_b));
+  // Zeroed as the host arena's first use zeroes its memory.
+  cuda::fill_bytes(pages_, 0, page_b);
+  cuda::fill_bytes(rings_, 0, ring_b);
+  cuda::fill_bytes(tails_, 0, tail_b);
+  cuda::synchronize();
+}
+
+gpu_shard_arena::~gpu_shard_arena() {
+  cuda::device_free(pages_);
+  cuda::device_free(rings_);
+  cuda::device_free(tails_);
+}
+
+uint64_t gpu_shard_arena::device_bytes() const {
+  return uint64_t(cap_.num_pages) * layout_.page_bytes + uint64_t(cap_.num_slots) * (layout_.ring_bytes() + tail_bytes_);
+}
+
+uint8_t* gpu_shard_arena::page(int32_t id) {
+  CEDAR_CHECK(id >= 0 && id < cap_.num_pages);
+  return pages_ + std::size_t(id) * layout_.page_bytes;
+}
+
+uint8_t* gpu_shard_arena::ring(int32_t slot) {
+  CEDAR_CHECK(slot >= 0 && slot < cap_.num_slots);
+  return rings_ + std::size_t(slot) * layout_.ring_bytes();
+}
+
+float* gpu_shard_arena::tails(int32_t slot) {
+  CEDAR_CHECK(slot >= 0 && slot < cap_.num_slots);
+  return reinterpret_cast<float*>(tails_ + std::size_t(slot) * tail_bytes_);
+}
+
+void gpu_shard_arena::read_page(int32_t id, uint8_t* out) { cuda::copy_to_host(out, page(id), layout_.page_bytes); }
+
+void gpu_shard_arena::copy_page(int32_t dst_id, kv_arena& src, int32_t src_id) {
+  if (!src.on_device()) {
+    cuda::copy_to_device(page(dst_id), src.page(src_id), layout_.page_bytes);
+    return;
+  }
+  cuda::copy_device(page(dst_id), src.page(src_id), layout_.page_bytes);
+  cuda::synchronize();
+}
+
+gpu_step_model::gpu_step_model(std::unique_ptr<gpu_model> m, bool verbose) : m_(std::move(m)), verbose_(verbose) {}
+
+void gpu_step_model::forward(std::span<forward_item> batch, std::vector<float>& logits) { m_->forward(batch, logits); }
+
+std::unique_ptr<kv_arena> gpu_step_model::make_arena(const kv_capacity& cap) const {
+  auto arena = std::make_unique<gpu_shard_arena>(m_->layout(), cap);
+  if (verbose_) {
+    const kv_layout& l = m_->layout();
+    std::size_t free_b = 0, total_b = 0;
+    cuda::memory_info(&free_b, &total_b);
+    std::fprintf(stderr,
+                 "cedar: KV on the device: %d pages of %d tokens (%.2f GiB, %lld tokens) + %d ring slots "
+                 "(%.3f GiB); %.2f GiB of the device's %.2f GiB left free\n",
+                 cap.num_pages, l.page_tokens, double(cap.num_pages) * double(l.page_bytes) / gib,
+                 (long long)cap.num_pages * l.page_tokens, cap.num_slots,
+                 double(arena->device_bytes() - uint64_t(cap.num_pages) * l.page_bytes) / gib, double(free_b) / gib,
+                 double(total_b) / gib);
+  }
+  return arena;
+}
+
+}  // namespace cedar
+
+#endif  // CEDAR_HAVE_CUDA

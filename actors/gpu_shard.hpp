@@ -1,0 +1,63 @@
+// The GPU model (kernels/cuda_model) as a shard's step_model, with the shard's KV in device
+// memory: make_arena gives a gpu_shard_arena (one device allocation for the pages, one for the
+// rings and tails of every slot, zeroed), and forward runs gpu_model::forward on it directly,
+// with no copy of KV bytes per step. Page copies between arenas (re-homing) are device copies,
+// or host <-> device ones when the other arena is on the host. Built only with CUDA.
+#pragma once
+
+#ifdef CEDAR_HAVE_CUDA
+
+#include <memory>
+
+#include "actors/shard.hpp"
+#include "kernels/cuda_model/gpu_model.hpp"
+
+namespace cedar {
+
+/// A kv_capacity of KV in device memory, allocated and zeroed at once (a budget is device
+/// memory held for the arena's life).
+class gpu_shard_arena final : public kv_arena {
+ public:
+  /// Throws std::runtime_error naming the bytes when the device cannot hold them.
+  gpu_shard_arena(const kv_layout& layout, const kv_capacity& cap);
+  ~gpu_shard_arena() override;
+  gpu_shard_arena(const gpu_shard_arena&) = delete;
+  gpu_shard_arena& operator=(const gpu_shard_arena&) = delete;
+
+  uint8_t* page(int32_t page_id) override;
+  uint8_t* ring(int32_t slot) override;
+  float* tails(int32_t slot) override;
+  bool on_device() const override { return true; }
+  void read_page(int32_t id, uint8_t* out) override;
+  void copy_page(int32_t dst_id, kv_arena& src, int32_t src_id) override;
+
+  /// Device bytes held: pages, rings and tails.
+  uint64_t device_bytes() const;
+
+ private:
+  kv_layout layout_;
+  kv_capacity cap_;
+  std::size_t tail_bytes_ = 0;    ///< per slot (at least 4, as the host arena's)
+  uint8_t* pages_ = nullptr;      ///< [num_pages, page_bytes]
+  uint8_t* rings_ = nullptr;      ///< [num_slots, ring_bytes]
+  uint8_t* tails_ = nullptr;      ///< [num_slots, tail_bytes_]
+};
+
+/// The GPU model under a shard: KV on the device, gpu_model::forward per step.
+class gpu_step_model final : public step_model {
+ public:
+  /// verbose: make_arena prints the KV it allocates on stderr.
+  gpu_step_model(std::unique_ptr<gpu_model> m, bool verbose);
+  const model_args& args() const override { return m_->args(); }
+  const kv_layout& layout() const override { return m_->layout(); }
+  void forward(std::span<forward_item> batch, std::vector<float>& logits) override;
+  std::unique_ptr<kv_arena> make_arena(const kv_capacity& cap) const override;
+
+ private:
+  std::unique_ptr<gpu_model> m_;
+  bool verbose_ = false;
+};
+
+}  // namespace cedar
+
+#endif  // CEDAR_HAVE_CUDA
