@@ -13,9 +13,9 @@
 #include "config/model_config.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/fast/fast_ops.hpp"
-#include "kernels/model/inventory.hpp"
 #include "tools/cli/kernel_lab.hpp"
 #include "tools/cli/registry.hpp"
+#include "tools/cli/roofline.hpp"
 
 namespace {
 
@@ -56,44 +56,12 @@ struct floor_part {
   std::string rate_from;
 };
 
-/// Bytes one decode step of `preset` reads at batch 1 with `context` tokens: every dense weight
-/// once (wo_a as the bf16 it is served in), top-k of the routed experts, one embedding row, the
-/// Engram rows gathered, and the KV the attention and indexers read.
+/// The decode step's HBM traffic at batch 1 (tools/cli/roofline.hpp), each part to be given a rate.
 std::vector<floor_part> decode_bytes(const model_args& a, int64_t context) {
-  floor_part fp8{"FP8 linears (attention, shared experts, indexer, Engram proj)", 0, 0, ""};
-  floor_part woa{"attn.wo_a (bf16 as served)"}, experts{"routed experts (top-6 of 64, FP4)"};
-  floor_part head{"head (bf16)"}, bf16{"bf16 linears (compressor, indexer wk/proj, router)"};
-  floor_part small{"mHC fp32, norms, sinks, biases"}, gather{"embedding row, Engram rows"};
-  floor_part kv{"KV read (window, top-512 records, index keys)"};
-  for (const tensor_spec& t : model_inventory(a)) {
-    const double b = double(t.num_bytes());
-    if (t.name.find("attn.wo_a.") != std::string::npos) {
-      if (t.role == tensor_role::fp8_weight) woa.bytes += 2.0 * t.num_elements();
-    } else if (t.expert_idx >= 0) {
-      experts.bytes += b * a.num_experts_per_tok / a.n_routed_experts;
-    } else if (t.role == tensor_role::fp8_weight || t.role == tensor_role::fp8_scale) {
-      fp8.bytes += b;
-    } else if (t.role == tensor_role::head) {
-      head.bytes += b;
-    } else if (t.role == tensor_role::bf16_linear) {
-      bf16.bytes += b;
-    } else if (t.role == tensor_role::embedding) {
-      gather.bytes += 2.0 * a.hidden_size;
-    } else if (t.role == tensor_role::engram_table || t.role == tensor_role::engram_scale) {
-      gather.bytes += b / double(t.shape[0]) * a.engram_rows_per_token();
-    } else {
-      small.bytes += b;
-    }
-  }
-  for (const layer_info& l : a.layers) {
-    kv.bytes += double(a.sliding_window) * 528;
-    if (l.compress_ratio > 0) kv.bytes += double(std::min<int64_t>(a.index_topk, context / l.compress_ratio)) * 288;
-  }
-  for (int src : a.index_source_layer_ids) {
-    const int ratio = a.layers[src].compress_ratio > 0 ? a.layers[src].compress_ratio : 1;
-    kv.bytes += double(context / ratio) * 68;
-  }
-  return {fp8, woa, experts, head, bf16, small, gather, kv};
+  std::vector<floor_part> parts;
+  for (const cli::step_bytes_part& p : cli::decode_step_bytes(a, kv_layout::make(a, kv_dtype::fp4), context, 1))
+    parts.push_back({p.what, p.bytes, 0, ""});
+  return parts;
 }
 
 double gbps(const lab_case& c) { return c.time_us > 0 ? c.bytes / (c.time_us * 1e3) : 0; }
