@@ -58,6 +58,7 @@ run_one() {  # tool filter index
   summary=$(grep -hoE '(ERROR SUMMARY|RACECHECK SUMMARY): .*' "$log" | tail -1)
   doctest=$(grep -oE 'test cases: *[0-9]+ *\| *[0-9]+ passed *\| *[0-9]+ failed' "$log" | tail -1 | tr -s ' ')
   ((rc == 124)) && summary="timed out after ${case_timeout} s"
+  [[ $doctest == "test cases: 0 "* ]] && rc=no-case
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tool" "$filter" "$rc" "$((SECONDS - t))" "${summary:-none}" "${doctest:--}" \
     > "$log.row"
 }
