@@ -103,32 +103,10 @@ struct gpu_model::impl {
     for (void* p : allocations) cuda::device_free(p);
   }
 
-  // ---- weight upload ----
-  uint64_t total = 0, done = 0;
+  // ---- weight upload (gpu_weights.cpp) ----
   const upload_progress_fn* progress = nullptr;
-  template <class T>
-  const T* upload(const T* src, std::size_t n) {
-    if (src == nullptr || n == 0) return nullptr;
-    void* p = cuda::device_alloc(n * sizeof(T));
-    allocations.push_back(p);
-    cuda::copy_to_device(p, src, n * sizeof(T));
-    bytes += n * sizeof(T);
-    done += n * sizeof(T);
-    if (progress && *progress) (*progress)(done, total);
-    return static_cast<const T*>(p);
-  }
-  const float* upload(const std::vector<float>& v) { return upload(v.data(), v.size()); }
-  fp8_weight upload(const fp8_weight& w) {
-    return {w.out, w.in, upload(w.data, std::size_t(w.out) * w.in),
-            upload(w.scale, std::size_t((w.out + 31) / 32) * ((w.in + 31) / 32))};
-  }
-  fp4_weight upload(const fp4_weight& w) {
-    return {w.out, w.in, upload(w.data, std::size_t(w.out) * w.in / 2),
-            upload(w.scale, std::size_t(w.out) * (w.in / 32))};
-  }
-  bf16_weight upload(const bf16_weight& w) { return {w.out, w.in, upload(w.data, std::size_t(w.out) * w.in)}; }
-  dev_hc upload(const model_detail::hc_weights& h) { return {upload(h.fn), upload(h.base), upload(h.scale)}; }
-
+  /// Lays every weight of `w` out in one device allocation and copies it there (progress over
+  /// every byte).
   void bind(const model_detail::model_weights& w);
 
   // ---- forward steps ----
