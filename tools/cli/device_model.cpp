@@ -17,6 +17,7 @@
 #include "tools/cli/model_source.hpp"
 
 #ifdef CEDAR_HAVE_CUDA
+#include "actors/gpu_shard.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
 #endif
 
@@ -31,9 +32,8 @@ double seconds_since(clock_type::time_point t0) {
 
 constexpr double gib = double(uint64_t(1) << 30);
 
-/// Prints a "<what>: X GiB of about Y GiB" line to stderr each time `done` crosses another tenth
-/// of `total` (the total may be an estimate that `done` passes: the GPU upload counts only the
-/// large matrices in it).
+/// Prints a "<what>: X GiB of Y GiB" line to stderr each time `done` crosses another tenth of
+/// `total` (every byte is counted in both).
 struct tenths_printer {
   const char* what;
   clock_type::time_point t0 = clock_type::now();
@@ -42,8 +42,8 @@ struct tenths_printer {
     const uint64_t tenth = done * 10 / std::max<uint64_t>(1, total);
     if (tenth <= printed) return;
     printed = tenth;
-    std::fprintf(stderr, "cedar: %s: %.2f GiB of about %.2f GiB, %.1f s\n", what, double(done) / gib,
-                 double(total) / gib, seconds_since(t0));
+    std::fprintf(stderr, "cedar: %s: %.2f GiB of %.2f GiB, %.1f s\n", what, double(done) / gib, double(total) / gib,
+                 seconds_since(t0));
   }
 };
 
@@ -68,12 +68,21 @@ std::unique_ptr<gpu_model> upload(const model_args& args, std::shared_ptr<const 
                                   bool verbose) {
   const auto t0 = clock_type::now();
   tenths_printer print{"upload to the device"};
-  upload_progress_fn progress;
-  if (verbose) progress = [&](uint64_t done, uint64_t total) { print(done, total); };
+  std::optional<clock_type::time_point> first_copy;  // the host-side binding is done by then
+  const upload_progress_fn progress = [&](uint64_t done, uint64_t total) {
+    if (!first_copy) first_copy = clock_type::now();
+    if (verbose) print(done, total);
+  };
   auto m = std::make_unique<gpu_model>(args, std::move(weights), dtype, progress);
+  const double s = seconds_since(t0);
+  const double prepare_s = first_copy ? std::chrono::duration<double>(*first_copy - t0).count() : 0.0;
+  const double copy_s = std::max(s - prepare_s, 1e-9);
   if (verbose)
-    std::fprintf(stderr, "cedar: %.2f GiB of weights on the device in %.1f s (%s)\n", double(m->weight_bytes()) / gib,
-                 seconds_since(t0), cuda::status().c_str());
+    std::fprintf(stderr,
+                 "cedar: %.2f GiB of weights on the device in %.1f s (binding on the host %.1f s, copies %.2f s "
+                 "= %.1f GB/s) (%s)\n",
+                 double(m->weight_bytes()) / gib, s, prepare_s, copy_s, double(m->weight_bytes()) / 1e9 / copy_s,
+                 cuda::status().c_str());
   return m;
 }
 
@@ -94,19 +103,6 @@ class gpu_cli_model final : public cli_model {
     if (!kv) throw std::runtime_error("not enough device memory for the KV of " + std::to_string(max_tokens) + " tokens");
     auto held = std::make_shared<request_kv>(std::move(*kv));
     return std::shared_ptr<request_kv>(held.get(), [arena, held](request_kv* p) { arena->release(*p); });
-  }
-
- private:
-  std::unique_ptr<gpu_model> m_;
-};
-
-class gpu_step_model final : public step_model {
- public:
-  explicit gpu_step_model(std::unique_ptr<gpu_model> m) : m_(std::move(m)) {}
-  const model_args& args() const override { return m_->args(); }
-  const kv_layout& layout() const override { return m_->layout(); }
-  void forward(std::span<forward_item> batch, std::vector<float>& logits) override {
-    m_->forward_host_kv(batch, logits);
   }
 
  private:
@@ -194,7 +190,7 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
   }
 #ifdef CEDAR_HAVE_CUDA
   try {
-    return std::make_unique<gpu_step_model>(upload(args, std::move(weights), dtype, verbose));
+    return std::make_unique<gpu_step_model>(upload(args, std::move(weights), dtype, verbose), verbose);
   } catch (const std::exception& e) {
     *error = e.what();
     return nullptr;
@@ -202,6 +198,50 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
 #else
   (void)args, (void)weights, (void)dtype, (void)verbose;
   return nullptr;
+#endif
+}
+
+std::optional<int64_t> gpu_kv_budget(const kv_layout& layout, double fraction, int64_t budget_bytes, int max_num_seqs,
+                                     bool verbose, std::string* error) {
+#ifdef CEDAR_HAVE_CUDA
+  std::size_t free_b = 0, total_b = 0;
+  cuda::memory_info(&free_b, &total_b);
+  const auto gib_text = [](double bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / gib);
+    return std::string(buf);
+  };
+  const std::string free_text = gib_text(double(free_b)) + " of the device's " + gib_text(double(total_b)) +
+                                " are free after the weights";
+  char fraction_text[48];
+  std::snprintf(fraction_text, sizeof fraction_text, "--gpu-memory-fraction %.2f", fraction);
+  if (!(fraction > 0 && fraction <= 1)) {
+    *error = "--gpu-memory-fraction must be in (0, 1]";
+    return std::nullopt;
+  }
+  const bool given = budget_bytes > 0;
+  if (!given) budget_bytes = int64_t(double(free_b) * fraction);
+  if (given && uint64_t(budget_bytes) > free_b) {
+    *error = "--kv-budget-bytes " + std::to_string(budget_bytes) + " does not fit on the device: " + free_text;
+    return std::nullopt;
+  }
+  const kv_capacity cap = plan_kv_capacity(layout, budget_bytes, max_num_seqs);
+  if (cap.num_pages < 1 || cap.num_slots < 1) {
+    *error = "the KV budget of " + gib_text(double(budget_bytes)) + " (" +
+             (given ? "--kv-budget-bytes" : fraction_text) +
+             ") holds no KV page (" + std::to_string(cap.page_bytes) + " B) and ring slot (" +
+             std::to_string(cap.slot_bytes) + " B): " + free_text;
+    return std::nullopt;
+  }
+  if (verbose)
+    std::fprintf(stderr, "cedar: KV budget %s (%s): %s\n", gib_text(double(budget_bytes)).c_str(),
+                 given ? "--kv-budget-bytes" : fraction_text,
+                 free_text.c_str());
+  return budget_bytes;
+#else
+  (void)layout, (void)fraction, (void)budget_bytes, (void)max_num_seqs, (void)verbose;
+  *error = device_unavailable(device_kind::cuda);
+  return std::nullopt;
 #endif
 }
 

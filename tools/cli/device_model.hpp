@@ -50,10 +50,18 @@ class cli_model {
 std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype,
                                           device_kind device, bool verbose, std::string* error);
 
-/// The GPU model as a shard's step_model: weights uploaded from `weights` (progress on stderr
-/// when verbose); each step runs gpu_model::forward_host_kv on the shard's host KV arena.
-/// nullptr and *error when built without CUDA, with no device, or on bad weights.
+/// The GPU model as a shard's step_model (actors/gpu_shard.hpp): weights uploaded from `weights`
+/// (progress, time and GB/s on stderr when verbose); the shard's KV is in device memory and each
+/// step runs gpu_model::forward on it. nullptr and *error when built without CUDA, with no
+/// device, or on bad weights.
 std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::shared_ptr<const tensor_map> weights,
                                                 kv_dtype dtype, bool verbose, std::string* error);
+
+/// The KV budget (pages, rings, tails) of a GPU shard, once the weights are on the device:
+/// `fraction` of the device memory free now, or `budget_bytes` when > 0 (checked against it).
+/// Printed on stderr when verbose. nullopt and *error when the budget does not fit or holds
+/// no page and ring slot.
+std::optional<int64_t> gpu_kv_budget(const kv_layout& layout, double fraction, int64_t budget_bytes, int max_num_seqs,
+                                     bool verbose, std::string* error);
 
 }  // namespace cedar::cli

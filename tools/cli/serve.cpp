@@ -29,6 +29,8 @@ struct model_choice {
   int null_step_us = 1000;
   std::string null_output;  ///< null model: this text (then EOS) instead of a repeated token
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
+  double gpu_memory_fraction = 0.9;  ///< --device cuda: share of the free device memory for KV
+  bool kv_budget_given = false;      ///< --kv-budget-bytes was on the command line
   cedar::engine_options options;
 };
 
@@ -59,14 +61,20 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
   if (!args) throw std::runtime_error(error);
   auto started = [&] {
     if (c.device == cedar::cli::device_kind::cpu) return cedar::engine::start(*args, load_weights(c, *args), c.options);
-    // GPU: one shard under one scheduler; its KV stays in the shard's host arena and each step
-    // copies the batch's pages to the device and back (gpu_model::forward_host_kv).
+    // GPU: one shard under one scheduler; its KV lives in device memory, sized from what the
+    // weights leave free.
     auto weights = cedar::cli::load_weights(c.model, *args, c.seed, true, &error);
     if (!weights) throw std::runtime_error(error);
     auto gpu = cedar::cli::make_gpu_step_model(*args, std::move(weights),
                                                c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4, true, &error);
     if (!gpu) throw std::runtime_error(error);
-    return cedar::engine::start(std::move(gpu), c.options);
+    cedar::engine_options options = c.options;
+    const auto budget = cedar::cli::gpu_kv_budget(gpu->layout(), c.gpu_memory_fraction,
+                                                  c.kv_budget_given ? options.kv_budget_bytes : 0,
+                                                  options.max_num_seqs, true, &error);
+    if (!budget) throw std::runtime_error(error);
+    options.kv_budget_bytes = *budget;
+    return cedar::engine::start(std::move(gpu), options);
   }();
   if (!started) throw std::runtime_error(started.error().message);
   std::string name = std::filesystem::path(c.model).filename().string();
@@ -89,9 +97,11 @@ void print_help(FILE* out) {
       "  --model NAME                   tiny | micro | null | a checkpoint directory (default tiny);\n"
       "                                 null returns a fixed token at once (measures streaming cost)\n"
       "  --seed N                       random-weight seed for presets (default 1234)\n"
-      "  --device cpu|cuda              where the model runs (default cpu). cuda: weights on the GPU,\n"
-      "                                 the CPU's bits; one shard (--layout tp1), KV in host memory\n"
-      "                                 copied to the device per step\n"
+      "  --device cpu|cuda              where the model runs (default cpu). cuda: weights and KV on the\n"
+      "                                 GPU, one shard (--layout tp1)\n"
+      "  --gpu-memory-fraction F        --device cuda: the share of the device memory left free by the\n"
+      "                                 weights that the KV takes (default 0.9; the rest is for\n"
+      "                                 activations); --kv-budget-bytes, when given, sets it instead\n"
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
       "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
@@ -142,6 +152,8 @@ int serve_main(int argc, char** argv) {
   cedar::net::serve_options o;
   model_choice engine;
   engine.options = parsed.options;
+  for (const auto& a : args)
+    if (a.rfind("--kv-budget-bytes", 0) == 0) engine.kv_budget_given = true;
   if (const char* key = std::getenv("CEDAR_API_KEY")) o.api_key = key;
   auto& rest = parsed.rest;
   for (size_t i = 0; i < rest.size(); ++i) {
@@ -169,6 +181,16 @@ int serve_main(int argc, char** argv) {
       if (next()) {
         if (auto d = cedar::cli::parse_device(value)) engine.device = *d;
         else errors.push_back("--device: cpu or cuda, not " + value);
+      }
+    }
+    else if (flag == "--gpu-memory-fraction") {
+      if (next()) {
+        char* end = nullptr;
+        const double f = std::strtod(value.c_str(), &end);
+        if (value.empty() || *end != 0 || !(f > 0 && f <= 1))
+          errors.push_back("--gpu-memory-fraction: a number in (0, 1], not " + value);
+        else
+          engine.gpu_memory_fraction = f;
       }
     }
     else if (flag == "--served-model-name") { if (next()) o.served_model_name = value; }
