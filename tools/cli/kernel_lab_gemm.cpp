@@ -382,6 +382,237 @@ void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down,
   }
 }
 
+// ---- prefill path and bf16 GEMV of the fast kernel set (fast::linear_*, fast::moe_ffn) ---------
+
+/// Runs fn with the thresholds set to t, then restores them.
+void with_tuning(const fast::tuning& t, const std::function<void()>& fn) {
+  const fast::tuning saved = fast::tuning_now();
+  fast::tuning_now() = t;
+  fn();
+  fast::tuning_now() = saved;
+}
+
+constexpr int never = 1 << 30;
+
+/// One FP8 / W4A8 shape at m rows through the fast kernel set: the path the thresholds pick
+/// ("fast"), and for the threshold sweep both paths forced ("gemv", "bf16"); at prefill sizes
+/// the parts of the bf16 path (weight dequant, the cuBLAS GEMM alone) and cuBLASLt FP8 at the
+/// same shape (per-tensor scales: the tensor-core ceiling).
+void run_prefill_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vector<lab_case>& out) {
+  const host_weight hw = random_weight(s.n, s.k, fp4, r);
+  const std::vector<float> x = random_x(m, s.k, r);
+  dev_buf wd(hw.data_bytes() + hw.scale_bytes());
+  cuda::copy_to_device(wd.p, hw.data.data(), hw.data_bytes());
+  cuda::copy_to_device(wd.as<uint8_t>() + hw.data_bytes(), hw.scale.data(), hw.scale_bytes());
+  dev_buf xd(sizeof(float) * x.size()), y(sizeof(float) * std::size_t(m) * s.n);
+  cuda::copy_to_device(xd.p, x.data(), sizeof(float) * x.size());
+  const fp8_weight w8{s.n, s.k, wd.as<uint8_t>(), wd.as<uint8_t>() + hw.data_bytes()};
+  const fp4_weight w4{s.n, s.k, wd.as<uint8_t>(), wd.as<uint8_t>() + hw.data_bytes()};
+  checker chk;
+  chk.n = s.n;
+  const int samples = std::min(m, 8);
+  for (int i = 0; i < samples; ++i) chk.rows.push_back(int(int64_t(i) * (m - 1) / std::max(samples - 1, 1)));
+  chk.ref.resize(chk.rows.size() * std::size_t(s.n));
+  chk.sabs.resize(chk.ref.size());
+  const abs_decoder dec(hw);
+  for (std::size_t i = 0; i < chk.rows.size(); ++i)
+    reference_row(x.data() + std::size_t(chk.rows[i]) * s.k, hw, dec, chk.ref.data() + i * s.n,
+                  chk.sabs.data() + i * s.n);
+  const std::string op = fp4 ? "prefill_fp4" : "prefill_fp8";
+  const double flops = 2.0 * m * s.n * s.k;
+  auto linear = [&] {
+    if (fp4) fast::linear_fp4(xd.as<float>(), m, w4, y.as<float>());
+    else fast::linear_fp8(xd.as<float>(), m, w8, y.as<float>());
+  };
+  auto record = [&](const char* variant, const fast::tuning& t, bool check) {
+    with_tuning(t, [&] {
+      lab_case c{op, variant, s.name, m, s.n, s.k};
+      c.bytes = double(hw.data_bytes() + hw.scale_bytes()) + double(m) * s.k * 4 + 4.0 * m * s.n;
+      c.flops = flops;
+      if (check) {
+        cuda::fill_bytes(y.p, 0xFF, sizeof(float) * std::size_t(m) * s.n);
+        linear();
+        cuda::synchronize();
+        chk.check(y.as<float>(), c, false);
+      }
+      time_case([&](int) { linear(); }, c);
+      out.push_back(c);
+    });
+  };
+  record("fast", fast::tuning_now(), true);
+  if (m <= 256) {
+    record("gemv", {never, never, never}, true);
+    record("bf16", {0, 0, 0}, true);
+  }
+  if (m < 1024) return;
+  {
+    lab_case c{op, "dequant", s.name, m, s.n, s.k};
+    dev_buf wb(std::size_t(2) * s.n * s.k);
+    c.bytes = double(hw.data_bytes() + hw.scale_bytes()) + 2.0 * s.n * s.k;
+    time_case([&](int) {
+      if (fp4) fast::detail::dequant_bf16(w4, wb.as<uint16_t>());
+      else fast::detail::dequant_bf16(w8, wb.as<uint16_t>());
+    }, c);
+    out.push_back(c);
+    lab_case g{op, "gemm_bf16", s.name, m, s.n, s.k};
+    dev_buf xb(std::size_t(2) * m * s.k);
+    fast::detail::fake_quant_bf16(xd.as<float>(), s.k, nullptr, nullptr, m, s.k, xb.as<uint16_t>());
+    g.flops = flops;
+    time_case([&](int) {
+      fast::detail::gemm_bf16(xb.as<uint16_t>(), s.k, m, wb.as<uint16_t>(), s.k, s.n, s.k, y.as<float>(), s.n, false);
+    }, g);
+    out.push_back(g);
+  }
+  fast::blaslt_gemm blas(m, s.n, s.k);
+  if (blas.ok()) {
+    lab_case c{op, "cublaslt_" + blas.dtype(), s.name, m, s.n, s.k};
+    c.flops = flops;
+    time_case([&](int) { blas.run(); }, c);
+    out.push_back(c);
+  }
+}
+
+/// The bf16 GEMV (m = 1) against the exact op and the copy rate: |y - y_cpu| <= 2^-16 sum|x w|
+/// on 256 sampled outputs. groups > 1: wo_a's grouped form (group g reads x[g k ...]).
+void run_bf16_gemv(const char* name, int groups, int n, int k, rng& r, std::vector<lab_case>& out) {
+  const std::size_t count = std::size_t(groups) * n * k;
+  std::vector<uint16_t> w(count);
+  for (std::size_t i = 0; i < count; i += 4) {  // sign, exponent 2^-9 .. 2^-5, 7 mantissa bits
+    const uint64_t bits = r.next();
+    for (std::size_t j = 0; j < 4 && i + j < count; ++j) {
+      const uint32_t b = uint32_t(bits >> (16 * j));
+      w[i + j] = uint16_t((b & 0x807F) | ((118 + (b >> 7) % 5) << 7));
+    }
+  }
+  const std::vector<float> x = random_x(1, groups * k, r);
+  const int copies = int(std::clamp<std::size_t>(l2_defeat_bytes / (2 * count) + 1, 1, 16));
+  std::vector<std::unique_ptr<dev_buf>> wc;
+  for (int i = 0; i < copies; ++i) {
+    wc.push_back(std::make_unique<dev_buf>(2 * count));
+    cuda::copy_to_device(wc.back()->p, w.data(), 2 * count);
+  }
+  dev_buf xd(sizeof(float) * x.size()), y(sizeof(float) * groups * n);
+  cuda::copy_to_device(xd.p, x.data(), sizeof(float) * x.size());
+  auto gemv = [&](int i) {
+    fast::detail::gemv_bf16(xd.as<float>(), groups * k, 1, wc[i % copies]->as<uint16_t>(), n, k, y.as<float>(),
+                            groups * n, groups, k, (long long)n * k, n);
+  };
+  lab_case c{"gemv_bf16", "gemv", name, 1, groups * n, k};
+  c.groups = groups;
+  c.bytes = 2.0 * count + 4.0 * x.size() + 4.0 * groups * n;
+  c.flops = 2.0 * count;
+  cuda::fill_bytes(y.p, 0xFF, sizeof(float) * groups * n);
+  gemv(0);
+  std::vector<float> got(std::size_t(groups) * n);
+  cuda::copy_to_host(got.data(), y.p, sizeof(float) * got.size());
+  c.checked = true;
+  for (int t = 0; t < 256; ++t) {
+    const std::size_t col = std::size_t(r.next() % (std::size_t(groups) * n));
+    const int g = int(col / n);
+    const uint16_t* wr = w.data() + col * k;
+    const float* xr = x.data() + std::size_t(g) * k;
+    float ref = 0;
+    double sabs = 0;
+    for (int i = 0; i < k; ++i) {
+      const float p = fmt::bf16_to_f32(wr[i]) * xr[i];
+      ref = ref + p, sabs += std::fabs(double(p));
+    }
+    const double ratio = sabs > 0 ? std::fabs(double(got[col]) - ref) / sabs : 0;
+    if (!(ratio <= err_bound)) c.pass = false;
+    c.max_err_ratio = std::max(c.max_err_ratio, std::isnan(ratio) ? INFINITY : ratio);
+  }
+  time_case(gemv, c);
+  out.push_back(c);
+  if (groups == 1) {
+    lab_case b{"gemv_bf16", "baseline", name, 1, n, k};
+    b.bytes = c.bytes, b.flops = c.flops;
+    time_case([&](int i) {
+      cuda::linear_bf16(xd.as<float>(), 1, bf16_weight{n, k, wc[i % copies]->as<uint16_t>()}, y.as<float>());
+    }, b);
+    out.push_back(b);
+  }
+}
+
+/// fast::moe_ffn at prefill size: 64 experts, top-6, random routing, real V4.1 expert shapes and
+/// the shared expert; timed launched one by one (the prefill path copies 64 counts to the
+/// host, which a graph cannot hold); 4 rows checked against cpu::moe_ffn on those rows alone.
+void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
+  constexpr int experts = moe_experts, topk = 6, d = 5120, inter = 2304;
+  std::vector<host_weight> hw;
+  for (int e = 0; e < experts; ++e)
+    for (auto [n, k] : {std::pair{inter, d}, {inter, d}, {d, inter}}) hw.push_back(random_weight(n, k, true, r));
+  const host_weight s1 = random_weight(inter, d, false, r), s3 = random_weight(inter, d, false, r),
+                    s2 = random_weight(d, inter, false, r);
+  std::vector<std::unique_ptr<dev_buf>> bufs;
+  auto up = [&](const host_weight& h) {
+    bufs.push_back(std::make_unique<dev_buf>(h.data_bytes() + h.scale_bytes()));
+    cuda::copy_to_device(bufs.back()->p, h.data.data(), h.data_bytes());
+    cuda::copy_to_device(bufs.back()->as<uint8_t>() + h.data_bytes(), h.scale.data(), h.scale_bytes());
+    return std::pair{bufs.back()->as<const uint8_t>(), bufs.back()->as<const uint8_t>() + h.data_bytes()};
+  };
+  auto fp4v = [](const host_weight& h, std::pair<const uint8_t*, const uint8_t*> p) {
+    return fp4_weight{h.n, h.k, p.first, p.second};
+  };
+  auto fp8v = [](const host_weight& h, std::pair<const uint8_t*, const uint8_t*> p) {
+    return fp8_weight{h.n, h.k, p.first, p.second};
+  };
+  std::vector<cpu::expert_weights> dev_e(experts), host_e(experts);
+  for (int e = 0; e < experts; ++e) {
+    const host_weight *a = &hw[3 * e], *b = &hw[3 * e + 1], *c = &hw[3 * e + 2];
+    dev_e[e] = {fp4v(*a, up(*a)), fp4v(*b, up(*b)), fp4v(*c, up(*c))};
+    host_e[e] = {fp4v(*a, {a->data.data(), a->scale.data()}), fp4v(*b, {b->data.data(), b->scale.data()}),
+                 fp4v(*c, {c->data.data(), c->scale.data()})};
+  }
+  const cpu::shared_expert_weights dev_s{fp8v(s1, up(s1)), fp8v(s3, up(s3)), fp8v(s2, up(s2))};
+  const cpu::shared_expert_weights host_s{fp8v(s1, {s1.data.data(), s1.scale.data()}),
+                                          fp8v(s3, {s3.data.data(), s3.scale.data()}),
+                                          fp8v(s2, {s2.data.data(), s2.scale.data()})};
+  const routing ro = make_routing(tokens, experts, topk, r);
+  std::vector<int32_t> sel(std::size_t(tokens) * topk);
+  std::vector<int> filled(tokens, 0);
+  for (std::size_t s = 0; s < ro.slot_rows.size(); ++s) {
+    const int t = ro.slot_rows[s];
+    sel[std::size_t(t) * topk + filled[t]++] = ro.slot_expert[s];
+  }
+  std::vector<float> wts(sel.size());
+  for (float& v : wts) v = float(0.1 + 0.3 * r.uniform());
+  const std::vector<float> x = random_x(tokens, d, r);
+  dev_buf xd(sizeof(float) * x.size()), sd(sizeof(int32_t) * sel.size()), wdv(sizeof(float) * wts.size()),
+      y(sizeof(float) * std::size_t(tokens) * d);
+  cuda::copy_to_device(xd.p, x.data(), sizeof(float) * x.size());
+  cuda::copy_to_device(sd.p, sel.data(), sizeof(int32_t) * sel.size());
+  cuda::copy_to_device(wdv.p, wts.data(), sizeof(float) * wts.size());
+  auto run = [&](int) {
+    fast::moe_ffn(xd.as<float>(), tokens, d, sd.as<int32_t>(), wdv.as<float>(), topk, dev_e.data(), experts, &dev_s,
+                  10.0f, y.as<float>());
+  };
+  lab_case c{"moe_prefill", "fast", "64 experts top-6 + shared", tokens, d, inter};
+  c.groups = experts;
+  c.flops = 2.0 * tokens * (topk + 1) * 3.0 * d * inter;
+  cuda::fill_bytes(y.p, 0xFF, sizeof(float) * std::size_t(tokens) * d);
+  run(0);
+  cuda::synchronize();
+  c.checked = true;
+  std::vector<float> got(d), ref(d);
+  double worst = 0;
+  for (int t : {0, tokens / 3, tokens / 2, tokens - 1}) {
+    cuda::copy_to_host(got.data(), y.as<float>() + std::size_t(t) * d, sizeof(float) * d);
+    cpu::moe_ffn(x.data() + std::size_t(t) * d, 1, d, sel.data() + std::size_t(t) * topk,
+                 wts.data() + std::size_t(t) * topk, topk, host_e.data(), experts, &host_s, 10.0f, ref.data());
+    double max_ref = 0, max_err = 0;
+    for (int i = 0; i < d; ++i) {
+      max_ref = std::max(max_ref, double(std::fabs(ref[i])));
+      max_err = std::max(max_err, std::isfinite(got[i]) ? std::fabs(double(got[i]) - ref[i]) : INFINITY);
+    }
+    worst = std::max(worst, max_err / std::max(max_ref, 1e-30));
+  }
+  c.max_err_ratio = worst;  // here: max |out - out_cpu| / max |out_cpu| of the row
+  c.pass = worst <= 1.0 / 256;
+  const double probe = fast::time_ms(run, 1, 2);
+  c.eager_us = c.time_us = 1e3 * fast::time_ms(run, 0, std::clamp(int(200 / std::max(probe, 1e-3)), 2, 10));
+  out.push_back(c);
+}
+
 }  // namespace
 
 std::vector<lab_case> run_linear_cases(bool fp4, bool quick) {
@@ -415,6 +646,29 @@ std::vector<lab_case> run_moe_cases(bool quick) {
   return out;
 }
 
+std::vector<lab_case> run_prefill_cases(bool quick) {
+  static const linear_shape fp8_shapes[] = {{"attn.wq_a", 1280, 5120},   {"attn.wq_b", 32768, 1280},
+                                            {"attn.wkv", 512, 5120},     {"attn.wo_b", 5120, 8192},
+                                            {"shared.w1", 2304, 5120},   {"shared.w2", 5120, 2304}};
+  static const linear_shape fp4_shapes[] = {{"expert.w13", 4608, 5120}, {"expert.w2", 5120, 2304}};
+  std::vector<lab_case> out;
+  rng r{43};
+  const std::vector<int> sweep = quick ? std::vector<int>{64, 128} : std::vector<int>{16, 32, 64, 128, 256};
+  for (const linear_shape& s : fp8_shapes) run_prefill_linear(s, 8192, false, r, out);
+  for (const linear_shape& s : fp4_shapes) run_prefill_linear(s, 8192, true, r, out);
+  for (int m : sweep) {
+    run_prefill_linear(fp8_shapes[3], m, false, r, out);
+    run_prefill_linear(fp4_shapes[0], m, true, r, out);
+  }
+  run_bf16_gemv("head", 1, 129280, 5120, r, out);
+  run_bf16_gemv("attn.wo_a (8 groups)", 8, 1024, 4096, r, out);
+  run_bf16_gemv("router gate", 1, 64, 5120, r, out);
+  run_bf16_gemv("compressor wkv", 1, 512, 5120, r, out);
+  run_moe_prefill(8192, r, out);
+  return out;
+}
+
 }  // namespace cedar::lab
 
 #endif  // CEDAR_HAVE_CUDA
+

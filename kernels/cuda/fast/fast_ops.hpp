@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 
+#include "kernels/ops.hpp"
 #include "kernels/weights.hpp"
 
 namespace cedar::cuda::fast {
@@ -32,7 +33,8 @@ tile_kind pick_tile(int m);
 void quantize_rows_fp8(const float* x, int m, int k, uint8_t* codes, float* scales);
 
 /// y [m, w.out] = W x for FP8-quantized x (codes, scales as quantize_rows_fp8 writes them).
-/// Needs w.out % 128 == 0 and w.in % 256 == 0. Every tile gives the same bits.
+/// Needs w.out % 128 == 0 and w.in % 256 == 0 (gemv: w.out % 16 == 0, w.in % 32 == 0). Every
+/// tile gives the same bits.
 void gemm_fp8(const uint8_t* xq, const float* xs, int m, const fp8_weight& w, float* y, tile_kind t);
 /// As gemm_fp8 with a W4A8 weight (E2M1 turned into e4m3 in registers).
 void gemm_fp4(const uint8_t* xq, const float* xs, int m, const fp4_weight& w, float* y, tile_kind t);
@@ -51,6 +53,54 @@ struct expert_group {
 void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows /*[total_slots]*/,
                  const expert_group* groups, int num_groups, int total_slots, int max_slots, int n,
                  int k, float* y /*[total_slots, n]*/, tile_kind t);
+
+// ---- the fast kernel set's ops (linear_fast.cu): the contracts of the cuda:: ops ---------------
+//
+// Few rows: the gemv tile (FP8, W4A8; experts grouped on the device) and a bf16 GEMV; many rows:
+// weights dequantized into a bf16 scratch and a cuBLAS bf16 GEMM (fp32 accumulation), the same
+// exact products as the CPU op summed in another order (linear_fast.cu says why). Rows below the
+// thresholds are batch-invariant (fixed summation order); the cuBLAS path is not (cuBLAS picks
+// its algorithm by m), and the experts at prefill copy the per-expert counts to the host.
+
+/// Row counts up to which the decode kernels run (inclusive); above: the bf16 GEMM path.
+/// Measured (`cedar kernel-lab --op prefill`, H200): attn.wo_b 5120x8192 FP8 gemv 43 / 85 / 167 us
+/// at m = 16 / 32 / 64 against 79 / 80 / 84 us for the bf16 path; W4A8 expert w13 gemv 28 / 52 /
+/// 110 us; so the tile runs up to 32 rows.
+struct tuning {
+  int gemv_max_rows = 32;         ///< FP8 / W4A8 linears: gemv tile
+  int bf16_gemv_max_rows = 16;    ///< bf16 linears and wo_a: the bf16 GEMV
+  int expert_gemv_max_rows = 64;  ///< routed experts (tokens): grouped gemv tile
+};
+/// The process's thresholds (tests and the lab may change them; set before use).
+tuning& tuning_now();
+
+void linear_fp8(const float* x, int m, const fp8_weight& w, float* y);
+void linear_fp4(const float* x, int m, const fp4_weight& w, float* y);
+/// x fp32 (not rounded to bf16, as the CPU op), w bf16.
+void linear_bf16(const float* x, int m, const bf16_weight& w, float* y);
+void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out);
+/// experts and shared: HOST arrays of views with device pointers; sel, weights: device.
+void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
+             const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared,
+             float limit, float* out);
+
+namespace detail {
+/// W (FP8 or W4A8) -> bf16 [out, in], exact (scales >= 2^-124).
+void dequant_bf16(const fp8_weight& w, uint16_t* out);
+void dequant_bf16(const fp4_weight& w, uint16_t* out);
+/// out [m, k] bf16 = fmt::fake_quant_fp8 of x rows (rows[r] when given; zeros at r >= *count).
+void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k, uint16_t* out);
+/// out [3, m, k] bf16 with x = out[0] + out[1] + out[2] exactly.
+void split_bf16x3(const float* x, int ldx, int m, int k, uint16_t* out);
+/// y [m, n] (+)= a [m, k] w [n, k]^T, bf16 in, fp32 accumulation and out (cuBLAS); batch > 1:
+/// strided batches (element strides).
+void gemm_bf16(const uint16_t* a, int lda, int m, const uint16_t* w, int ldw, int n, int k, float* y, int ldy,
+               bool accumulate, int batch = 1, long long a_stride = 0, long long w_stride = 0, long long y_stride = 0);
+/// y [m, n] = x [m, k] w [n, k]^T, fp32 x, bf16 w, groups side by side (element strides);
+/// false (nothing run) when k % 8 != 0 or the rows are not 16-byte aligned.
+bool gemv_bf16(const float* x, int ldx, int m, const uint16_t* w, int n, int k, float* y, int ldy, int groups,
+               long long x_group, long long w_group, long long y_group);
+}  // namespace detail
 
 // ---- lab helpers ----------------------------------------------------------------------------
 

@@ -110,6 +110,7 @@ template <bool FP4, int NT>
 __global__ void __launch_bounds__(direct_warps * 32) direct_kernel(gemm_problem p, int token_tiles, float* part) {
   const int lane = threadIdx.x % 32, g = lane / 4, tig = lane % 4;
   const int r0 = blockIdx.x * direct_warps * 16 + (threadIdx.x / 32) * 16;
+  if (r0 >= p.n) return;  // n % 16 == 0: a warp's 16 rows are all in or all out
   const int tile = blockIdx.z % token_tiles;
   const size_t total_slots = size_t(p.m);
   const uint8_t* w = p.w;
@@ -158,6 +159,7 @@ __global__ void __launch_bounds__(direct_warps * 32) direct_kernel(gemm_problem 
 #pragma unroll
     for (int i = cc * chunk_blocks; i < (cc + 1) * chunk_blocks; ++i) {
       const int kb = chunk * chunk_blocks + (i - cc * chunk_blocks);
+      if (kb >= k_blocks) break;  // the last chunk of a k that is not a multiple of 128
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         uint2 v = make_uint2(0, 0);
@@ -367,10 +369,10 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
 template <bool FP4, int NT>
 void launch_direct(const gemm_problem& p, int num_groups, int max_slots) {
   const int token_tiles = (max_slots + 8 * NT - 1) / (8 * NT);
-  const int chunks = p.k / chunk_k;
+  const int chunks = (p.k + chunk_k - 1) / chunk_k;
   const int total_slots = p.m;
   scratch<float> part(size_t(chunks) * total_slots * p.n);
-  const dim3 grid(p.n / (direct_warps * 16), (chunks + direct_chunks<FP4> - 1) / direct_chunks<FP4>,
+  const dim3 grid((p.n + direct_warps * 16 - 1) / (direct_warps * 16), (chunks + direct_chunks<FP4> - 1) / direct_chunks<FP4>,
                   num_groups * token_tiles);
   direct_kernel<FP4, NT><<<grid, direct_warps * 32, 0, stream()>>>(p, token_tiles, part.get());
   CEDAR_CUDA_LAUNCHED();
@@ -394,7 +396,10 @@ void launch_tiled(const gemm_problem& p, int num_groups, int max_slots) {
 
 template <bool FP4>
 void run(const gemm_problem& p, int num_groups, int max_slots, tile_kind t) {
-  CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 128 == 0, "fast gemm: k % 256 == 0 and n % 128 == 0");
+  if (t == tile_kind::gemv)
+    CEDAR_CUDA_REQUIRE(p.k % 32 == 0 && p.n % 16 == 0, "fast gemm (gemv): k % 32 == 0 and n % 16 == 0");
+  else
+    CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 128 == 0, "fast gemm: k % 256 == 0 and n % 128 == 0");
   if (max_slots <= 0) return;
   switch (t) {
     case tile_kind::gemv:

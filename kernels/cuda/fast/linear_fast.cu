@@ -1,0 +1,605 @@
+// The fast kernel set's linear layers and experts (fast_ops.hpp): the contracts of
+// cuda::linear_fp8/fp4/bf16, grouped_output and moe_ffn, on tensor cores.
+//
+// Decode (few rows): the gemv tile of gemm.cu (FP8/W4A8, activations quantized to e4m3 codes),
+// the experts grouped on the device (no host round trip), and a bandwidth-bound bf16 GEMV.
+// Prefill (many rows): weights dequantized into a bf16 scratch and a cuBLAS bf16 GEMM with fp32
+// accumulation and output. That computes the CPU op's products exactly: an e4m3 code (4
+// significant bits, ulp >= 2^-9) or an E2M1 value (2 bits) times a UE8M0 scale >= 2^-124 is a
+// bf16 value (bf16 has fp32's exponent range; subnormals down to 2^-133), and so is a fake-quantized
+// activation (scale >= 2^-22, fmt::quantize_fp8's floor); the product of two bf16 values is exact
+// in fp32. Only the order of the fp32 sums differs. bf16 weights take fp32 activations on the
+// CPU (not rounded to bf16): x is split exactly into three bf16 parts (8 + 8 + 8 significant
+// bits cover fp32's 24) and the three products are summed into y.
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/cuda/fast/mma.cuh"
+
+namespace cedar::cuda::fast {
+namespace detail {
+namespace {
+
+using cuda::detail::blocks_for;
+using cuda::detail::scratch;
+using cuda::detail::stream;
+
+constexpr int max_experts = 1024;
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + cuda::detail::exp_f(-x)); }
+
+/// fp32 -> bf16 bits, round to nearest even (exact for values that are bf16 already).
+__device__ __forceinline__ uint16_t to_bf16(float x) { return cuda::detail::f32_to_bf16(x); }
+
+// ---- dequantization into bf16 ------------------------------------------------------------------
+
+/// One thread per 8 codes of an FP8 weight [n, k] (k % 8 == 0) -> bf16 [n, k].
+__global__ void dequant_fp8_kernel(const uint8_t* data, const uint8_t* scale, int n, int k, uint16_t* out) {
+  __shared__ float lut[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = cuda::detail::e4m3_to_f32(uint8_t(i));
+  __syncthreads();
+  const long long piece = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (piece >= (long long)n * k / 8) return;
+  const long long e0 = piece * 8;
+  const int row = int(e0 / k), col = int(e0 % k);
+  const float s = cuda::detail::ue8m0_to_f32(scale[size_t(row / 32) * ((k + 31) / 32) + col / 32]);
+  const uint2 v = reinterpret_cast<const uint2*>(data)[piece];
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t word = i < 2 ? v.x : v.y;
+    const int sh = (i % 2) * 16;
+    const float a = lut[(word >> sh) & 0xFF] * s, b = lut[(word >> (sh + 8)) & 0xFF] * s;
+    o[i] = uint32_t(to_bf16(a)) | (uint32_t(to_bf16(b)) << 16);
+  }
+  reinterpret_cast<uint4*>(out)[piece] = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+/// One thread per 8 values (4 bytes) of a packed E2M1 weight [n, k] -> bf16 [n, k].
+__global__ void dequant_fp4_kernel(const uint8_t* data, const uint8_t* scale, int n, int k, uint16_t* out) {
+  __shared__ float lut[16];
+  if (threadIdx.x < 16) lut[threadIdx.x] = cuda::detail::e2m1_to_f32(uint8_t(threadIdx.x));
+  __syncthreads();
+  const long long piece = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (piece >= (long long)n * k / 8) return;
+  const long long e0 = piece * 8;
+  const int row = int(e0 / k), col = int(e0 % k);
+  const float s = cuda::detail::ue8m0_to_f32(scale[size_t(row) * (k / 32) + col / 32]);
+  const uint32_t w = reinterpret_cast<const uint32_t*>(data)[piece];
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t byte = (w >> (8 * i)) & 0xFF;  // low nibble = even column
+    o[i] = uint32_t(to_bf16(lut[byte & 0xF] * s)) | (uint32_t(to_bf16(lut[byte >> 4] * s)) << 16);
+  }
+  reinterpret_cast<uint4*>(out)[piece] = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+/// The power-of-two scale of fmt::quantize_fp8 for a group's largest |x| (as fp8_group_scale).
+__device__ __forceinline__ float group_scale(float amax) { return cuda::detail::fp8_group_scale(amax); }
+
+/// Four threads per group of 32 (8 values each): row r of out [m, k] is fmt::fake_quant_fp8 of
+/// x row rows[r] (or r) as bf16 (exact). Rows at or past *count (when given) or with rows[r] < 0
+/// are zeros. v / s is computed as v * (1 / s): s is a power of two, so both are the same
+/// correctly rounded value.
+__global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k,
+                                       uint16_t* out) {
+  const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;  // 8 values each
+  const int per_row = k / 8;
+  const bool in = t < (long long)m * per_row;
+  const int r = in ? int(t / per_row) : 0, c8 = in ? int(t % per_row) : 0;
+  int src = in ? r : -1;
+  if (in && count && r >= *count) src = -1;
+  else if (in && rows) src = rows[r];
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (src >= 0) {
+    const float4* p = reinterpret_cast<const float4*>(x + size_t(src) * ldx + c8 * 8);
+    const float4 a = p[0], b = p[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  if (!in) return;
+  const float s = group_scale(amax), inv = 1.0f / s;
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float q0 = cuda::detail::round_to_e4m3(cuda::detail::clampf(v[2 * i] * inv, -448.0f, 448.0f)) * s;
+    const float q1 = cuda::detail::round_to_e4m3(cuda::detail::clampf(v[2 * i + 1] * inv, -448.0f, 448.0f)) * s;
+    o[i] = uint32_t(to_bf16(q0)) | (uint32_t(to_bf16(q1)) << 16);
+  }
+  reinterpret_cast<uint4*>(out + size_t(r) * k)[c8] = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+/// x [m, k] (row stride ldx) -> out [3, m, k] bf16 with x = hi + mid + lo exactly.
+__global__ void split3_kernel(const float* x, int ldx, int m, int k, uint16_t* out) {
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  const long long n = (long long)m * k;
+  if (i >= n) return;
+  const float v = x[size_t(i / k) * ldx + i % k];
+  const uint16_t h = to_bf16(v);
+  const float r1 = v - cuda::detail::bf16_to_f32(h);
+  const uint16_t md = to_bf16(r1);
+  const float r2 = r1 - cuda::detail::bf16_to_f32(md);
+  out[i] = h, out[n + i] = md, out[2 * n + i] = to_bf16(r2);
+}
+
+// ---- bf16 GEMV (decode) ------------------------------------------------------------------------
+
+constexpr int gemv_warps = 8;
+
+/// grid (ceil(m / R), ceil(n / 8), groups): warp w computes column 8 by + w for rows R bx ..
+/// (+R), group bz: y[r, c] = sum_k x[r, k] w[c, k], fp32 products (as the CPU's) summed by
+/// lane (k in 8-wide pieces, lane l takes pieces l, l + 32, ...) then by the shuffle fold.
+/// A row's bits do not depend on R or m. Needs k % 8 == 0 and 16-byte aligned rows.
+template <int R>
+__global__ void __launch_bounds__(gemv_warps * 32)
+    gemv_bf16_kernel(const float* x, int ldx, long long x_group, int m, const uint16_t* w, long long w_group,
+                     int n, int k, float* y, int ldy, long long y_group) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int col = blockIdx.y * gemv_warps + warp;
+  if (col >= n) return;
+  x += blockIdx.z * x_group, w += blockIdx.z * w_group, y += blockIdx.z * y_group;
+  const int r0 = blockIdx.x * R;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + size_t(col) * k);
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  const int pieces = k / 8;
+#pragma unroll 4
+  for (int c = lane; c < pieces; c += 32) {
+    const uint4 v = __ldg(wr + c);
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+    float wf[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      wf[2 * i] = __uint_as_float(words[i] << 16);
+      wf[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r0 + r >= m) break;
+      const float4* xr = reinterpret_cast<const float4*>(x + size_t(r0 + r) * ldx) + 2 * c;
+      const float4 a = xr[0], b = xr[1];
+      float s = acc[r];
+      s = s + wf[0] * a.x, s = s + wf[1] * a.y, s = s + wf[2] * a.z, s = s + wf[3] * a.w;
+      s = s + wf[4] * b.x, s = s + wf[5] * b.y, s = s + wf[6] * b.z, s = s + wf[7] * b.w;
+      acc[r] = s;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float s = acc[r];
+    for (int off = 16; off >= 1; off /= 2) s = s + __shfl_xor_sync(0xFFFFFFFFu, s, off);
+    if (lane == 0 && r0 + r < m) y[size_t(r0 + r) * ldy + col] = s;
+  }
+}
+
+template <int R>
+void launch_gemv_r(const float* x, int ldx, long long xg, int m, const uint16_t* w, long long wg, int n, int k,
+                   float* y, int ldy, long long yg, int groups) {
+  const dim3 grid((m + R - 1) / R, (n + gemv_warps - 1) / gemv_warps, groups);
+  CEDAR_CUDA_REQUIRE(grid.y <= 65535, "gemv_bf16: at most 524280 columns");
+  gemv_bf16_kernel<R><<<grid, gemv_warps * 32, 0, stream()>>>(x, ldx, xg, m, w, wg, n, k, y, ldy, yg);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- cuBLAS --------------------------------------------------------------------------------
+
+cublasHandle_t blas() {
+  thread_local cublasHandle_t h = [] {
+    cublasHandle_t x = nullptr;
+    if (cublasCreate(&x) != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasCreate failed\n");
+      std::abort();
+    }
+    cublasSetMathMode(x, cublasMath_t(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    return x;
+  }();  // one per thread for the process's life
+  cublasSetStream(h, stream());
+  return h;
+}
+
+void blas_check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "%s failed: cuBLAS status %d\n", what, int(st));
+    std::abort();
+  }
+}
+
+// ---- experts -------------------------------------------------------------------------------
+
+__device__ __forceinline__ bool expert_valid(int e, int num_experts, const cpu::expert_weights* table) {
+  return e >= 0 && e < num_experts && table[e].w1.data != nullptr;
+}
+
+/// grid (num_experts), 256 threads. Block e: the slots routed to expert e in ascending slot
+/// order fill sorted positions [off_e, off_e + count_e) (off_e = the counts of the experts
+/// before e): slot_src[p] = slot, slot_row[p] = slot / topk, slot_pos[slot] = p (-1 for slots
+/// of no present expert), and the groups of the three matrices. counts[e] = count_e; *total.
+__global__ void group_kernel(const int32_t* sel, int slots, int topk, const cpu::expert_weights* table, int num_experts,
+                             int32_t* slot_src, int32_t* slot_row, int32_t* iota, int32_t* slot_pos, expert_group* g1,
+                             expert_group* g3, expert_group* g2, int* counts, int* total) {
+  __shared__ int count[max_experts];
+  __shared__ int warp_n[32];
+  __shared__ int base;
+  const int e = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
+  for (int i = tid; i < num_experts; i += blockDim.x) count[i] = 0;
+  __syncthreads();
+  for (int s = tid; s < slots; s += blockDim.x)
+    if (expert_valid(sel[s], num_experts, table)) atomicAdd(&count[sel[s]], 1);
+  __syncthreads();
+  if (tid == 0) {
+    int off = 0;
+    for (int i = 0; i < e; ++i) off += count[i];
+    base = off;
+    counts[e] = count[e];
+    if (e == num_experts - 1) *total = off + count[e];
+    const cpu::expert_weights& w = table[e];
+    g1[e] = {w.w1.data, w.w1.scale, off, count[e]};
+    g3[e] = {w.w3.data, w.w3.scale, off, count[e]};
+    g2[e] = {w.w2.data, w.w2.scale, off, count[e]};
+  }
+  __syncthreads();
+  const bool present = expert_valid(e, num_experts, table);
+  for (int c0 = 0; c0 < slots && present; c0 += blockDim.x) {
+    const int s = c0 + tid;
+    const bool mine = s < slots && sel[s] == e;
+    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, mine);
+    if (lane == 0) warp_n[warp] = __popc(ballot);
+    __syncthreads();
+    int before = base;
+    for (int i = 0; i < warp; ++i) before += warp_n[i];
+    if (mine) {
+      const int p = before + __popc(ballot & ((1u << lane) - 1));
+      slot_src[p] = s, slot_row[p] = s / topk, iota[p] = p, slot_pos[s] = p;
+    }
+    __syncthreads();
+    if (tid == 0)
+      for (int i = 0; i < warps; ++i) base += warp_n[i];
+    __syncthreads();
+  }
+  if (e == 0)
+    for (int s = tid; s < slots; s += blockDim.x)
+      if (!expert_valid(sel[s], num_experts, table)) slot_pos[s] = -1;
+}
+
+/// h = silu(min(g, limit)) * clamp(u, -limit, limit), times weights[slot_src[s]] when given,
+/// over g [cap, inter] (slots at or past *total: 0).
+__global__ void swiglu_kernel(float* g, const float* u, int cap, int inter, const int32_t* slot_src, const float* weights,
+                              const int* total, float limit) {
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= (long long)cap * inter) return;
+  const int s = int(i / inter);
+  if (total && s >= *total) {
+    g[i] = 0.0f;
+    return;
+  }
+  const float h = silu_f(cuda::detail::std_min(g[i], limit)) * cuda::detail::clampf(u[i], -limit, limit);
+  g[i] = weights ? weights[slot_src ? slot_src[s] : s] * h : h;
+}
+
+/// The same on gu [cap, 2 inter] (g then u), written as the fake-quantized bf16 h [cap, inter]
+/// (one warp per group of 32).
+__global__ void swiglu_bf16_kernel(const float* gu, int cap, int inter, const int32_t* slot_src, const float* weights,
+                                   const int* total, float limit, uint16_t* out) {
+  const long long gi = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32, gpr = inter / 32;
+  if (gi >= (long long)cap * gpr) return;
+  const int s = int(gi / gpr), j = int(gi % gpr);
+  float h = 0.0f;
+  if (s < *total) {
+    const float* row = gu + size_t(s) * 2 * inter;
+    const float g = row[j * 32 + lane], u = row[inter + j * 32 + lane];
+    h = silu_f(cuda::detail::std_min(g, limit)) * cuda::detail::clampf(u, -limit, limit);
+    if (weights) h = weights[slot_src[s]] * h;
+  }
+  float amax = fabsf(h);
+  for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float sc = cuda::detail::fp8_group_scale(amax);
+  const float q = cuda::detail::round_to_e4m3(cuda::detail::clampf(h / sc, -448.0f, 448.0f)) * sc;
+  out[size_t(s) * inter + j * 32 + lane] = to_bf16(q);
+}
+
+/// out[r, c] = (0 + down[pos(r, 0), c] + ... in top-k order) + shared[r, c] (0 when null).
+__global__ void combine_kernel(const float* down, const int32_t* slot_pos, const float* shared, int m, int topk, int d,
+                               float* out) {
+  const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= (long long)m * d) return;
+  const int r = int(e / d), c = int(e % d);
+  float o = 0.0f;
+  for (int i = 0; i < topk; ++i) {
+    const int p = slot_pos[size_t(r) * topk + i];
+    o += p >= 0 ? down[size_t(p) * d + c] : 0.0f;
+  }
+  out[e] = o + (shared ? shared[e] : 0.0f);
+}
+
+}  // namespace
+
+// ---- building blocks -----------------------------------------------------------------------------
+
+void dequant_bf16(const fp8_weight& w, uint16_t* out) {
+  CEDAR_CUDA_REQUIRE(w.in % 8 == 0, "dequant_bf16: in % 8 == 0");
+  const long long pieces = (long long)w.out * w.in / 8;
+  if (pieces == 0) return;
+  dequant_fp8_kernel<<<blocks_for(pieces, 256), 256, 0, stream()>>>(w.data, w.scale, w.out, w.in, out);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+void dequant_bf16(const fp4_weight& w, uint16_t* out) {
+  CEDAR_CUDA_REQUIRE(w.in % 32 == 0, "dequant_bf16: in % 32 == 0");
+  const long long pieces = (long long)w.out * w.in / 8;
+  if (pieces == 0) return;
+  dequant_fp4_kernel<<<blocks_for(pieces, 256), 256, 0, stream()>>>(w.data, w.scale, w.out, w.in, out);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k, uint16_t* out) {
+  CEDAR_CUDA_REQUIRE(k % 32 == 0 && ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
+                     "fake_quant_bf16: k % 32 == 0, 16-byte aligned rows");
+  const long long threads = (long long)m * k / 8;
+  if (threads == 0) return;
+  fake_quant_bf16_kernel<<<blocks_for(threads, 256), 256, 0, stream()>>>(x, ldx, rows, count, m, k, out);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+void split_bf16x3(const float* x, int ldx, int m, int k, uint16_t* out) {
+  const long long n = (long long)m * k;
+  if (n == 0) return;
+  split3_kernel<<<blocks_for(n, 256), 256, 0, stream()>>>(x, ldx, m, k, out);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+void gemm_bf16(const uint16_t* a, int lda, int m, const uint16_t* w, int ldw, int n, int k, float* y, int ldy,
+               bool accumulate, int batch, long long a_stride, long long w_stride, long long y_stride) {
+  if (m <= 0 || n <= 0) return;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  // row-major y [m, n] = a [m, k] w[n, k]^T is column-major y^T [n, m] = w^T (k x n)^T a^T (k x m)
+  if (batch == 1)
+    blas_check(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, ldw, a, CUDA_R_16BF,
+                            lda, &beta, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+  else
+    blas_check(cublasGemmStridedBatchedEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, ldw,
+                                          w_stride, a, CUDA_R_16BF, lda, a_stride, &beta, y, CUDA_R_32F, ldy, y_stride,
+                                          batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmStridedBatchedEx");
+}
+
+bool gemv_bf16(const float* x, int ldx, int m, const uint16_t* w, int n, int k, float* y, int ldy, int groups,
+               long long x_group, long long w_group, long long y_group) {
+  if (k % 8 != 0 || ldx % 4 != 0 || x_group % 4 != 0 || w_group % 8 != 0 || !aligned16(x) || !aligned16(w))
+    return false;
+  if (m <= 0 || n <= 0) return true;
+  if (m == 1) launch_gemv_r<1>(x, ldx, x_group, m, w, w_group, n, k, y, ldy, y_group, groups);
+  else if (m == 2) launch_gemv_r<2>(x, ldx, x_group, m, w, w_group, n, k, y, ldy, y_group, groups);
+  else if (m <= 4) launch_gemv_r<4>(x, ldx, x_group, m, w, w_group, n, k, y, ldy, y_group, groups);
+  else launch_gemv_r<8>(x, ldx, x_group, m, w, w_group, n, k, y, ldy, y_group, groups);
+  return true;
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+tuning& tuning_now() {
+  static tuning t;
+  return t;
+}
+
+// ---- linear layers -----------------------------------------------------------------------------
+
+namespace {
+
+bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0; }
+
+template <class W>
+void prefill_linear(const float* x, int m, const W& w, float* y) {
+  scratch<uint16_t> wb(size_t(w.out) * w.in), xb(size_t(m) * w.in);
+  dequant_bf16(w, wb.get());
+  fake_quant_bf16(x, w.in, nullptr, nullptr, m, w.in, xb.get());
+  gemm_bf16(xb.get(), w.in, m, wb.get(), w.in, w.out, w.in, y, w.out, false);
+}
+
+template <bool FP4, class W>
+void quantized_linear(const float* x, int m, const W& w, float* y) {
+  CEDAR_CUDA_REQUIRE(w.in % 32 == 0, "fast linear: in is a multiple of 32");
+  if (m <= 0) return;
+  if (m <= tuning_now().gemv_max_rows && gemv_shape(w.out, w.in)) {
+    scratch<uint8_t> xq(size_t(m) * w.in);
+    scratch<float> xs(size_t(m) * (w.in / 32));
+    quantize_rows_fp8(x, m, w.in, xq.get(), xs.get());
+    if constexpr (FP4) gemm_fp4(xq.get(), xs.get(), m, w, y, tile_kind::gemv);
+    else gemm_fp8(xq.get(), xs.get(), m, w, y, tile_kind::gemv);
+    return;
+  }
+  prefill_linear(x, m, w, y);
+}
+
+/// y [m, n] (row stride ldy) = x [m, k] (row stride ldx) W^T for bf16 W, by the three-part
+/// split; groups > 1: a batch of groups with the given element strides.
+void split_gemm(const float* x, int ldx, int m, const uint16_t* w, int n, int k, float* y, int ldy, int groups,
+                long long x_group, long long w_group, long long y_group) {
+  const int kx = groups * k;  // the split covers the groups side by side when they are (x_group == k)
+  const bool side_by_side = groups == 1 || x_group == k;
+  CEDAR_CUDA_REQUIRE(side_by_side, "split_gemm: groups side by side in x");
+  scratch<uint16_t> parts(size_t(3) * m * kx);
+  split_bf16x3(x, ldx, m, kx, parts.get());
+  for (int p = 0; p < 3; ++p)
+    gemm_bf16(parts.get() + size_t(p) * m * kx, kx, m, w, k, n, k, y, ldy, p > 0, groups, k, w_group, y_group);
+}
+
+}  // namespace
+
+void linear_fp8(const float* x, int m, const fp8_weight& w, float* y) { quantized_linear<false>(x, m, w, y); }
+
+void linear_fp4(const float* x, int m, const fp4_weight& w, float* y) { quantized_linear<true>(x, m, w, y); }
+
+void linear_bf16(const float* x, int m, const bf16_weight& w, float* y) {
+  if (m <= 0) return;
+  if (m <= tuning_now().bf16_gemv_max_rows && gemv_bf16(x, w.in, m, w.data, w.out, w.in, y, w.out, 1, 0, 0, 0)) return;
+  split_gemm(x, w.in, m, w.data, w.out, w.in, y, w.out, 1, 0, 0, 0);
+}
+
+void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out) {
+  CEDAR_CUDA_REQUIRE(groups > 0 && wo_a.out % groups == 0, "wo_a rows split into groups");
+  CEDAR_CUDA_REQUIRE(wo_b.in == wo_a.out, "wo_b takes concat(u)");
+  if (m <= 0) return;
+  const int rank = wo_a.out / groups, group_in = wo_a.in;
+  scratch<float> u(size_t(m) * wo_a.out);
+  const long long w_group = (long long)rank * group_in;
+  // u[r, g rank + j] = o[r, g group_in ...] . wo_a[g rank + j]
+  if (!(m <= tuning_now().bf16_gemv_max_rows &&
+        gemv_bf16(o, groups * group_in, m, wo_a.data, rank, group_in, u.get(), wo_a.out, groups, group_in, w_group, rank)))
+    split_gemm(o, groups * group_in, m, wo_a.data, rank, group_in, u.get(), wo_a.out, groups, group_in, w_group, rank);
+  linear_fp8(u.get(), m, wo_b, out);
+}
+
+// ---- experts -------------------------------------------------------------------------------
+
+namespace {
+
+/// The shared expert (FP8): the fast linears and the exact SwiGLU (no routing weight).
+void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, float limit, float* out) {
+  const int inter = e.w1.out;
+  scratch<float> g(size_t(m) * inter), u(size_t(m) * inter);
+  linear_fp8(y, m, e.w1, g.get());
+  linear_fp8(y, m, e.w3, u.get());
+  swiglu_kernel<<<blocks_for((long long)m * inter, 256), 256, 0, stream()>>>(g.get(), u.get(), m, inter, nullptr,
+                                                                            nullptr, nullptr, limit);
+  CEDAR_CUDA_LAUNCHED();
+  linear_fp8(g.get(), m, e.w2, out);
+}
+
+/// Rows per pass of the experts at prefill (bounds the [slots, 2 inter] fp32 buffer).
+constexpr int moe_chunk_rows = 2048;
+
+/// The device copy of a host table of expert views, kept per (table address, size) and
+/// checked byte for byte on each use, so a layer's table is uploaded once, not per call.
+const cpu::expert_weights* device_table(const cpu::expert_weights* experts, int num_experts) {
+  struct entry {
+    std::vector<cpu::expert_weights> host;
+    void* dev = nullptr;
+  };
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, entry> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  entry& e = cache[{experts, num_experts}];
+  const std::size_t bytes = sizeof(cpu::expert_weights) * num_experts;
+  if (e.dev == nullptr || std::memcmp(e.host.data(), experts, bytes) != 0) {
+    if (e.dev == nullptr) e.dev = cuda::device_alloc(bytes);
+    e.host.assign(experts, experts + num_experts);
+    CEDAR_CUDA_CHECK(cudaMemcpyAsync(e.dev, e.host.data(), bytes, cudaMemcpyHostToDevice, stream()));
+  }
+  return static_cast<const cpu::expert_weights*>(e.dev);
+}
+
+}  // namespace
+
+void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
+             const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared, float limit,
+             float* out) {
+  CEDAR_CUDA_REQUIRE(num_experts > 0 && num_experts <= max_experts, "expert count");
+  if (m <= 0) return;
+  int inter = 0;
+  for (int e = 0; e < num_experts; ++e)
+    if (experts[e].w1.data) {
+      CEDAR_CUDA_REQUIRE(experts[e].w1.in == d && experts[e].w2.out == d, "expert shapes");
+      CEDAR_CUDA_REQUIRE(inter == 0 || inter == experts[e].w1.out, "experts share one shape");
+      inter = experts[e].w1.out;
+    }
+  CEDAR_CUDA_REQUIRE(d % 32 == 0 && inter % 32 == 0, "fast moe_ffn: d and inter multiples of 32");
+  const cpu::expert_weights* table = device_table(experts, num_experts);
+  const bool gemv = m <= tuning_now().expert_gemv_max_rows && gemv_shape(inter, d) && gemv_shape(d, inter);
+  const int chunk = gemv ? m : std::min(m, moe_chunk_rows);
+  const int cap = chunk * topk;
+  scratch<int32_t> slot_src(cap), slot_row(cap), iota(cap), slot_pos(cap);
+  scratch<expert_group> groups(size_t(3) * num_experts);
+  expert_group *g1 = groups.get(), *g3 = g1 + num_experts, *g2 = g3 + num_experts;
+  scratch<int> counts(num_experts + 1);
+  int* total = counts.get() + num_experts;
+  scratch<float> down(size_t(cap) * d), shared_out(shared ? size_t(chunk) * d : 0);
+  std::vector<int> host_counts(num_experts);
+  for (int r0 = 0; r0 < m; r0 += chunk) {
+    const int rows = std::min(chunk, m - r0), slots = rows * topk;
+    const int32_t* sel_c = sel + size_t(r0) * topk;
+    const float* w_c = weights + size_t(r0) * topk;
+    const float* y_c = y + size_t(r0) * d;
+    if (inter > 0) {
+      group_kernel<<<num_experts, 256, 0, stream()>>>(sel_c, slots, topk, table, num_experts, slot_src.get(),
+                                                      slot_row.get(), iota.get(), slot_pos.get(), g1, g3, g2,
+                                                      counts.get(), total);
+      CEDAR_CUDA_LAUNCHED();
+      if (gemv) {
+        scratch<uint8_t> xq(size_t(rows) * d), hq(size_t(slots) * inter);
+        scratch<float> xs(size_t(rows) * (d / 32)), hs(size_t(slots) * (inter / 32));
+        scratch<float> g(size_t(slots) * inter), u(size_t(slots) * inter);
+        quantize_rows_fp8(y_c, rows, d, xq.get(), xs.get());
+        grouped_fp4(xq.get(), xs.get(), slot_row.get(), g1, num_experts, slots, rows, inter, d, g.get(),
+                    tile_kind::gemv);
+        grouped_fp4(xq.get(), xs.get(), slot_row.get(), g3, num_experts, slots, rows, inter, d, u.get(),
+                    tile_kind::gemv);
+        swiglu_kernel<<<blocks_for((long long)slots * inter, 256), 256, 0, stream()>>>(
+            g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit);
+        CEDAR_CUDA_LAUNCHED();
+        quantize_rows_fp8(g.get(), slots, inter, hq.get(), hs.get());
+        grouped_fp4(hq.get(), hs.get(), iota.get(), g2, num_experts, slots, rows, d, inter, down.get(),
+                    tile_kind::gemv);
+      } else {
+        // prefill: the 64 (or so) counts to the host, then per-expert bf16 GEMMs on sorted rows
+        CEDAR_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), counts.get(), sizeof(int) * num_experts,
+                                         cudaMemcpyDeviceToHost, stream()));
+        CEDAR_CUDA_CHECK(cudaStreamSynchronize(stream()));
+        int used = 0;
+        for (int c : host_counts) used += c;
+        scratch<uint16_t> xb(size_t(std::max(used, 1)) * d), hb(size_t(std::max(used, 1)) * inter),
+            wb(size_t(2) * inter * d);
+        scratch<float> gu(size_t(std::max(used, 1)) * 2 * inter);
+        fake_quant_bf16(y_c, d, slot_row.get(), total, used, d, xb.get());
+        for (int e = 0, off = 0; e < num_experts; off += host_counts[e], ++e) {
+          if (host_counts[e] == 0) continue;
+          dequant_bf16(experts[e].w1, wb.get());
+          dequant_bf16(experts[e].w3, wb.get() + size_t(inter) * d);
+          gemm_bf16(xb.get() + size_t(off) * d, d, host_counts[e], wb.get(), d, 2 * inter, d,
+                    gu.get() + size_t(off) * 2 * inter, 2 * inter, false);
+        }
+        swiglu_bf16_kernel<<<blocks_for((long long)used * inter, 256), 256, 0, stream()>>>(
+            gu.get(), used, inter, slot_src.get(), w_c, total, limit, hb.get());
+        CEDAR_CUDA_LAUNCHED();
+        for (int e = 0, off = 0; e < num_experts; off += host_counts[e], ++e) {
+          if (host_counts[e] == 0) continue;
+          dequant_bf16(experts[e].w2, wb.get());
+          gemm_bf16(hb.get() + size_t(off) * inter, inter, host_counts[e], wb.get(), inter, d, inter,
+                    down.get() + size_t(off) * d, d, false);
+        }
+      }
+    }
+    if (shared != nullptr) shared_expert(y_c, rows, *shared, limit, shared_out.get());
+    if (inter > 0) {
+      combine_kernel<<<blocks_for((long long)rows * d, 256), 256, 0, stream()>>>(
+          down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, rows, topk, d, out + size_t(r0) * d);
+      CEDAR_CUDA_LAUNCHED();
+    } else if (shared != nullptr) {
+      cuda::copy_device(out + size_t(r0) * d, shared_out.get(), sizeof(float) * rows * d);
+    } else {
+      CEDAR_CUDA_CHECK(cudaMemsetAsync(out + size_t(r0) * d, 0, sizeof(float) * rows * d, stream()));
+    }
+  }
+}
+
+}  // namespace cedar::cuda::fast

@@ -1,0 +1,218 @@
+// GPU tests of the fast kernel set's ops (kernels/cuda/fast/linear_fast.cu) against the CPU ops,
+// fresh random inputs, outputs poisoned first, every row count run through both paths (the
+// decode kernels and, with the thresholds at 0, the bf16 cuBLAS path):
+// - linears (FP8, W4A8, bf16): |y - y_cpu| <= 2^-16 * sum_k |x_k w_k| per output (both paths
+//   compute the CPU's products, or for bf16 the CPU's rounded products up to one rounding, and
+//   only sum in another order; fp32 sums of <= 1024 terms stay far below 2^-16 of sum|xw|);
+// - grouped_output and moe_ffn compose linears with an FP8 quantization of an intermediate (and
+//   the SwiGLU): a last-bit difference before a quantization can move a value by one e4m3 step
+//   (2^-4 relative), so these are checked as max |out - out_cpu| <= 2^-8 of max |out_cpu|;
+// - the decode paths give a row the same bits whatever the other rows (batch invariance; not
+//   the bf16 GEMV's fallback for k % 8 != 0, which is the cuBLAS path).
+#include <functional>
+#include <memory>
+#include <random>
+
+#include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/formats.hpp"
+#include "tests/gpu/gpu_test_util.hpp"
+
+namespace {
+
+using namespace cedar;
+using namespace cedar::gpu_test;
+namespace fast = cuda::fast;
+namespace ref = cedar::op_reference;
+
+constexpr double linear_bound = 1.0 / 65536;
+constexpr double composed_bound = 1.0 / 256;
+
+/// Runs fn with the default thresholds ("decode") and with every threshold 0 ("prefill").
+void both_paths(const std::function<void(const char*)>& fn) {
+  const fast::tuning saved = fast::tuning_now();
+  fn("decode");
+  fast::tuning_now() = {0, 0, 0};
+  fn("prefill");
+  fast::tuning_now() = saved;
+}
+
+/// s[r, n] = sum_k |x[r, k] w[n, k]| with x fake-quantized to FP8 first when quant.
+std::vector<double> abs_products(const std::vector<float>& x, int m, int k, const std::vector<float>& w, int n,
+                                 bool quant) {
+  std::vector<double> s(std::size_t(m) * n);
+  std::vector<float> xq(k);
+  for (int r = 0; r < m; ++r) {
+    std::copy(x.begin() + std::size_t(r) * k, x.begin() + std::size_t(r + 1) * k, xq.begin());
+    if (quant) fmt::fake_quant_fp8(xq.data(), k);
+    for (int c = 0; c < n; ++c) {
+      double acc = 0;
+      for (int i = 0; i < k; ++i) acc += std::fabs(double(xq[i]) * w[std::size_t(c) * k + i]);
+      s[std::size_t(r) * n + c] = acc;
+    }
+  }
+  return s;
+}
+
+void check_bound(const std::string& what, const std::vector<float>& gpu, const std::vector<float>& cpu,
+                 const std::vector<double>& sabs) {
+  double worst = 0;
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    const double d = std::fabs(double(gpu[i]) - cpu[i]);
+    const double ratio = sabs[i] > 0 ? d / sabs[i] : (d == 0 ? 0 : INFINITY);
+    worst = std::isnan(ratio) ? INFINITY : std::max(worst, ratio);
+    same += std::memcmp(&gpu[i], &cpu[i], 4) == 0;
+  }
+  std::printf("  %-40s err/sum|xw| %.2e  bound %.1e  identical %6.2f%%\n", what.c_str(), worst, linear_bound,
+              100.0 * double(same) / double(gpu.size()));
+  CHECK_MESSAGE(worst <= linear_bound, what);
+}
+
+}  // namespace
+
+TEST_CASE("fast linears: FP8, W4A8 and bf16 within 2^-16 of sum|xw| of the CPU op, decode and prefill paths") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(61);
+  struct shape {
+    int n, k;
+  };
+  // real tile shapes, the small presets' shapes (n % 16, k % 32 only) and, for bf16, a k that
+  // the GEMV cannot take (k % 8 != 0: the split path at every m)
+  for (const shape s : {shape{384, 1024}, shape{64, 256}, shape{256, 96}}) {
+    const auto w8 = ref::random_fp8(rng, s.n, s.k);
+    const auto w4 = ref::random_fp4(rng, s.n, s.k);
+    const dev_fp8 d8(w8);
+    const dev_fp4 d4(w4);
+    const auto wd8 = ref::dequant(w8.view), wd4 = ref::dequant(w4.view);
+    for (int m : {1, 5, 16, 64, 130}) {
+      const std::vector<float> x = activations(rng, m, s.k);
+      dev<float> xd(x);
+      for (bool fp4 : {false, true}) {
+        std::vector<float> ref_y(std::size_t(m) * s.n);
+        if (fp4) cpu::linear_fp4(x.data(), m, w4.view, ref_y.data());
+        else cpu::linear_fp8(x.data(), m, w8.view, ref_y.data());
+        const auto sabs = abs_products(x, m, s.k, fp4 ? wd4 : wd8, s.n, true);
+        both_paths([&](const char* path) {
+          dev<float> y(std::size_t(m) * s.n);
+          if (fp4) fast::linear_fp4(xd.get(), m, d4.view, y.get());
+          else fast::linear_fp8(xd.get(), m, d8.view, y.get());
+          const auto got = y.host();
+          check_bound(std::string(fp4 ? "linear_fp4 " : "linear_fp8 ") + path + " " + std::to_string(s.n) + "x" +
+                          std::to_string(s.k) + " m=" + std::to_string(m),
+                      got, ref_y, sabs);
+          if (std::string(path) == "decode" && m > 1 && m <= fast::tuning_now().gemv_max_rows) {
+            // batch invariance: the last row alone gives the same bits
+            dev<float> y1(s.n);
+            if (fp4) fast::linear_fp4(xd.get() + std::size_t(m - 1) * s.k, 1, d4.view, y1.get());
+            else fast::linear_fp8(xd.get() + std::size_t(m - 1) * s.k, 1, d8.view, y1.get());
+            CHECK(ref::same_bits(y1.host().data(), got.data() + std::size_t(m - 1) * s.n, s.n));
+          }
+        });
+      }
+    }
+  }
+  for (const shape s : {shape{1000, 264}, shape{128, 260}}) {
+    const auto wb = ref::random_bf16(rng, s.n, s.k, 0.1f);
+    const dev_bf16 db(wb);
+    const auto wd = ref::dequant(wb.view);
+    for (int m : {1, 3, 8, 16, 17, 100}) {
+      const std::vector<float> x = activations(rng, m, s.k);
+      dev<float> xd(x);
+      std::vector<float> ref_y(std::size_t(m) * s.n);
+      cpu::linear_bf16(x.data(), m, wb.view, ref_y.data());
+      const auto sabs = abs_products(x, m, s.k, wd, s.n, false);
+      both_paths([&](const char* path) {
+        dev<float> y(std::size_t(m) * s.n);
+        fast::linear_bf16(xd.get(), m, db.view, y.get());
+        const auto got = y.host();
+        check_bound(std::string("linear_bf16 ") + path + " " + std::to_string(s.n) + "x" + std::to_string(s.k) +
+                        " m=" + std::to_string(m),
+                    got, ref_y, sabs);
+        if (std::string(path) == "decode" && m > 1 && m <= fast::tuning_now().bf16_gemv_max_rows && s.k % 8 == 0) {
+          dev<float> y1(s.n);
+          fast::linear_bf16(xd.get() + std::size_t(m - 1) * s.k, 1, db.view, y1.get());
+          CHECK(ref::same_bits(y1.host().data(), got.data() + std::size_t(m - 1) * s.n, s.n));
+        }
+      });
+    }
+  }
+}
+
+TEST_CASE("fast grouped_output: within 2^-8 of the CPU op's largest output, decode and prefill paths") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(62);
+  const int groups = 4, group_in = 512, rank = 128, out_dim = 384;
+  const auto wo_a = ref::random_bf16(rng, groups * rank, group_in, 0.05f);
+  const auto wo_b = ref::random_fp8(rng, out_dim, groups * rank);
+  const dev_bf16 da(wo_a);
+  const dev_fp8 db(wo_b);
+  for (int m : {1, 7, 80}) {
+    const auto o = activations(rng, m, groups * group_in);
+    dev<float> dq(o);
+    std::vector<float> ref_y(std::size_t(m) * out_dim);
+    cpu::grouped_output(o.data(), m, groups, wo_a.view, wo_b.view, ref_y.data());
+    both_paths([&](const char* path) {
+      dev<float> y(ref_y.size());
+      fast::grouped_output(dq.get(), m, groups, da.view, db.view, y.get());
+      check_close(std::string("grouped_output ") + path + " m=" + std::to_string(m), y.host().data(), ref_y.data(),
+                  ref_y.size(), composed_bound);
+    });
+  }
+}
+
+TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grouping, decode and prefill paths") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(63);
+  const int d = 256, inter = 128, num_experts = 16, topk = 4;
+  std::vector<ref::owned_fp4> host_w;
+  std::vector<std::unique_ptr<dev_fp4>> dev_w;
+  std::vector<cpu::expert_weights> cpu_e(num_experts), gpu_e(num_experts);
+  for (int e = 0; e < num_experts; ++e) {
+    if (e == 3) continue;  // held by another shard: adds nothing
+    for (auto [out, in] : {std::pair{inter, d}, {inter, d}, {d, inter}}) host_w.push_back(ref::random_fp4(rng, out, in));
+  }
+  for (auto& w : host_w) w.view = fp4_weight{w.view.out, w.view.in, w.data.data(), w.scale.data()};
+  for (auto& w : host_w) dev_w.push_back(std::make_unique<dev_fp4>(w));
+  for (int e = 0, i = 0; e < num_experts; ++e) {
+    if (e == 3) continue;
+    cpu_e[e] = {host_w[i].view, host_w[i + 1].view, host_w[i + 2].view};
+    gpu_e[e] = {dev_w[i]->view, dev_w[i + 1]->view, dev_w[i + 2]->view};
+    i += 3;
+  }
+  const auto s1 = ref::random_fp8(rng, inter, d), s3 = ref::random_fp8(rng, inter, d), s2 = ref::random_fp8(rng, d, inter);
+  dev_fp8 g1(s1), g3(s3), g2(s2);
+  const cpu::shared_expert_weights shared{s1.view, s3.view, s2.view}, gshared{g1.view, g3.view, g2.view};
+  for (int m : {1, 20, 150}) {
+    const auto y = activations(rng, m, d);
+    std::vector<int32_t> sel(std::size_t(m) * topk);
+    std::vector<float> wts(sel.size());
+    for (int r = 0; r < m; ++r)
+      for (int i = 0; i < topk; ++i) {
+        int e;
+        do e = int(rng() % num_experts);
+        while (std::find(sel.begin() + std::size_t(r) * topk, sel.begin() + std::size_t(r) * topk + i, e) !=
+               sel.begin() + std::size_t(r) * topk + i);
+        sel[std::size_t(r) * topk + i] = e;
+        wts[std::size_t(r) * topk + i] = 0.2f + 0.1f * float(rng() % 8);
+      }
+    dev<float> dy(y), dw(wts);
+    dev<int32_t> ds(sel);
+    std::vector<float> ref_y(std::size_t(m) * d);
+    cpu::moe_ffn(y.data(), m, d, sel.data(), wts.data(), topk, cpu_e.data(), num_experts, &shared, 10.0f, ref_y.data());
+    both_paths([&](const char* path) {
+      dev<float> out(ref_y.size());
+      fast::moe_ffn(dy.get(), m, d, ds.get(), dw.get(), topk, gpu_e.data(), num_experts, &gshared, 10.0f, out.get());
+      const auto got = out.host();
+      check_close(std::string("moe_ffn ") + path + " m=" + std::to_string(m), got.data(), ref_y.data(), ref_y.size(),
+                  composed_bound);
+      // (the shared expert's linears take their own threshold)
+      if (std::string(path) == "decode" && m > 1 && m <= fast::tuning_now().expert_gemv_max_rows &&
+          m <= fast::tuning_now().gemv_max_rows) {
+        dev<float> o1(d);
+        fast::moe_ffn(dy.get() + std::size_t(m - 1) * d, 1, d, ds.get() + std::size_t(m - 1) * topk,
+                      dw.get() + std::size_t(m - 1) * topk, topk, gpu_e.data(), num_experts, &gshared, 10.0f, o1.get());
+        CHECK(ref::same_bits(o1.host().data(), got.data() + std::size_t(m - 1) * d, d));
+      }
+    });
+  }
+}
