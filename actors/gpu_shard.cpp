@@ -80,6 +80,22 @@ gpu_step_model::gpu_step_model(std::unique_ptr<gpu_model> m, bool verbose) : m_(
 
 void gpu_step_model::forward(std::span<forward_item> batch, std::vector<float>& logits) { m_->forward(batch, logits); }
 
+std::vector<sampled_token> gpu_step_model::forward_sample(std::span<forward_item> batch,
+                                                          std::span<const sampling_params> params,
+                                                          std::span<const int64_t> token_idx) {
+  const bool top_logprobs = std::any_of(params.begin(), params.end(), [](const sampling_params& p) { return p.logprobs > 0; });
+  if (top_logprobs) return step_model::forward_sample(batch, params, token_idx);
+  std::vector<cuda::sample_request> requests;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    requests.push_back({params[i].temperature, params[i].top_k, params[i].top_p, params[i].seed, token_idx[i]});
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  m_->forward_sample(batch, requests, ids, logprobs);
+  std::vector<sampled_token> out(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) out[i].token_id = ids[i], out[i].logprob = logprobs[i];
+  return out;
+}
+
 std::unique_ptr<kv_arena> gpu_step_model::make_arena(const kv_capacity& cap) const {
   auto arena = std::make_unique<gpu_shard_arena>(m_->layout(), cap);
   if (verbose_) {

@@ -71,27 +71,40 @@ step_output shard::run(const run_step& step) {
     batch[i].replay = s.replay;
     batch[i].truncate_below = s.truncate_below;
   }
-  std::vector<float> logits;
+  std::vector<sampling_params> params;
+  std::vector<int64_t> token_idx;
+  for (const step_item& s : step.items)
+    if (s.sample) params.push_back(s.sampling), token_idx.push_back(s.token_idx);
   step_output out;
   out.step_id = step.step_id;
+  std::vector<sampled_token> tokens;
   try {
-    model_->forward(batch, logits);
+    tokens = model_->forward_sample(batch, params, token_idx);
   } catch (const std::exception& e) {
     out.error = e.what();
     return out;
   }
-  const std::size_t vocab = std::size_t(model_->args().vocab_size);
-  std::size_t row = 0;
+  CEDAR_CHECK(tokens.size() == params.size());
+  std::size_t next = 0;
   for (const step_item& s : step.items) {
     item_result r;
     r.request_id = s.request_id;
-    if (s.sample) {
-      CEDAR_CHECK((row + 1) * vocab <= logits.size());
-      r.has_token = true;
-      r.token = sample(std::span<const float>(logits).subspan(row++ * vocab, vocab), s.sampling, s.token_idx);
-    }
+    if (s.sample) r.has_token = true, r.token = std::move(tokens[next++]);
     out.results.push_back(std::move(r));
   }
+  return out;
+}
+
+std::vector<sampled_token> step_model::forward_sample(std::span<forward_item> batch,
+                                                      std::span<const sampling_params> params,
+                                                      std::span<const int64_t> token_idx) {
+  std::vector<float> logits;
+  forward(batch, logits);
+  const std::size_t vocab = std::size_t(args().vocab_size);
+  CEDAR_CHECK(logits.size() == params.size() * vocab);
+  std::vector<sampled_token> out;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    out.push_back(sample(std::span<const float>(logits).subspan(i * vocab, vocab), params[i], token_idx[i]));
   return out;
 }
 

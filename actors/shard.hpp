@@ -10,6 +10,7 @@
 
 #include "actors/kv_pool.hpp"
 #include "actors/messages.hpp"
+#include "actors/sampler.hpp"
 #include "kernels/model/model.hpp"
 
 namespace cedar {
@@ -60,6 +61,12 @@ class step_model {
   virtual const kv_layout& layout() const = 0;
   /// Same contract as model::forward; every item's KV comes from this model's make_arena.
   virtual void forward(std::span<forward_item> batch, std::vector<float>& logits) = 0;
+  /// forward, then one token for each item whose logits are `last`, drawn by params[i] as its
+  /// token_idx[i]-th generated token (sampler.hpp's rules), in item order. The default samples
+  /// forward's logits on the host; a device model may draw where its logits are.
+  virtual std::vector<sampled_token> forward_sample(std::span<forward_item> batch,
+                                                    std::span<const sampling_params> params,
+                                                    std::span<const int64_t> token_idx);
   /// The KV memory of a shard of capacity `cap`, where forward reads it (default: host
   /// memory). May throw std::runtime_error when the memory cannot be had.
   virtual std::unique_ptr<kv_arena> make_arena(const kv_capacity& cap) const {
