@@ -7,6 +7,9 @@
 #ifdef CEDAR_HAVE_CUDA
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -28,19 +31,67 @@ class dvec {
   explicit dvec(const std::vector<T>& v) : dvec(v.size()) {
     cuda::copy_to_device_async(p_, v.data(), v.size() * sizeof(T));
   }
-  dvec(dvec&& o) noexcept : n_(o.n_), p_(o.p_) { o.p_ = nullptr; o.n_ = 0; }
+  /// A view of n T's at p that someone else owns (not freed by this dvec).
+  static dvec borrow(T* p, std::size_t n) {
+    dvec v;
+    v.n_ = n, v.p_ = p, v.owned_ = false;
+    return v;
+  }
+  dvec(dvec&& o) noexcept : n_(o.n_), p_(o.p_), owned_(o.owned_) { o.p_ = nullptr; o.n_ = 0; }
   dvec& operator=(dvec&& o) noexcept {
     std::swap(n_, o.n_);
     std::swap(p_, o.p_);
+    std::swap(owned_, o.owned_);
     return *this;
   }
-  ~dvec() { cuda::scratch_free(p_); }
+  ~dvec() {
+    if (owned_) cuda::scratch_free(p_);
+  }
   T* get() const { return p_; }
   std::size_t size() const { return n_; }
 
  private:
   std::size_t n_ = 0;
   T* p_ = nullptr;
+  bool owned_ = true;
+};
+
+/// Decode steps of the fast kernel set run each layer's MoE half (HCPost + HCMix of the FFN
+/// sublayer, router, experts, HCPost) as one CUDA graph per (rows, layer), captured at first
+/// use; the residual and the sublayer buffers they touch live here, one set per row count, so
+/// the captured addresses stay valid.
+struct decode_workspace {
+  dvec<float> X, pre, a_pre, post, comb, x, f;  // [n, hc, dim], [n, hc] x 3, [n, hc, hc], [n, dim] x 2
+};
+
+/// Wall time per phase of the forward pass when $CEDAR_GPU_PROFILE is set (to anything but 0):
+/// the stream is synchronized around every timed phase (which adds launch gaps to a step), and
+/// the totals per forward call are printed to stderr when the model is destroyed.
+class phase_profile {
+ public:
+  enum phase : int { embed, engram, mhc, attention, route, experts, head, num_phases };
+  phase_profile();
+  ~phase_profile();
+  bool on() const { return on_; }
+  void count_call() { calls_ += on_ ? 1 : 0; }
+  /// Times the enclosing scope as phase p (no-op when off).
+  class scope {
+   public:
+    scope(phase_profile& prof, phase p);
+    ~scope();
+    scope(const scope&) = delete;
+    scope& operator=(const scope&) = delete;
+
+   private:
+    phase_profile& prof_;
+    phase p_;
+    double t0_ = 0;
+  };
+
+ private:
+  bool on_ = false;
+  int64_t calls_ = 0;
+  double ms_[num_phases] = {};
 };
 
 /// Device copies of one layer's weights (views with device pointers; fp32 vectors as arrays).
@@ -73,7 +124,10 @@ struct gitem {
   dvec<int32_t> topk;        // [num_rows, index_topk]
   dvec<uint8_t> candidates;  // [num_rows, num_candidate_blocks]
   int num_candidate_blocks = 0;
+  uint8_t* const* d_pages = nullptr;  // fast kernel set: the item's device page table
 };
+
+struct fast_attention_state;  // fast kernel set (gpu_attention_fast.cpp)
 
 struct gbatch {
   int num_rows = 0;
@@ -81,6 +135,10 @@ struct gbatch {
   std::vector<int32_t> positions;
   dvec<int32_t> d_positions;
   dvec<float> X, pre;  // [n, hc, dim], [n, hc]
+  /// Fast kernel set: device page tables and the batch's top-k, built at the first layer.
+  std::shared_ptr<fast_attention_state> fast;
+  /// Decode step under CUDA graphs: the buffers X, pre and the layer's sublayer buffers.
+  decode_workspace* ws = nullptr;
 };
 
 
@@ -91,6 +149,20 @@ using namespace gpu_detail;
 struct gpu_model::impl {
   model_args args;
   kv_layout layout;
+  gpu_kernels kernels = gpu_kernels::exact;
+  mutable phase_profile profile;
+  /// CUDA graphs of decode steps (fast kernel set; $CEDAR_GPU_GRAPHS=0 turns them off):
+  /// workspaces by row count, executable graphs by (rows, layer).
+  bool graphs_enabled = false;
+  mutable std::map<int, decode_workspace> workspaces;
+  struct graph_entry {
+    int eager_runs = 0;
+    void* exec = nullptr;
+  };
+  mutable std::map<std::pair<int, int>, graph_entry> graphs;
+  decode_workspace* decode_graph_workspace(std::span<const forward_item> batch, int rows,
+                                           const forward_stats* stats) const;
+  void run_graphed(int rows, int layer, const std::function<void()>& enqueue) const;
   std::vector<void*> allocations;
   uint64_t bytes = 0;
   bf16_weight embed, head;
@@ -100,6 +172,8 @@ struct gpu_model::impl {
   std::vector<cpu::engram_hash_params> engram_hash;
 
   ~impl() {
+    for (auto& [key, g] : graphs) cuda::graph_destroy(g.exec);
+    workspaces.clear();
     for (void* p : allocations) cuda::device_free(p);
   }
 
@@ -109,15 +183,36 @@ struct gpu_model::impl {
   /// every byte).
   void bind(const model_detail::model_weights& w);
 
+  // ---- linear layers: the kernel set's implementation (gpu_linear.cpp) ----
+  void linear(const float* x, int m, const fp8_weight& w, float* y) const;
+  void linear(const float* x, int m, const fp4_weight& w, float* y) const;
+  void linear(const float* x, int m, const bf16_weight& w, float* y) const;
+  /// The attention output projection (cuda::grouped_output's contract).
+  void grouped_output(const float* o, int m, const dev_layer& w, float* out) const;
+  /// The routed and shared experts (cuda::moe_ffn's contract; sel, weights on the device).
+  void experts(const float* y, int m, const int32_t* sel, const float* weights, const dev_layer& w,
+               float* out) const;
+
   // ---- forward steps ----
   void run_layer(int l, gbatch& b, forward_stats* stats) const;
+  void run_layer_fast(int l, gbatch& b) const;
   void attention(int l, gbatch& b, const float* x, float* out) const;
   void compressor(int l, gitem& it, const float* x) const;
   void indexer(int l, gitem& it, const float* qr, const float* x) const;
   void attend(int l, gitem& it, const float* q, const float* kv, float* o) const;
+  // fast kernel set (gpu_attention_fast.cpp): all items at once through device page tables
+  bool fast_attention() const;
+  fast_attention_state& fast_state(gbatch& b) const;
+  void attend_fast(int l, gbatch& b, const float* qr, const float* x, const float* q, const float* kv,
+                   float* o) const;
+  void indexer_fast(int l, gbatch& b, const float* qr, const float* x) const;
+  void store_entries(const gitem& it, int slot, int64_t first, int num, const float* x, int d, bool latent) const;
   void moe(int l, const float* y, int n, float* out) const;
   void apply_engram(int l, gbatch& b) const;
-  void head_logits(const gbatch& b, std::vector<float>& logits) const;
+  /// out [rows, vocab] = the logits of the rows the items ask for; returns rows.
+  int head_device(const gbatch& b, dvec<float>& out) const;
+  /// Every step of a forward call but the copy back: the logits stay on the device.
+  int forward_device(std::span<forward_item> batch, forward_stats* stats, dvec<float>& logits) const;
   void drop_truncated_rows(gbatch& b) const;
 
   cuda::record_kind latent_kind() const {

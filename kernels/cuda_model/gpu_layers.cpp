@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
 #include "kernels/model/kv_io.hpp"
 
@@ -39,19 +40,17 @@ void gpu_model::impl::compressor(int l, gitem& it, const float* x) const {
   dvec<int32_t> d_pos(entry_pos);
   // index keys from the raw latents
   dvec<float> k(std::size_t(num) * dih);
-  cuda::linear_bf16(latents.get(), num, w.c_index_wk, k.get());
+  linear(latents.get(), num, w.c_index_wk, k.get());
   cuda::rmsnorm(k.get(), num, dih, w.c_index_k_norm, eps, k.get());
   cuda::rope(k.get(), num, 1, dih, d_pos.get(), rope[l], false);
   if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(k.get(), num, dih);
   else cuda::fake_quant_fp4_pow2_rows(k.get(), num, dih);
-  dvec<uint8_t*> key_dst(entry_records(*it.kv, li.kv_source_slot, first_entry, num, false));
-  cuda::store_records(key_kind(), k.get(), num, dih, key_dst.get());
+  store_entries(it, li.kv_source_slot, first_entry, num, k.get(), dih, false);
   // latents, rotated at their entry positions
   cuda::rope(latents.get(), num, 1, dh, d_pos.get(), rope[l], false);
   if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(latents.get(), num, dh);
   else cuda::fake_quant_fp4_e4m3_rows(latents.get(), num, dh);
-  dvec<uint8_t*> lat_dst(entry_records(*it.kv, li.kv_source_slot, first_entry, num, true));
-  cuda::store_records(latent_kind(), latents.get(), num, dh, lat_dst.get());
+  store_entries(it, li.kv_source_slot, first_entry, num, latents.get(), dh, true);
 }
 
 // ---- indexer (indexer_layer.cpp) ------------------------------------------------------------
@@ -77,7 +76,7 @@ void gpu_model::impl::indexer(int l, gitem& it, const float* qr, const float* x)
     cuda::load_records(key_kind(), d_src.get(), n, dih, keys.get());
   }
   dvec<float> q(std::size_t(T) * nih * dih), hw(std::size_t(T) * nih);
-  cuda::linear_fp8(qr, T, w.i_wq_b, q.get());
+  linear(qr, T, w.i_wq_b, q.get());
   std::vector<int32_t> pos(T), visible(T);
   for (int t = 0; t < T; ++t) {
     pos[t] = int32_t(it.first_pos + t);
@@ -86,7 +85,7 @@ void gpu_model::impl::indexer(int l, gitem& it, const float* qr, const float* x)
   dvec<int32_t> d_pos(pos), d_vis(visible);
   cuda::rope(q.get(), T, nih, dih, d_pos.get(), rope[l], false);
   cuda::fake_quant_fp4_pow2_rows(q.get(), T, nih * dih);
-  cuda::linear_bf16(x, T, w.i_weights_proj, hw.get());
+  linear(x, T, w.i_weights_proj, hw.get());
   cuda::scale_values(hw.get(), hw.size(), float(1.0 / std::sqrt(double(dih)) / std::sqrt(double(nih))));
 
   constexpr std::size_t max_score_bytes = std::size_t(128) << 20;
@@ -152,33 +151,37 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) co
   const int32_t* pos = b.d_positions.get();
 
   dvec<float> qr(std::size_t(n) * a.q_lora_rank);
-  cuda::linear_fp8(x, n, w.wq_a, qr.get());
+  linear(x, n, w.wq_a, qr.get());
   cuda::rmsnorm(qr.get(), n, a.q_lora_rank, w.q_norm, eps, qr.get());
   dvec<float> q(std::size_t(n) * nh * dh);
-  cuda::linear_fp8(qr.get(), n, w.wq_b, q.get());
+  linear(qr.get(), n, w.wq_b, q.get());
   cuda::rope(q.get(), n, nh, dh, pos, rope[l], false);
 
   dvec<float> kv(std::size_t(n) * dh);
-  cuda::linear_fp8(x, n, w.wkv, kv.get());
+  linear(x, n, w.wkv, kv.get());
   cuda::rmsnorm(kv.get(), n, dh, w.kv_norm, eps, kv.get());
   cuda::rope(kv.get(), n, 1, dh, pos, rope[l], false);
   cuda::fake_quant_fp8_rows(kv.get(), n, dh);
 
   dvec<float> o(std::size_t(n) * nh * dh);
-  for (gitem& it : b.items) {
-    if (it.num_rows == 0) continue;
-    const std::size_t r0 = it.row_begin;
-    if (li.is_kv_source) compressor(l, it, x + r0 * D);
-    if (li.is_index_source) indexer(l, it, qr.get() + r0 * a.q_lora_rank, x + r0 * D);
-    attend(l, it, q.get() + r0 * nh * dh, kv.get() + r0 * dh, o.get() + r0 * nh * dh);
-    // ring records of the item's last min(T, window) rows
-    const int first_t = std::max(0, it.num_rows - a.sliding_window);
-    const int cnt = it.num_rows - first_t;
-    dvec<uint8_t*> dst(ring_records(*it.kv, li.layer_idx, it.first_pos + first_t, cnt));
-    cuda::store_records(cuda::record_kind::fp8, kv.get() + (r0 + first_t) * dh, cnt, dh, dst.get());
+  if (fast_attention()) {
+    attend_fast(l, b, qr.get(), x, q.get(), kv.get(), o.get());
+  } else {
+    for (gitem& it : b.items) {
+      if (it.num_rows == 0) continue;
+      const std::size_t r0 = it.row_begin;
+      if (li.is_kv_source) compressor(l, it, x + r0 * D);
+      if (li.is_index_source) indexer(l, it, qr.get() + r0 * a.q_lora_rank, x + r0 * D);
+      attend(l, it, q.get() + r0 * nh * dh, kv.get() + r0 * dh, o.get() + r0 * nh * dh);
+      // ring records of the item's last min(T, window) rows
+      const int first_t = std::max(0, it.num_rows - a.sliding_window);
+      const int cnt = it.num_rows - first_t;
+      dvec<uint8_t*> dst(ring_records(*it.kv, li.layer_idx, it.first_pos + first_t, cnt));
+      cuda::store_records(cuda::record_kind::fp8, kv.get() + (r0 + first_t) * dh, cnt, dh, dst.get());
+    }
   }
   cuda::rope(o.get(), n, nh, dh, pos, rope[l], true);
-  cuda::grouped_output(o.get(), n, a.o_groups, w.wo_a, w.wo_b, out);
+  grouped_output(o.get(), n, w, out);
 }
 
 // ---- MoE, Engram, layer, head ----------------------------------------------------------------------
@@ -188,9 +191,15 @@ void gpu_model::impl::moe(int l, const float* y, int n, float* out) const {
   const int k = args.num_experts_per_tok;
   dvec<int32_t> sel(std::size_t(n) * k);
   dvec<float> weights(std::size_t(n) * k);
-  cuda::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get());
-  cuda::moe_ffn(y, n, args.hidden_size, sel.get(), weights.get(), k, w.experts.data(), int(w.experts.size()),
-                args.n_shared_experts > 0 ? &w.shared : nullptr, float(args.swiglu_limit), out);
+  {
+    phase_profile::scope t(profile, phase_profile::route);
+    if (kernels == gpu_kernels::fast)
+      cuda::fast::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get());
+    else
+      cuda::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get());
+  }
+  phase_profile::scope t(profile, phase_profile::experts);
+  experts(y, n, sel.get(), weights.get(), w, out);
   cuda::round_bf16(out, std::size_t(n) * args.hidden_size);
 }
 

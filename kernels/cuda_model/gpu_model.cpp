@@ -8,9 +8,14 @@
 #include "kernels/cuda_model/gpu_model.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
 #include "kernels/model/inventory.hpp"
 
@@ -33,8 +38,47 @@ cpu::rope_params rope_for(const model_args& a, int ratio) {
 
 }  // namespace
 
+namespace gpu_detail {
+
+namespace {
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+phase_profile::phase_profile() {
+  const char* env = std::getenv("CEDAR_GPU_PROFILE");
+  on_ = env != nullptr && std::string(env) != "0" && std::string(env) != "";
+}
+
+phase_profile::~phase_profile() {
+  if (!on_ || calls_ == 0) return;
+  static const char* names[num_phases] = {"embed", "engram", "mhc", "attention", "route", "experts", "head"};
+  double total = 0;
+  for (double v : ms_) total += v;
+  std::fprintf(stderr, "cedar: GPU phases over %lld forward calls, ms per call (synchronized):",
+               static_cast<long long>(calls_));
+  for (int p = 0; p < num_phases; ++p)
+    std::fprintf(stderr, " %s %.3f (%.0f%%)", names[p], ms_[p] / double(calls_), 100.0 * ms_[p] / std::max(total, 1e-9));
+  std::fprintf(stderr, "\n");
+}
+
+phase_profile::scope::scope(phase_profile& prof, phase p) : prof_(prof), p_(p) {
+  if (!prof_.on_) return;
+  cuda::synchronize();
+  t0_ = now_ms();
+}
+
+phase_profile::scope::~scope() {
+  if (!prof_.on_) return;
+  cuda::synchronize();
+  prof_.ms_[p_] += now_ms() - t0_;
+}
+
+}  // namespace gpu_detail
+
 gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv,
-                     const upload_progress_fn& progress)
+                     const upload_progress_fn& progress, gpu_kernels kernels)
     : impl_(std::make_unique<impl>()) {
   if (!cuda::available()) throw std::runtime_error("gpu_model: " + cuda::status());
   if (args.layers.size() != std::size_t(args.num_hidden_layers)) args.derive_layer_map();
@@ -43,6 +87,9 @@ gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights,
   if (!problems.empty()) throw std::runtime_error("checkpoint does not match config: " + problems[0]);
   impl_->args = args;
   impl_->layout = kv_layout::make(args, kv);
+  impl_->kernels = kernels;
+  const char* graphs = std::getenv("CEDAR_GPU_GRAPHS");
+  impl_->graphs_enabled = kernels == gpu_kernels::fast && !(graphs && std::string(graphs) == "0");
   impl_->progress = &progress;
   {
     const model_detail::model_weights host = model_detail::bind_weights(args, std::move(weights));
@@ -61,6 +108,7 @@ gpu_model::~gpu_model() = default;
 
 const model_args& gpu_model::args() const { return impl_->args; }
 const kv_layout& gpu_model::layout() const { return impl_->layout; }
+gpu_kernels gpu_model::kernels() const { return impl_->kernels; }
 uint64_t gpu_model::weight_bytes() const { return impl_->bytes; }
 
 void gpu_model::impl::run_layer(int l, gbatch& b, forward_stats* stats) const {
@@ -68,26 +116,114 @@ void gpu_model::impl::run_layer(int l, gbatch& b, forward_stats* stats) const {
   const float eps = float(args.rms_norm_eps), hc_eps = float(args.hc_eps);
   const dev_layer& lw = layers[l];
   if (stats) stats->rows_per_layer[l] = n;
-  if (args.layers[l].has_engram) apply_engram(l, b);
-  dvec<float> a_pre(std::size_t(n) * hc), post(std::size_t(n) * hc), comb(std::size_t(n) * hc * hc),
-      x(std::size_t(n) * D), f(std::size_t(n) * D);
-  const auto mix = [&](const dev_hc& m, float* pre) {
-    cuda::hc_mix(b.X.get(), n, hc, D, m.fn, m.scale, m.base, args.hc_sinkhorn_iters, hc_eps, eps, pre,
-                 post.get(), comb.get());
-  };
-  const auto collapse_norm = [&](const float* pre, const float* norm_w) {
-    cuda::hc_collapse(b.X.get(), pre, n, hc, D, x.get());
-    cuda::rmsnorm(x.get(), n, D, norm_w, eps, x.get());
-  };
-  mix(lw.hc_attn, a_pre.get());
-  collapse_norm(b.pre.get(), lw.attn_norm);
-  attention(l, b, x.get(), f.get());
-  cuda::hc_post(f.get(), b.X.get(), post.get(), comb.get(), n, hc, D, b.X.get());
-  mix(lw.hc_ffn, b.pre.get());
-  collapse_norm(a_pre.get(), lw.ffn_norm);
-  moe(l, x.get(), n, f.get());
-  cuda::hc_post(f.get(), b.X.get(), post.get(), comb.get(), n, hc, D, b.X.get());
+  if (args.layers[l].has_engram) {
+    phase_profile::scope t(profile, phase_profile::engram);
+    apply_engram(l, b);
+  }
+  if (kernels == gpu_kernels::fast) {
+    run_layer_fast(l, b);
+  } else {
+    dvec<float> a_pre(std::size_t(n) * hc), post(std::size_t(n) * hc), comb(std::size_t(n) * hc * hc),
+        x(std::size_t(n) * D), f(std::size_t(n) * D);
+    const auto mix = [&](const dev_hc& m, float* pre) {
+      cuda::hc_mix(b.X.get(), n, hc, D, m.fn, m.scale, m.base, args.hc_sinkhorn_iters, hc_eps, eps, pre,
+                   post.get(), comb.get());
+    };
+    const auto collapse_norm = [&](const float* pre, const float* norm_w) {
+      cuda::hc_collapse(b.X.get(), pre, n, hc, D, x.get());
+      cuda::rmsnorm(x.get(), n, D, norm_w, eps, x.get());
+    };
+    {
+      phase_profile::scope t(profile, phase_profile::mhc);
+      mix(lw.hc_attn, a_pre.get());
+      collapse_norm(b.pre.get(), lw.attn_norm);
+    }
+    {
+      phase_profile::scope t(profile, phase_profile::attention);
+      attention(l, b, x.get(), f.get());
+    }
+    {
+      phase_profile::scope t(profile, phase_profile::mhc);
+      cuda::hc_post(f.get(), b.X.get(), post.get(), comb.get(), n, hc, D, b.X.get());
+      mix(lw.hc_ffn, b.pre.get());
+      collapse_norm(a_pre.get(), lw.ffn_norm);
+    }
+    moe(l, x.get(), n, f.get());
+    phase_profile::scope t(profile, phase_profile::mhc);
+    cuda::hc_post(f.get(), b.X.get(), post.get(), comb.get(), n, hc, D, b.X.get());
+  }
   if (stats) stats->max_abs_residual[l] = cuda::max_abs(b.X.get(), std::size_t(n) * hc * D);
+}
+
+// The fast kernel set's layer: each mHC boundary (HCPost of the sublayer before, HCMix,
+// HCCollapse, RMSNorm) in two launches; in a decode step under graphs the MoE half is one graph.
+void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
+  const int n = b.num_rows, hc = args.hc_mult, D = args.hidden_size;
+  const float eps = float(args.rms_norm_eps), hc_eps = float(args.hc_eps);
+  const dev_layer& lw = layers[l];
+  const auto buffer = [&](dvec<float> decode_workspace::*member, std::size_t size) {
+    return b.ws ? dvec<float>::borrow((b.ws->*member).get(), size) : dvec<float>(size);
+  };
+  dvec<float> a_pre = buffer(&decode_workspace::a_pre, std::size_t(n) * hc),
+              post = buffer(&decode_workspace::post, std::size_t(n) * hc),
+              comb = buffer(&decode_workspace::comb, std::size_t(n) * hc * hc),
+              x = buffer(&decode_workspace::x, std::size_t(n) * D), f = buffer(&decode_workspace::f, std::size_t(n) * D);
+  const auto boundary = [&](const float* f_prev, const dev_hc& m, float* pre_out, const float* collapse_pre,
+                            const float* norm_w) {
+    const cuda::fast::hc_mix_params p{m.fn, m.scale, m.base, args.hc_sinkhorn_iters, hc_eps, eps};
+    cuda::fast::hc_boundary(b.X.get(), n, hc, D, f_prev, post.get(), comb.get(), p, pre_out, collapse_pre, norm_w,
+                            x.get());
+  };
+  {
+    phase_profile::scope t(profile, phase_profile::mhc);
+    boundary(nullptr, lw.hc_attn, a_pre.get(), b.pre.get(), lw.attn_norm);
+  }
+  {
+    phase_profile::scope t(profile, phase_profile::attention);
+    attention(l, b, x.get(), f.get());
+  }
+  const auto moe_half = [&] {
+    {
+      phase_profile::scope t(profile, phase_profile::mhc);
+      boundary(f.get(), lw.hc_ffn, b.pre.get(), a_pre.get(), lw.ffn_norm);
+    }
+    moe(l, x.get(), n, f.get());
+    phase_profile::scope t(profile, phase_profile::mhc);
+    cuda::hc_post(f.get(), b.X.get(), post.get(), comb.get(), n, hc, D, b.X.get());
+  };
+  if (b.ws) run_graphed(n, l, moe_half);
+  else moe_half();
+}
+
+decode_workspace* gpu_model::impl::decode_graph_workspace(std::span<const forward_item> batch, int rows,
+                                                          const forward_stats* stats) const {
+  // The experts above the gemv row count wait for the host (per-expert counts): not capturable.
+  if (!graphs_enabled || profile.on() || stats != nullptr || rows == 0 ||
+      rows > cuda::fast::tuning_now().expert_gemv_max_rows)
+    return nullptr;
+  for (const forward_item& item : batch)
+    if (item.tokens.size() != 1 || item.truncate_below >= 0) return nullptr;
+  auto [it, added] = workspaces.try_emplace(rows);
+  if (added) {
+    const std::size_t n = std::size_t(rows), hc = args.hc_mult, D = args.hidden_size;
+    decode_workspace& w = it->second;
+    w.X = dvec<float>(n * hc * D), w.pre = dvec<float>(n * hc), w.a_pre = dvec<float>(n * hc);
+    w.post = dvec<float>(n * hc), w.comb = dvec<float>(n * hc * hc), w.x = dvec<float>(n * D), w.f = dvec<float>(n * D);
+  }
+  return &it->second;
+}
+
+// The first call of a (rows, layer) runs eagerly, so that the ops' one-time set-up (device
+// copies of weight tables) is not captured; the second captures, later ones replay.
+void gpu_model::impl::run_graphed(int rows, int layer, const std::function<void()>& enqueue) const {
+  graph_entry& g = graphs[{rows, layer}];
+  if (g.exec == nullptr && g.eager_runs++ == 0) return enqueue();
+  if (g.exec == nullptr) {
+    cuda::graph_capture_begin();
+    enqueue();
+    g.exec = cuda::graph_capture_end();
+  }
+  cuda::graph_launch(g.exec);
 }
 
 // Drops, for each item with truncate_below >= 0, its rows below that position (stream.cpp's
@@ -130,9 +266,9 @@ void gpu_model::impl::drop_truncated_rows(gbatch& b) const {
   b.d_positions = dvec<int32_t>(b.positions);
 }
 
-void gpu_model::impl::head_logits(const gbatch& b, std::vector<float>& logits) const {
+int gpu_model::impl::head_device(const gbatch& b, dvec<float>& out) const {
   const int hc = args.hc_mult, D = args.hidden_size;
-  std::vector<int> rows;
+  std::vector<int32_t> rows;
   for (const gitem& it : b.items) {
     const logits_mode mode = it.item->logits;
     if (mode == logits_mode::none) continue;
@@ -140,25 +276,20 @@ void gpu_model::impl::head_logits(const gbatch& b, std::vector<float>& logits) c
     for (int r = mode == logits_mode::last ? it.num_rows - 1 : 0; r < it.num_rows; ++r) rows.push_back(it.row_begin + r);
   }
   const int m = int(rows.size());
-  if (m == 0) return;
-  dvec<float> X(std::size_t(m) * hc * D), pre(std::size_t(m) * hc), h(std::size_t(m) * D),
-      out(std::size_t(m) * args.vocab_size);
-  for (int i = 0; i < m; ++i) {
-    cuda::copy_device(X.get() + std::size_t(i) * hc * D, b.X.get() + std::size_t(rows[i]) * hc * D,
-                      sizeof(float) * hc * D);
-    cuda::copy_device(pre.get() + std::size_t(i) * hc, b.pre.get() + std::size_t(rows[i]) * hc, sizeof(float) * hc);
-  }
+  if (m == 0) return 0;
+  dvec<float> X(std::size_t(m) * hc * D), pre(std::size_t(m) * hc), h(std::size_t(m) * D);
+  out = dvec<float>(std::size_t(m) * args.vocab_size);
+  const dvec<int32_t> d_rows(rows);
+  cuda::fast::gather_rows(b.X.get(), d_rows.get(), m, hc * D, X.get());
+  cuda::fast::gather_rows(b.pre.get(), d_rows.get(), m, hc, pre.get());
   cuda::hc_collapse(X.get(), pre.get(), m, hc, D, h.get());
   cuda::rmsnorm(h.get(), m, D, norm, float(args.rms_norm_eps), h.get());
-  cuda::linear_bf16(h.get(), m, head, out.get());
-  const std::size_t old = logits.size();
-  logits.resize(old + std::size_t(m) * args.vocab_size);
-  cuda::copy_to_host(logits.data() + old, out.get(), sizeof(float) * std::size_t(m) * args.vocab_size);
+  linear(h.get(), m, head, out.get());
+  return m;
 }
 
-void gpu_model::forward(std::span<forward_item> batch, std::vector<float>& logits, forward_stats* stats) const {
-  const impl& m = *impl_;
-  const int hc = m.args.hc_mult, D = m.args.hidden_size;
+int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats* stats, dvec<float>& logits) const {
+  const int hc = args.hc_mult, D = args.hidden_size;
   gbatch b;
   std::vector<int32_t> tokens;
   for (forward_item& item : batch) {
@@ -175,19 +306,68 @@ void gpu_model::forward(std::span<forward_item> batch, std::vector<float>& logit
     b.items.push_back(std::move(it));
   }
   const int n = b.num_rows = int(tokens.size());
+  const bool truncates = std::any_of(batch.begin(), batch.end(), [](const forward_item& i) { return i.truncate_below >= 0; });
+  int rows = 0;
   if (n > 0) {
-    b.d_positions = dvec<int32_t>(b.positions);
-    dvec<int32_t> d_tokens(tokens);
-    dvec<float> e(std::size_t(n) * D);
-    cuda::embed(d_tokens.get(), n, m.embed, e.get());
-    b.X = dvec<float>(std::size_t(n) * hc * D);
-    b.pre = dvec<float>(std::size_t(n) * hc);
-    cuda::hc_expand(e.get(), n, hc, D, b.X.get(), b.pre.get());
-    for (int l = 0; l < m.args.num_hidden_layers && b.num_rows > 0; ++l) {
-      if (l == m.args.truncate_from_layer) m.drop_truncated_rows(b);
-      m.run_layer(l, b, stats);
+    {
+      phase_profile::scope t(profile, phase_profile::embed);
+      b.d_positions = dvec<int32_t>(b.positions);
+      dvec<int32_t> d_tokens(tokens);
+      dvec<float> e(std::size_t(n) * D);
+      cuda::embed(d_tokens.get(), n, embed, e.get());
+      b.ws = decode_graph_workspace(batch, n, stats);
+      b.X = b.ws ? dvec<float>::borrow(b.ws->X.get(), std::size_t(n) * hc * D) : dvec<float>(std::size_t(n) * hc * D);
+      b.pre = b.ws ? dvec<float>::borrow(b.ws->pre.get(), std::size_t(n) * hc) : dvec<float>(std::size_t(n) * hc);
+      cuda::hc_expand(e.get(), n, hc, D, b.X.get(), b.pre.get());
     }
-    m.head_logits(b, logits);
+    for (int l = 0; l < args.num_hidden_layers && b.num_rows > 0; ++l) {
+      if (l == args.truncate_from_layer && truncates) drop_truncated_rows(b);
+      run_layer(l, b, stats);
+    }
+    phase_profile::scope t(profile, phase_profile::head);
+    rows = head_device(b, logits);
+  }
+  profile.count_call();
+  return rows;
+}
+
+void gpu_model::forward(std::span<forward_item> batch, std::vector<float>& logits, forward_stats* stats) const {
+  const impl& m = *impl_;
+  dvec<float> out;
+  const int rows = m.forward_device(batch, stats, out);
+  const std::size_t old = logits.size(), n = std::size_t(rows) * m.args.vocab_size;
+  logits.resize(old + n);
+  if (n > 0) cuda::copy_to_host(logits.data() + old, out.get(), sizeof(float) * n);
+  cuda::synchronize();
+  for (forward_item& item : batch) item.kv->num_tokens += int64_t(item.tokens.size());
+}
+
+void gpu_model::forward_sample(std::span<forward_item> batch, std::span<const cuda::sample_request> requests,
+                               std::vector<int32_t>& tokens, std::vector<float>& logprobs,
+                               forward_stats* stats) const {
+  const impl& m = *impl_;
+  std::size_t sampled = 0;
+  for (const forward_item& item : batch) {
+    CEDAR_OP_CHECK(item.logits != logits_mode::all, "forward_sample: logits `all` must use forward");
+    sampled += item.logits == logits_mode::last ? 1 : 0;
+  }
+  CEDAR_OP_CHECK(requests.size() == sampled, "forward_sample: one sample request per item with logits `last`");
+  dvec<float> out;
+  const int rows = m.forward_device(batch, stats, out);
+  const int vocab = m.args.vocab_size;
+  const std::size_t old = tokens.size();
+  tokens.resize(old + rows);
+  logprobs.resize(old + rows);
+  if (rows > 0) {
+    dvec<int32_t> d_tokens(rows);
+    dvec<float> d_logprobs(rows);
+    cuda::fast::greedy_rows(out.get(), rows, vocab, d_tokens.get(), d_logprobs.get());
+    for (int r = 0; r < rows; ++r)
+      if (requests[r].temperature > 0.f)
+        cuda::sample_rows(out.get() + std::size_t(r) * vocab, 1, vocab, &requests[r], d_tokens.get() + r,
+                          d_logprobs.get() + r);
+    cuda::copy_to_host(tokens.data() + old, d_tokens.get(), sizeof(int32_t) * rows);
+    cuda::copy_to_host(logprobs.data() + old, d_logprobs.get(), sizeof(float) * rows);
   }
   cuda::synchronize();
   for (forward_item& item : batch) item.kv->num_tokens += int64_t(item.tokens.size());

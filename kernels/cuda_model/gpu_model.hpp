@@ -6,6 +6,13 @@
 // the other requests in the batch. Built only with CUDA (CEDAR_HAVE_CUDA).
 #pragma once
 
+namespace cedar {
+/// Which kernels the GPU model runs. exact: the CUDA ops of kernels/cuda, the CPU model's bits.
+/// fast: tensor-core linear layers and fused kernels (kernels/cuda/fast), within stated bounds
+/// of the CPU model.
+enum class gpu_kernels { exact, fast };
+}  // namespace cedar
+
 #ifdef CEDAR_HAVE_CUDA
 
 #include <cstdint>
@@ -17,6 +24,7 @@
 
 #include "config/model_args.hpp"
 #include "kernels/checkpoint/tensor_map.hpp"
+#include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/model/kv_layout.hpp"
 #include "kernels/model/model.hpp"
 
@@ -31,11 +39,12 @@ class gpu_model {
   /// one), then copies every weight to the device (the tensor_map may be an mmap of the
   /// safetensors files; it is not needed afterwards).
   gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv = kv_dtype::fp4,
-            const upload_progress_fn& progress = {});
+            const upload_progress_fn& progress = {}, gpu_kernels kernels = gpu_kernels::exact);
   ~gpu_model();
 
   const model_args& args() const;
   const kv_layout& layout() const;
+  gpu_kernels kernels() const;
   /// Device bytes held by the weights.
   uint64_t weight_bytes() const;
 
@@ -43,6 +52,14 @@ class gpu_model {
   /// pointers.
   void forward(std::span<forward_item> batch, std::vector<float>& logits,
                forward_stats* stats = nullptr) const;
+
+  /// As forward, but the logits stay on the device and one token is drawn there for each item
+  /// whose logits are `last` (`all` is refused): greedy rows (temperature 0) in one launch
+  /// (cuda::fast::greedy_rows), the others by cuda::sample_rows (the host sampler's rules and
+  /// draws). requests: one per such item, in item order; tokens and logprobs get one entry each.
+  void forward_sample(std::span<forward_item> batch, std::span<const cuda::sample_request> requests,
+                      std::vector<int32_t>& tokens, std::vector<float>& logprobs,
+                      forward_stats* stats = nullptr) const;
 
   /// As forward, but every item's kv holds HOST pointers (a CPU-side kv_pool, as the shard's
   /// kv_arena hands out): each item's pages, ring and tails are copied to the device before the

@@ -13,6 +13,7 @@
 
 #include "actors/shard.hpp"
 #include "kernels/checkpoint/tensor_map.hpp"
+#include "kernels/cuda_model/gpu_model.hpp"
 #include "kernels/model/model.hpp"
 
 namespace cedar::cli {
@@ -21,6 +22,9 @@ enum class device_kind { cpu, cuda };
 
 /// "cpu" | "cuda" -> the kind; nullopt on anything else.
 std::optional<device_kind> parse_device(const std::string& text);
+
+/// "exact" | "fast" -> the GPU model's kernel set; nullopt on anything else.
+std::optional<gpu_kernels> parse_gpu_kernels(const std::string& text);
 
 /// Empty when `device` can run here; otherwise why not ("cedar was built without CUDA", or the
 /// CUDA runtime's reason when no device is present).
@@ -47,15 +51,18 @@ class cli_model {
 
 /// Opens DIR or PRESET (as load_weights) on `device`. cuda: weights uploaded to the device
 /// (progress on stderr when verbose), KV in device memory. nullptr and *error on failure.
+/// `kernels` picks the GPU model's kernel set (ignored on the CPU).
 std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype,
-                                          device_kind device, bool verbose, std::string* error);
+                                          device_kind device, gpu_kernels kernels, bool verbose,
+                                          std::string* error);
 
 /// The GPU model as a shard's step_model (actors/gpu_shard.hpp): weights uploaded from `weights`
 /// (progress, time and GB/s on stderr when verbose); the shard's KV is in device memory and each
 /// step runs gpu_model::forward on it. nullptr and *error when built without CUDA, with no
 /// device, or on bad weights.
 std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::shared_ptr<const tensor_map> weights,
-                                                kv_dtype dtype, bool verbose, std::string* error);
+                                                kv_dtype dtype, gpu_kernels kernels, bool verbose,
+                                                std::string* error);
 
 /// The KV budget (pages, rings, tails) of a GPU shard, once the weights are on the device:
 /// `fraction` of the device memory free now, or `budget_bytes` when > 0 (checked against it).

@@ -30,16 +30,19 @@ struct generate_args {
   double max_prefill_s = 0;  ///< > 0: stop prefilling after this long (the prompt is cut there)
   cedar::kv_dtype kv = cedar::kv_dtype::fp4;
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
+  cedar::gpu_kernels kernels = cedar::gpu_kernels::exact;
 };
 
 void usage() {
   std::fprintf(stderr,
                "usage: cedar generate [--model DIR|PRESET] [--seed S] (--prompt-ids 1,2,3 | --prompt TEXT)\n"
                "                      --max-tokens N [--chunk N] [--truncate on|off] [--kv-dtype fp4|fp8]\n"
-               "                      [--ignore-eos] [--json] [--device cpu|cuda] [--progress]\n"
+               "                      [--ignore-eos] [--json] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
+               "                      [--progress]\n"
                "                      [--max-prefill-s S]\n"
                "  greedy decoding on the CPU backend (default) or the GPU model (--device cuda: weights\n"
-               "  and KV on the device, the CPU's bits). Default model: preset '%s' with random\n"
+               "  and KV on the device; --gpu-kernels exact gives the CPU's bits, fast runs the tensor-core\n"
+               "  kernels, within stated bounds of them; default exact). Default model: preset '%s' with random\n"
                "  weights from seed %llu (--seed changes it). --truncate on runs the decoder's late\n"
                "  layers on the prompt's last window only (approximate, as in serving). --progress:\n"
                "  load progress and per-chunk / per-16-token times on stderr. --max-prefill-s S: stop\n"
@@ -64,6 +67,7 @@ bool parse(int argc, char** argv, generate_args& a) {
     else if (k == "--chunk") a.chunk = std::atoi(v.c_str());
     else if (k == "--max-prefill-s") a.max_prefill_s = std::atof(v.c_str());
     else if (k == "--device" && cedar::cli::parse_device(v)) a.device = *cedar::cli::parse_device(v);
+    else if (k == "--gpu-kernels" && cedar::cli::parse_gpu_kernels(v)) a.kernels = *cedar::cli::parse_gpu_kernels(v);
     else if (k == "--truncate" && (v == "on" || v == "off")) a.truncate = v == "on";
     else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8"))
       a.kv = v == "fp4" ? cedar::kv_dtype::fp4 : cedar::kv_dtype::fp8;
@@ -195,7 +199,7 @@ int generate_main(int argc, char** argv) {
     return 1;
   }
   const auto t_load = clock_type::now();
-  auto m = cedar::cli::open_cli_model(a.model, a.seed, a.kv, a.device, a.progress, &error);
+  auto m = cedar::cli::open_cli_model(a.model, a.seed, a.kv, a.device, a.kernels, a.progress, &error);
   const double load_s = seconds_since(t_load);
   if (!m) {
     std::fprintf(stderr, "cedar: %s\n", error.c_str());

@@ -29,6 +29,7 @@ struct model_choice {
   int null_step_us = 1000;
   std::string null_output;  ///< null model: this text (then EOS) instead of a repeated token
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
+  cedar::gpu_kernels kernels = cedar::gpu_kernels::exact;
   double gpu_memory_fraction = 0.9;  ///< --device cuda: share of the free device memory for KV
   bool kv_budget_given = false;      ///< --kv-budget-bytes was on the command line
   cedar::engine_options options;
@@ -66,7 +67,8 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
     auto weights = cedar::cli::load_weights(c.model, *args, c.seed, true, &error);
     if (!weights) throw std::runtime_error(error);
     auto gpu = cedar::cli::make_gpu_step_model(*args, std::move(weights),
-                                               c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4, true, &error);
+                                               c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4, c.kernels,
+                                               true, &error);
     if (!gpu) throw std::runtime_error(error);
     cedar::engine_options options = c.options;
     const auto budget = cedar::cli::gpu_kv_budget(gpu->layout(), c.gpu_memory_fraction,
@@ -102,6 +104,8 @@ void print_help(FILE* out) {
       "  --gpu-memory-fraction F        --device cuda: the share of the device memory left free by the\n"
       "                                 weights that the KV takes (default 0.9; the rest is for\n"
       "                                 activations); --kv-budget-bytes, when given, sets it instead\n"
+      "  --gpu-kernels exact|fast       --device cuda: exact gives the CPU's bits (default); fast runs\n"
+      "                                 the tensor-core kernels, within stated bounds of them\n"
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
       "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
@@ -181,6 +185,12 @@ int serve_main(int argc, char** argv) {
       if (next()) {
         if (auto d = cedar::cli::parse_device(value)) engine.device = *d;
         else errors.push_back("--device: cpu or cuda, not " + value);
+      }
+    }
+    else if (flag == "--gpu-kernels") {
+      if (next()) {
+        if (auto k = cedar::cli::parse_gpu_kernels(value)) engine.kernels = *k;
+        else errors.push_back("--gpu-kernels: exact or fast, not " + value);
       }
     }
     else if (flag == "--gpu-memory-fraction") {
