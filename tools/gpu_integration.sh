@@ -81,7 +81,7 @@ for model in ${GPU_MODELS:-micro}; do
 done
 wait
 cat "$tmp"/run*.txt >> "$log"
-{ printf 'model\tkernels\tclient\texit\ts\tresult\n'; cat "$tmp"/run*.row; } | column -t -s $'\t' > "$table"
+{ printf 'model\tkernels\tclient\texit\ts\tresult\n'; cat "$tmp"/run*.row; } | sed 's/\t/ | /g' > "$table"
 failed=$(cat "$tmp"/run*.row | awk -F'\t' '$4 != 0' | wc -l)
 rm -f "$tmp"/run*
 echo "gpu_integration: $i runs, $failed not passed"
