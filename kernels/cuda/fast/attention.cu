@@ -1,0 +1,589 @@
+// Fused sparse attention and indexer scores of the fast kernel set (attention.hpp): candidates
+// are gathered through device page tables, dequantized in registers into bf16 shared-memory
+// tiles, and multiplied on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulation).
+//
+// Attention: one block per (row, 16 heads, split); 8 warps (4 for head_dim 64), warp w owning a
+// slice of the dims. Per chunk of 64 candidates: gather + dequant the chunk [64, dim] into smem,
+// S = Q K^T (each warp its dims' share for all candidates, q fragments in registers, shares summed
+// in warp order), online softmax (16 threads per head), O = O alpha + P V (each warp its dims).
+// q and P are split into three bf16 terms (hi + mid + lo). With more than one split the partial
+// (O, max, sum) go to scratch and a second kernel combines them with the sink.
+// Indexer: one block per (row, 256 or 1024 keys): q [heads, dim] (exact in bf16) times 256-key
+// tiles, 8 warps of 32 keys.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fast/attention.hpp"
+#include "kernels/cuda/fast/mma.cuh"
+
+namespace cedar::cuda::fast {
+namespace {
+
+using cuda::detail::scratch;
+using cuda::detail::stream;
+
+constexpr float neg_inf = -__builtin_huge_valf();
+
+// ---- tensor-core and format helpers ------------------------------------------------------
+
+/// C += A B, A 16x16 bf16 (row), B 16x8 bf16 (col), fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// Four 8x8 bf16 matrices, transposed: lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
+  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+__device__ __forceinline__ uint32_t ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+/// Two floats as bf16 (round to nearest), the first in the low half.
+__device__ __forceinline__ uint32_t bf16x2(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+/// Two e4m3 codes (low byte first) -> floats (exact, via f16).
+__device__ __forceinline__ float2 e4m3x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+__device__ __forceinline__ float e4m3_value(uint8_t code) { return e4m3x2(code).x; }
+
+__device__ __forceinline__ float ue8m0_value(uint8_t code) {
+  if (code == 255) return __int_as_float(0x7FC00000);
+  return code == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(uint32_t(code) << 23);
+}
+
+/// 8 e4m3 codes (bytes of lo, then hi) times s, as 8 bf16 (exact: at most 4 significant bits
+/// times a power of two, or 2 bits times an e4m3 scale).
+__device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, float s) {
+  const float2 a = e4m3x2(lo), b = e4m3x2(lo >> 16), c = e4m3x2(hi), d = e4m3x2(hi >> 16);
+  return make_uint4(bf16x2(a.x * s, a.y * s), bf16x2(b.x * s, b.y * s), bf16x2(c.x * s, c.y * s),
+                    bf16x2(d.x * s, d.y * s));
+}
+
+/// 4 bytes of a record (records of small dims, 66 or 17 bytes, are not 4-byte aligned).
+__device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return *reinterpret_cast<const uint32_t*>(p);
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+
+/// Values d .. d+7 of an FP8 record (codes [dim], then a UE8M0 scale per 32).
+__device__ __forceinline__ uint4 fp8_record8(const uint8_t* rec, int dim, int d) {
+  const uint32_t lo = load_u32(rec + d), hi = load_u32(rec + d + 4);
+  return dequant8(lo, hi, ue8m0_value(rec[dim + d / 32]));
+}
+
+/// Values d .. d+7 of an FP4 record (packed E2M1 [dim / 2], then a scale per `group`: E4M3 per
+/// 16 for latents, UE8M0 per 32 for index keys).
+template <bool E4M3_SCALE>
+__device__ __forceinline__ uint4 fp4_record8(const uint8_t* rec, int dim, int d) {
+  const uint32_t w = load_u32(rec + d / 2);
+  const float s = E4M3_SCALE ? e4m3_value(rec[dim / 2 + d / 16]) : ue8m0_value(rec[dim / 2 + d / 32]);
+  const uint2 e = detail::e2m1x8_to_e4m3(w);
+  return dequant8(e.x, e.y, s);
+}
+
+__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a < b ? b : a; }
+
+__device__ __forceinline__ int64_t row_position(const kv_items& it, int r, int item) {
+  return it.first_pos[item] + (r - it.row_begin[item]);
+}
+
+__device__ __forceinline__ const uint8_t* entry_record(const kv_items& it, int item, const kv_source_view& s,
+                                                       int64_t j, std::size_t offset, std::size_t bytes) {
+  const int64_t page = j / s.entries_per_page, in_page = j - page * s.entries_per_page;
+  return it.pages[it.page_begin[item] + page] + offset + std::size_t(in_page) * bytes;
+}
+
+// ---- sparse attention ------------------------------------------------------------------------
+
+constexpr int heads_per_block = 16;  // one mma M tile
+constexpr int chunk = 64;            // candidates per step
+/// Warps per block: 8 for the real head_dim, 4 for small ones; warp w owns dims
+/// [w dim / WARPS, (w + 1) dim / WARPS) in both products.
+template <int DIM>
+constexpr int attn_warps = DIM >= 256 ? 8 : 4;
+
+enum cand_kind : int { cand_none = 0, cand_fp8 = 1, cand_fp4 = 2, cand_fresh = 3 };
+
+/// (a, b) as three bf16 pairs hi + mid + lo (each residual is exact in fp32; 2^-27 of each value
+/// is left over).
+__device__ __forceinline__ void split3_bf16x2(float a, float b, uint32_t t[3]) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 hf = __bfloat1622float2(h);
+  const float ra = a - hf.x, rb = b - hf.y;
+  const __nv_bfloat162 m = __floats2bfloat162_rn(ra, rb);
+  const float2 mf = __bfloat1622float2(m);
+  t[0] = *reinterpret_cast<const uint32_t*>(&h);
+  t[1] = *reinterpret_cast<const uint32_t*>(&m);
+  t[2] = bf16x2(ra - mf.x, rb - mf.y);
+}
+
+/// Shared-memory plan of the attention kernel (bytes; bf16 rows padded by 8 so that the fragment
+/// loads of 8 rows x 4 words hit 32 distinct banks).
+template <int DIM, int WARPS = attn_warps<DIM>>
+struct attn_smem {
+  static constexpr int ld = DIM + 8, ld_p = chunk + 8, ld_s = chunk + 4;
+  static constexpr std::size_t kv = 0;                                                        // bf16 [chunk, ld]
+  static constexpr std::size_t s = kv + std::size_t(chunk) * ld * 2;                          // f32 [WARPS, 16, ld_s]
+  static constexpr std::size_t p = s + std::size_t(WARPS) * heads_per_block * ld_s * 4;        // bf16 [3, 16, ld_p]
+  static constexpr std::size_t stats = p + std::size_t(3) * heads_per_block * ld_p * 2;        // m, l, alpha
+  static constexpr std::size_t cand = stats + 3 * heads_per_block * 4;
+  static constexpr std::size_t kind = cand + chunk * sizeof(void*);
+  static constexpr std::size_t bytes = kind + chunk * 4;
+};
+
+/// grid (rows, heads / 16, splits). Split s takes chunks s, s + splits, ...; with one split the
+/// block writes the final output, else its partial O [16, dim], max and sum. Each warp keeps the
+/// q fragments of its dims in registers (3 bf16 terms) and adds its share of every score into
+/// smem; the shares are summed in warp order, so the result does not depend on timing.
+template <int DIM, int WARPS = attn_warps<DIM>>
+__global__ void __launch_bounds__(WARPS * 32, 2)
+    attention_kernel(sparse_attention_params p, kv_items it, float* part_o, float* part_ml) {
+  using L = attn_smem<DIM, WARPS>;
+  constexpr int threads = WARPS * 32, ld = L::ld, ld_p = L::ld_p, ld_s = L::ld_s;
+  constexpr int dims_per_warp = DIM / WARPS, ksteps = dims_per_warp / 16, tiles = dims_per_warp / 8;
+  constexpr int threads_per_head = threads / heads_per_block, cands_per_thread = chunk / threads_per_head;
+  static_assert(ksteps >= 1 && tiles % 2 == 0 && cands_per_thread % 2 == 0, "tile shapes");
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* kvt = reinterpret_cast<uint16_t*>(smem + L::kv);
+  float* st = reinterpret_cast<float*>(smem + L::s);
+  uint16_t* pt = reinterpret_cast<uint16_t*>(smem + L::p);  // [term][head][cand]
+  float* m_run = reinterpret_cast<float*>(smem + L::stats);
+  float* l_run = m_run + heads_per_block;
+  float* alpha = l_run + heads_per_block;
+  const uint8_t** cand = reinterpret_cast<const uint8_t**>(smem + L::cand);
+  int* kinds = reinterpret_cast<int*>(smem + L::kind);
+
+  const int r = blockIdx.x, h0 = blockIdx.y * heads_per_block, split = blockIdx.z, splits = gridDim.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int item = it.row_item[r];
+  const int64_t p0 = it.first_pos[item], pos = row_position(it, r, item);
+  const int rb = it.row_begin[item];
+  const int64_t lo = max64(it.window_floor[item], pos - (p.window - 1));
+  const int nw = int(max64(0, pos - lo + 1));
+  const int nc = nw + p.topk_k;  // slots: the window, then the top-k list
+  const int num_chunks = (nc + chunk - 1) / chunk;
+  const int d_warp = warp * dims_per_warp;
+
+  // q fragments of this warp's dims: [kstep][term][4], rows gid and gid + 8
+  uint32_t qf[ksteps][3][4];
+  for (int ks = 0; ks < ksteps; ++ks)
+    for (int half = 0; half < 2; ++half)      // k and k + 8
+      for (int row = 0; row < 2; ++row) {     // gid and gid + 8
+        const int h = gid + row * 8, d = d_warp + ks * 16 + half * 8 + tig * 2;
+        float2 v = make_float2(0.0f, 0.0f);
+        if (h0 + h < p.heads) v = *reinterpret_cast<const float2*>(p.q + (std::size_t(r) * p.heads + h0 + h) * DIM + d);
+        uint32_t t[3];
+        split3_bf16x2(v.x, v.y, t);
+        for (int term = 0; term < 3; ++term) qf[ks][term][half * 2 + row] = t[term];
+      }
+  if (tid < heads_per_block) m_run[tid] = neg_inf, l_run[tid] = 0.0f;
+  float o[tiles][4];
+  for (int t = 0; t < tiles; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;
+
+  for (int ch = split; ch < num_chunks; ch += splits) {
+    __syncthreads();  // the previous chunk is done with the tiles
+    if (tid < chunk) {
+      const int v = ch * chunk + tid;
+      int kind = cand_none;
+      const uint8_t* ptr = nullptr;
+      if (v < nw) {
+        const int64_t ps = lo + v;
+        if (ps < p0) {
+          kind = cand_fp8;
+          ptr = it.rings[item] + (std::size_t(p.layer) * p.window + std::size_t(ps % p.window)) * p.ring_record_bytes;
+        } else {
+          kind = cand_fresh;
+          ptr = reinterpret_cast<const uint8_t*>(p.kv + (std::size_t(rb) + std::size_t(ps - p0)) * DIM);
+        }
+      } else if (v < nc) {
+        const int32_t j = p.topk[std::size_t(r) * p.topk_k + (v - nw)];
+        if (j >= 0) {
+          kind = p.format == kv_format::fp8 ? cand_fp8 : cand_fp4;
+          ptr = entry_record(it, item, p.source, j, p.source.latent_offset, p.source.latent_bytes);
+        }
+      }
+      cand[tid] = ptr;
+      kinds[tid] = kind;
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int i = tid; i < chunk * (DIM / 8); i += threads) {
+      const int c = i / (DIM / 8), d = (i % (DIM / 8)) * 8;
+      const uint8_t* rec = cand[c];
+      uint4 val = make_uint4(0, 0, 0, 0);
+      switch (kinds[c]) {
+        case cand_fp8: val = fp8_record8(rec, DIM, d); break;
+        case cand_fp4: val = fp4_record8<true>(rec, DIM, d); break;
+        case cand_fresh: {
+          const float4 a = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(rec) + d);
+          const float4 b = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(rec) + d + 4);
+          val = make_uint4(bf16x2(a.x, a.y), bf16x2(a.z, a.w), bf16x2(b.x, b.y), bf16x2(b.z, b.w));
+          break;
+        }
+        default: break;
+      }
+      *reinterpret_cast<uint4*>(kvt + c * ld + d) = val;
+    }
+    __syncthreads();
+
+    // this warp's share of S = Q K^T (its dims, all 64 candidates), half the candidates at a time
+    for (int half = 0; half < 2; ++half) {
+      float s[4][4] = {};
+      for (int ks = 0; ks < ksteps; ++ks) {
+        const int k0 = d_warp + ks * 16 + tig * 2;
+        for (int nt = 0; nt < 4; ++nt) {
+          const uint16_t* krow = kvt + (half * 32 + nt * 8 + gid) * ld + k0;
+          const uint32_t b0 = ld32(krow), b1 = ld32(krow + 8);
+          for (int term = 0; term < 3; ++term) mma_bf16(s[nt], qf[ks][term], b0, b1);
+        }
+      }
+      float* sw = st + warp * heads_per_block * ld_s;
+      for (int nt = 0; nt < 4; ++nt)
+        for (int e = 0; e < 4; ++e) sw[(gid + (e >> 1) * 8) * ld_s + half * 32 + nt * 8 + tig * 2 + (e & 1)] = s[nt][e];
+    }
+    __syncthreads();
+
+    {  // online softmax: threads_per_head threads per head (adjacent lanes), cands_per_thread each
+      const int h = tid / threads_per_head, part = tid % threads_per_head, c0 = part * cands_per_thread;
+      float sc[cands_per_thread];
+      float mx = neg_inf;
+      for (int i = 0; i < cands_per_thread; ++i) {
+        float v = 0.0f;
+        for (int w = 0; w < WARPS; ++w) v += st[(w * heads_per_block + h) * ld_s + c0 + i];
+        sc[i] = kinds[c0 + i] != cand_none ? v * p.scale : neg_inf;
+        mx = fmaxf(mx, sc[i]);
+      }
+      for (int off = 1; off < threads_per_head; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
+      const float m_old = m_run[h], m_new = fmaxf(m_old, mx);
+      float sum = 0.0f;
+      for (int i = 0; i < cands_per_thread; i += 2) {
+        const float e0 = m_new == neg_inf ? 0.0f : expf(sc[i] - m_new);
+        const float e1 = m_new == neg_inf ? 0.0f : expf(sc[i + 1] - m_new);
+        sum += e0 + e1;
+        uint32_t t[3];
+        split3_bf16x2(e0, e1, t);
+        for (int term = 0; term < 3; ++term)
+          *reinterpret_cast<uint32_t*>(pt + (term * heads_per_block + h) * ld_p + c0 + i) = t[term];
+      }
+      for (int off = 1; off < threads_per_head; off <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+      if (part == 0) {
+        const float a = m_new == neg_inf ? 1.0f : expf(m_old - m_new);
+        alpha[h] = a;
+        l_run[h] = l_run[h] * a + sum;
+        m_run[h] = m_new;
+      }
+    }
+    __syncthreads();
+
+    // O = O alpha + P V over this warp's dims
+    const float a_top = alpha[gid], a_bottom = alpha[gid + 8];
+    for (int t = 0; t < tiles; ++t) o[t][0] *= a_top, o[t][1] *= a_top, o[t][2] *= a_bottom, o[t][3] *= a_bottom;
+    for (int ks = 0; ks < chunk / 16; ++ks) {
+      const int k0 = ks * 16 + tig * 2;
+      uint32_t pa[3][4];
+      for (int term = 0; term < 3; ++term) {
+        const uint16_t* p0r = pt + (term * heads_per_block + gid) * ld_p + k0;
+        pa[term][0] = ld32(p0r), pa[term][1] = ld32(p0r + 8 * ld_p), pa[term][2] = ld32(p0r + 8),
+        pa[term][3] = ld32(p0r + 8 * ld_p + 8);
+      }
+      const int mi = lane >> 3, rr = lane & 7;
+      for (int np = 0; np < tiles / 2; ++np) {
+        const int d0 = d_warp + np * 16;
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, kvt + (ks * 16 + (mi & 1) * 8 + rr) * ld + d0 + (mi >> 1) * 8);
+        for (int term = 0; term < 3; ++term) {
+          mma_bf16(o[2 * np], pa[term], b[0], b[1]);
+          mma_bf16(o[2 * np + 1], pa[term], b[2], b[3]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  for (int half = 0; half < 2; ++half) {
+    const int h = gid + half * 8;
+    if (h0 + h >= p.heads) continue;
+    const float m = m_run[h], l = l_run[h];
+    const float inv = 1.0f / (l + (m == neg_inf ? 1.0f : expf(p.sink[h0 + h] - m)));
+    for (int t = 0; t < tiles; ++t) {
+      const int d = d_warp + t * 8 + tig * 2;
+      const float v0 = o[t][half * 2], v1 = o[t][half * 2 + 1];
+      if (splits == 1) {
+        *reinterpret_cast<float2*>(p.out + (std::size_t(r) * p.heads + h0 + h) * DIM + d) = make_float2(v0 * inv, v1 * inv);
+      } else {
+        const std::size_t at = (std::size_t(r) * splits + split) * p.heads + h0 + h;
+        *reinterpret_cast<float2*>(part_o + at * DIM + d) = make_float2(v0, v1);
+      }
+    }
+  }
+  if (splits > 1 && tid < heads_per_block && h0 + tid < p.heads) {
+    const std::size_t at = (std::size_t(r) * splits + split) * p.heads + h0 + tid;
+    part_ml[at * 2] = m_run[tid];
+    part_ml[at * 2 + 1] = l_run[tid];
+  }
+}
+
+constexpr int max_splits = 32;
+
+/// grid (rows, heads): out = sum_s O_s e^(m_s - M) / (e^(sink - M) + sum_s l_s e^(m_s - M)).
+__global__ void combine_kernel(const float* part_o, const float* part_ml, int splits, int heads, int dim,
+                               const float* sink, float* out) {
+  __shared__ float weight[max_splits];
+  __shared__ float inv_denom;
+  const int r = blockIdx.x, h = blockIdx.y;
+  const float* ml = part_ml + std::size_t(r) * splits * heads * 2;
+  if (threadIdx.x == 0) {
+    float M = sink[h];
+    for (int s = 0; s < splits; ++s) M = fmaxf(M, ml[(std::size_t(s) * heads + h) * 2]);
+    float denom = expf(sink[h] - M);
+    for (int s = 0; s < splits; ++s) {
+      const float m = ml[(std::size_t(s) * heads + h) * 2], l = ml[(std::size_t(s) * heads + h) * 2 + 1];
+      weight[s] = m == neg_inf ? 0.0f : expf(m - M);
+      denom += l * weight[s];
+    }
+    inv_denom = 1.0f / denom;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s)
+      if (weight[s] != 0.0f) acc += weight[s] * part_o[((std::size_t(r) * splits + s) * heads + h) * dim + d];
+    out[(std::size_t(r) * heads + h) * dim + d] = acc * inv_denom;
+  }
+}
+
+int num_sms() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
+    CEDAR_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+template <int DIM>
+void launch_attention(const sparse_attention_params& p, const kv_items& items) {
+  using L = attn_smem<DIM>;
+  static const bool configured = [] {
+    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(L::bytes)));
+    return true;
+  }();
+  (void)configured;
+  const int groups = (p.heads + heads_per_block - 1) / heads_per_block;
+  const int max_chunks = (p.window + p.topk_k + chunk - 1) / chunk;
+  const long long blocks = (long long)p.rows * groups;
+  const int want = int(std::min<long long>(max_splits, (2LL * num_sms() + blocks - 1) / blocks));
+  const int splits = std::max(1, std::min(want, max_chunks));
+  scratch<float> part_o(splits > 1 ? std::size_t(p.rows) * splits * p.heads * DIM : 0);
+  scratch<float> part_ml(splits > 1 ? std::size_t(p.rows) * splits * p.heads * 2 : 0);
+  attention_kernel<DIM><<<dim3(unsigned(p.rows), unsigned(groups), unsigned(splits)), attn_warps<DIM> * 32, L::bytes,
+                          stream()>>>(
+      p, items, part_o.get(), part_ml.get());
+  CEDAR_CUDA_LAUNCHED();
+  if (splits > 1) {
+    combine_kernel<<<dim3(unsigned(p.rows), unsigned(p.heads)), 128, 0, stream()>>>(part_o.get(), part_ml.get(), splits,
+                                                                                   p.heads, DIM, p.sink, p.out);
+    CEDAR_CUDA_LAUNCHED();
+  }
+}
+
+// ---- indexer scores ------------------------------------------------------------------------
+
+constexpr int idx_keys = 256;        // keys per tile: 8 warps x 32
+constexpr int idx_threads = 256;
+constexpr int idx_warp_tiles = idx_keys / (idx_threads / 32) / 8;  // 8-key mma tiles per warp
+constexpr int idx_max_heads = 32;
+
+template <int DIM>
+struct idx_smem {
+  static constexpr int ld = DIM + 8;
+  static constexpr std::size_t q = 0;
+  static constexpr std::size_t keys = q + std::size_t(idx_max_heads) * ld * 2;
+  static constexpr std::size_t w = keys + std::size_t(idx_keys) * ld * 2;
+  static constexpr std::size_t ptr = w + idx_max_heads * 4;
+  static constexpr std::size_t bytes = ptr + idx_keys * sizeof(void*);
+};
+
+/// grid (rows, ceil(num_keys / keys_per_block)); MT = 16-head tiles of q (heads <= 16 MT).
+template <int DIM, int MT>
+__global__ void __launch_bounds__(idx_threads) index_kernel(index_scores_params p, kv_items it, int keys_per_block) {
+  using L = idx_smem<DIM>;
+  constexpr int ld = L::ld;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* qs = reinterpret_cast<uint16_t*>(smem + L::q);
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem + L::keys);
+  float* ws = reinterpret_cast<float*>(smem + L::w);
+  const uint8_t** ptr = reinterpret_cast<const uint8_t**>(smem + L::ptr);
+
+  const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const int item = it.row_item[p.first_row + r];
+  const int64_t visible64 = (row_position(it, p.first_row + r, item) + 1) / p.ratio;
+  const int visible = int(visible64 < p.num_keys ? visible64 : p.num_keys);
+  const int first = blockIdx.y * keys_per_block, end = min(p.num_keys, first + keys_per_block);
+  float* srow = p.scores + std::size_t(r) * p.num_keys;
+  for (int j = max(first, visible) + tid; j < end; j += idx_threads) srow[j] = neg_inf;
+  if (first >= visible) return;
+
+  for (int i = tid; i < MT * 16 * DIM / 2; i += idx_threads) {
+    const int h = i / (DIM / 2), d = (i % (DIM / 2)) * 2;
+    float2 v = make_float2(0.0f, 0.0f);
+    if (h < p.heads) v = *reinterpret_cast<const float2*>(p.q + (std::size_t(r) * p.heads + h) * DIM + d);
+    *reinterpret_cast<uint32_t*>(qs + h * ld + d) = bf16x2(v.x, v.y);
+  }
+  for (int h = tid; h < MT * 16; h += idx_threads) ws[h] = h < p.heads ? p.w[std::size_t(r) * p.heads + h] : 0.0f;
+
+  const int last = min(end, visible);
+  for (int t0 = first; t0 < last; t0 += idx_keys) {
+    __syncthreads();
+    for (int i = tid; i < idx_keys; i += idx_threads) {
+      const int64_t j = t0 + i;
+      ptr[i] = j < last ? entry_record(it, item, p.source, j, p.source.key_offset, p.source.key_bytes) : nullptr;
+    }
+    __syncthreads();
+#pragma unroll 4
+    for (int i = tid; i < idx_keys * (DIM / 8); i += idx_threads) {
+      const int c = i / (DIM / 8), d = (i % (DIM / 8)) * 8;
+      const uint8_t* rec = ptr[c];
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (rec) val = p.format == kv_format::fp8 ? fp8_record8(rec, DIM, d) : fp4_record8<false>(rec, DIM, d);
+      *reinterpret_cast<uint4*>(ks + c * ld + d) = val;
+    }
+    __syncthreads();
+
+    float acc[MT][idx_warp_tiles][4] = {};
+    for (int kstep = 0; kstep < DIM / 16; ++kstep) {
+      const int k0 = kstep * 16 + tig * 2;
+      uint32_t a[MT][4];
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint16_t* q0 = qs + (mt * 16 + gid) * ld + k0;
+        a[mt][0] = ld32(q0), a[mt][1] = ld32(q0 + 8 * ld), a[mt][2] = ld32(q0 + 8), a[mt][3] = ld32(q0 + 8 * ld + 8);
+      }
+      for (int nt = 0; nt < idx_warp_tiles; ++nt) {
+        const uint16_t* krow = ks + (warp * idx_warp_tiles * 8 + nt * 8 + gid) * ld + k0;
+        const uint32_t b0 = ld32(krow), b1 = ld32(krow + 8);
+        for (int mt = 0; mt < MT; ++mt) mma_bf16(acc[mt][nt], a[mt], b0, b1);
+      }
+    }
+    for (int nt = 0; nt < idx_warp_tiles; ++nt) {
+      float s0 = 0.0f, s1 = 0.0f;
+      for (int mt = 0; mt < MT; ++mt)
+        for (int half = 0; half < 2; ++half) {
+          const float wh = ws[mt * 16 + gid + half * 8];
+          s0 += wh * fmaxf(acc[mt][nt][half * 2], 0.0f);
+          s1 += wh * fmaxf(acc[mt][nt][half * 2 + 1], 0.0f);
+        }
+      for (int off = 4; off < 32; off <<= 1) {
+        s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, off);
+        s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, off);
+      }
+      const int j = t0 + warp * idx_warp_tiles * 8 + nt * 8 + tig * 2;
+      if (gid == 0) {
+        if (j < last) srow[j] = s0;
+        if (j + 1 < last) srow[j + 1] = s1;
+      }
+    }
+  }
+}
+
+template <int DIM, int MT>
+void launch_index(const index_scores_params& p, const kv_items& items) {
+  using L = idx_smem<DIM>;
+  static const bool configured = [] {
+    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(index_kernel<DIM, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(L::bytes)));
+    return true;
+  }();
+  (void)configured;
+  // 4 tiles per block (q loaded once per 1024 keys) when that still fills the GPU twice over
+  const long long tiles = (long long)p.rows * ((p.num_keys + idx_keys - 1) / idx_keys);
+  const int per_block = idx_keys * (tiles >= 8LL * num_sms() ? 4 : 1);
+  index_kernel<DIM, MT><<<dim3(unsigned(p.rows), unsigned((p.num_keys + per_block - 1) / per_block)), idx_threads,
+                          L::bytes, stream()>>>(p, items, per_block);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+// ---- small steps ----------------------------------------------------------------------------
+
+__global__ void visible_kernel(kv_items it, int rows, int ratio, int32_t* out) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  out[r] = int32_t((row_position(it, r, it.row_item[r]) + 1) / ratio);
+}
+
+__global__ void store_entries_kernel(const uint8_t* rec, std::size_t rec_bytes, uint8_t* const* pages,
+                                     int64_t first_entry, int entries_per_page, std::size_t offset) {
+  const int64_t j = first_entry + blockIdx.x, page = j / entries_per_page;
+  uint8_t* dst = pages[page] + offset + std::size_t(j - page * entries_per_page) * rec_bytes;
+  const uint8_t* src = rec + std::size_t(blockIdx.x) * rec_bytes;
+  for (std::size_t i = threadIdx.x; i < rec_bytes; i += blockDim.x) dst[i] = src[i];
+}
+
+__global__ void store_ring_kernel(const uint8_t* rec, std::size_t rec_bytes, kv_items it, int layer, int window) {
+  const int r = blockIdx.x, item = it.row_item[r];
+  if (r < it.row_end[item] - window) return;  // a later row of the item takes this slot
+  const int64_t pos = row_position(it, r, item);
+  uint8_t* dst = it.rings[item] + (std::size_t(layer) * window + std::size_t(pos % window)) * rec_bytes;
+  const uint8_t* src = rec + std::size_t(r) * rec_bytes;
+  for (std::size_t i = threadIdx.x; i < rec_bytes; i += blockDim.x) dst[i] = src[i];
+}
+
+}  // namespace
+
+bool supports(int dim, int index_dim) { return (dim == 512 || dim == 64) && (index_dim == 128 || index_dim == 32); }
+
+void sparse_attention(const sparse_attention_params& p, const kv_items& items) {
+  CEDAR_CUDA_REQUIRE(p.dim == 512 || p.dim == 64, "fused attention: head_dim 512 or 64");
+  CEDAR_CUDA_REQUIRE(p.topk_k == 0 || p.topk != nullptr, "top-k list");
+  if (p.rows <= 0 || p.heads <= 0) return;
+  if (p.dim == 512) launch_attention<512>(p, items);
+  else launch_attention<64>(p, items);
+}
+
+void index_scores(const index_scores_params& p, const kv_items& items) {
+  CEDAR_CUDA_REQUIRE(p.dim == 128 || p.dim == 32, "fused indexer: index_head_dim 128 or 32");
+  CEDAR_CUDA_REQUIRE(p.heads > 0 && p.heads <= idx_max_heads, "fused indexer: at most 32 heads");
+  if (p.rows <= 0 || p.num_keys <= 0) return;
+  const bool one = p.heads <= 16;
+  if (p.dim == 128) one ? launch_index<128, 1>(p, items) : launch_index<128, 2>(p, items);
+  else one ? launch_index<32, 1>(p, items) : launch_index<32, 2>(p, items);
+}
+
+void visible_entries(const kv_items& items, int rows, int ratio, int32_t* num_visible) {
+  if (rows <= 0) return;
+  visible_kernel<<<unsigned((rows + 255) / 256), 256, 0, stream()>>>(items, rows, ratio, num_visible);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+void store_entries(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_t* const* pages, int64_t first_entry,
+                   int entries_per_page, std::size_t offset) {
+  if (m <= 0) return;
+  store_entries_kernel<<<unsigned(m), 128, 0, stream()>>>(rec, rec_bytes, pages, first_entry, entries_per_page, offset);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+void store_ring(const uint8_t* rec, int rows, std::size_t rec_bytes, const kv_items& items, int layer, int window) {
+  if (rows <= 0) return;
+  store_ring_kernel<<<unsigned(rows), 128, 0, stream()>>>(rec, rec_bytes, items, layer, window);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+}  // namespace cedar::cuda::fast

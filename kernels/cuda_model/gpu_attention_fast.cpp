@@ -1,0 +1,246 @@
+// The attention sublayer's per-item steps with the fast kernel set (gpu_forward.hpp): every item
+// of the batch at once, KV read through device page tables built once per forward call
+// (fast_attention_state), the indexer's scores and top-k for all rows in one pass, the fused
+// sparse attention kernel (kernels/cuda/fast/attention.hpp), and the ring writes. The compressor
+// stays per item (gpu_layers.cpp) but stores its records through the same page tables.
+// One forward call, the calling thread.
+#ifdef CEDAR_HAVE_CUDA
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cuda/fast/attention.hpp"
+#include "kernels/cuda_model/gpu_forward.hpp"
+
+namespace cedar {
+
+namespace fast = cuda::fast;
+
+namespace gpu_detail {
+
+/// Device arrays of one batch's items, and the top-k and candidate blocks of all its rows.
+struct fast_attention_state {
+  int num_rows = 0;
+  std::vector<int32_t> row_begin, num_rows_of;  // host copies: the rows the device arrays describe
+  std::vector<int64_t> first_pos;
+  std::vector<int32_t> page_begin;
+  dvec<int32_t> d_row_item, d_row_begin, d_row_end, d_page_begin;  // [rows], [items] x 3
+  dvec<int64_t> d_first_pos, d_floor, d_floor_truncated;           // [items]
+  dvec<uint8_t*> d_rings, d_pages;                                 // [items], [sum of pages]
+  dvec<int32_t> topk;        // [rows, index_topk] of the latest index source
+  dvec<uint8_t> candidates;  // [rows, num_candidate_blocks] of the candidate source
+  int num_candidate_blocks = 0;
+
+  fast::kv_items items(bool truncated) const {
+    return {d_row_item.get(),  d_row_begin.get(), d_row_end.get(), d_first_pos.get(),
+            truncated ? d_floor_truncated.get() : d_floor.get(), d_rings.get(), d_pages.get(),
+            d_page_begin.get()};
+  }
+
+  /// (Re)writes the per-row and per-item arrays from the batch's current rows.
+  void describe_rows(const gbatch& b) {
+    const std::size_t n = b.items.size();
+    std::vector<int32_t> row_item(std::size_t(b.num_rows)), row_end(n);
+    row_begin.assign(n, 0), num_rows_of.assign(n, 0), first_pos.assign(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      const gitem& it = b.items[i];
+      row_begin[i] = it.row_begin, num_rows_of[i] = it.num_rows, first_pos[i] = it.first_pos;
+      row_end[i] = it.row_begin + it.num_rows;
+      std::fill(row_item.begin() + it.row_begin, row_item.begin() + it.row_begin + it.num_rows, int32_t(i));
+    }
+    num_rows = b.num_rows;
+    d_row_item = dvec<int32_t>(row_item);
+    d_row_begin = dvec<int32_t>(row_begin);
+    d_row_end = dvec<int32_t>(row_end);
+    d_first_pos = dvec<int64_t>(first_pos);
+  }
+
+  bool rows_changed(const gbatch& b) const {
+    if (b.num_rows != num_rows) return true;
+    for (std::size_t i = 0; i < b.items.size(); ++i)
+      if (b.items[i].row_begin != row_begin[i] || b.items[i].first_pos != first_pos[i]) return true;
+    return false;
+  }
+
+  /// After decoder truncation dropped each item's first rows: keep the top-k and candidate rows
+  /// of the kept ones, then describe the new rows.
+  void drop_rows(const gbatch& b, int topk_k) {
+    const auto keep = [&](dvec<int32_t>* i32, dvec<uint8_t>* u8, std::size_t width) {
+      const std::size_t elem = i32 ? sizeof(int32_t) : 1;
+      const std::size_t total = std::size_t(std::max(1, b.num_rows)) * width;
+      dvec<int32_t> n32(i32 ? total : 0);
+      dvec<uint8_t> n8(u8 ? total : 0);
+      for (std::size_t i = 0; i < b.items.size(); ++i) {
+        const gitem& it = b.items[i];
+        if (it.num_rows == 0) continue;
+        const int64_t src_row = row_begin[i] + (it.first_pos - first_pos[i]);
+        const std::size_t bytes = std::size_t(it.num_rows) * width * elem;
+        if (i32) cuda::copy_device(n32.get() + std::size_t(it.row_begin) * width, i32->get() + src_row * width, bytes);
+        else cuda::copy_device(n8.get() + std::size_t(it.row_begin) * width, u8->get() + src_row * width, bytes);
+      }
+      if (i32) *i32 = std::move(n32);
+      else *u8 = std::move(n8);
+    };
+    if (topk.size() > 0) keep(&topk, nullptr, std::size_t(topk_k));
+    if (candidates.size() > 0) keep(nullptr, &candidates, std::size_t(num_candidate_blocks));
+    describe_rows(b);
+  }
+};
+
+}  // namespace gpu_detail
+
+bool gpu_model::impl::fast_attention() const {
+  if (kernels != gpu_kernels::fast || !fast::supports(args.head_dim, args.index_head_dim) || args.index_n_heads > 32)
+    return false;
+  const char* env = std::getenv("CEDAR_GPU_FAST_ATTENTION");  // "0": the exact per-item path (A/B)
+  return !(env && std::string(env) == "0");
+}
+
+fast_attention_state& gpu_model::impl::fast_state(gbatch& b) const {
+  if (!b.fast) {
+    auto st = std::make_shared<fast_attention_state>();
+    const std::size_t n = b.items.size();
+    std::vector<int64_t> floor(n), floor_truncated(n);
+    std::vector<uint8_t*> rings(n), pages;
+    for (std::size_t i = 0; i < n; ++i) {
+      const gitem& it = b.items[i];
+      floor[i] = it.ring_valid_from;  // window_floor of the CPU model, before and after truncation
+      floor_truncated[i] = it.item->truncate_below >= 0 ? std::max(it.ring_valid_from, it.item->truncate_below)
+                                                        : it.ring_valid_from;
+      rings[i] = it.kv->swa_ring;
+      st->page_begin.push_back(int32_t(pages.size()));
+      pages.insert(pages.end(), it.kv->pages.begin(), it.kv->pages.end());
+    }
+    if (pages.empty()) pages.push_back(nullptr);
+    st->d_floor = dvec<int64_t>(floor);
+    st->d_floor_truncated = dvec<int64_t>(floor_truncated);
+    st->d_rings = dvec<uint8_t*>(rings);
+    st->d_pages = dvec<uint8_t*>(pages);
+    st->d_page_begin = dvec<int32_t>(st->page_begin);
+    for (std::size_t i = 0; i < n; ++i) b.items[i].d_pages = st->d_pages.get() + st->page_begin[i];
+    st->describe_rows(b);
+    b.fast = std::move(st);
+  } else if (b.fast->rows_changed(b)) {
+    b.fast->drop_rows(b, args.index_topk);
+  }
+  return *b.fast;
+}
+
+void gpu_model::impl::store_entries(const gitem& it, int slot, int64_t first, int num, const float* x, int d,
+                                    bool latent) const {
+  const cuda::record_kind kind = latent ? latent_kind() : key_kind();
+  if (!it.d_pages) {
+    dvec<uint8_t*> dst(entry_records(*it.kv, slot, first, num, latent));
+    cuda::store_records(kind, x, num, d, dst.get());
+    return;
+  }
+  const kv_source_layout& s = layout.sources.at(slot);
+  const std::size_t bytes = latent ? s.latent_bytes : s.key_bytes;
+  dvec<uint8_t> rec(std::size_t(num) * bytes);
+  switch (kind) {
+    case cuda::record_kind::fp8: cuda::pack_fp8_rows(x, num, d, rec.get()); break;
+    case cuda::record_kind::fp4_e4m3: cuda::pack_fp4_e4m3_rows(x, num, d, rec.get()); break;
+    case cuda::record_kind::fp4_pow2: cuda::pack_fp4_pow2_rows(x, num, d, rec.get()); break;
+  }
+  fast::store_entries(rec.get(), num, bytes, it.d_pages, first, s.entries_per_page,
+                      latent ? s.latent_offset : s.key_offset);
+}
+
+namespace {
+
+fast::kv_source_view source_view(const kv_source_layout& s) {
+  return {s.entries_per_page, s.latent_offset, s.latent_bytes, s.key_offset, s.key_bytes};
+}
+
+}  // namespace
+
+// indexer_layer.cpp for every row of the batch: scores of rows with different items side by
+// side ([rows, widest visible count], -inf past each row's own), so the level-1 blocks, the
+// candidate mask and the exact top-k each run once over all rows.
+void gpu_model::impl::indexer_fast(int l, gbatch& b, const float* qr, const float* x) const {
+  fast_attention_state& st = *b.fast;
+  const layer_info& li = args.layers[l];
+  const dev_layer& w = layers[l];
+  const int n = b.num_rows, ratio = li.compress_ratio, K = args.index_topk;
+  const int nih = args.index_n_heads, dih = args.index_head_dim, block = args.candidate_block_size;
+  int num_keys = 0;
+  for (const gitem& it : b.items) num_keys = std::max(num_keys, int((it.first_pos + it.num_rows) / ratio));
+  if (st.topk.size() != std::size_t(n) * K) st.topk = dvec<int32_t>(std::size_t(n) * K);
+  cuda::fill_bytes(st.topk.get(), 0xFF, st.topk.size() * sizeof(int32_t));  // -1
+  if (li.is_candidate_source) {
+    st.num_candidate_blocks = (num_keys + block - 1) / block;
+    st.candidates = dvec<uint8_t>(std::size_t(n) * st.num_candidate_blocks);
+    cuda::fill_bytes(st.candidates.get(), 0, st.candidates.size());
+  }
+  if (num_keys == 0) return;
+  dvec<float> q(std::size_t(n) * nih * dih), hw(std::size_t(n) * nih);
+  linear(qr, n, w.i_wq_b, q.get());
+  cuda::rope(q.get(), n, nih, dih, b.d_positions.get(), rope[l], false);
+  cuda::fake_quant_fp4_pow2_rows(q.get(), n, nih * dih);
+  linear(x, n, w.i_weights_proj, hw.get());
+  cuda::scale_values(hw.get(), hw.size(), float(1.0 / std::sqrt(double(dih)) / std::sqrt(double(nih))));
+  const fast::kv_items items = st.items(false);
+  dvec<int32_t> visible{std::size_t(n)};
+  fast::visible_entries(items, n, ratio, visible.get());
+
+  constexpr std::size_t max_score_bytes = std::size_t(128) << 20;
+  const int rows_per_chunk = int(std::max<std::size_t>(1, max_score_bytes / (sizeof(float) * std::size_t(num_keys))));
+  dvec<float> scores(std::size_t(std::min(rows_per_chunk, n)) * num_keys);
+  for (int r0 = 0; r0 < n; r0 += rows_per_chunk) {
+    const int m = std::min(rows_per_chunk, n - r0);
+    fast::index_scores_params p;
+    p.q = q.get() + std::size_t(r0) * nih * dih;
+    p.w = hw.get() + std::size_t(r0) * nih;
+    p.scores = scores.get();
+    p.first_row = r0;
+    p.rows = m, p.heads = nih, p.dim = dih, p.num_keys = num_keys, p.ratio = ratio;
+    p.format = layout.dtype == kv_dtype::fp8 ? fast::kv_format::fp8 : fast::kv_format::fp4;
+    p.source = source_view(layout.sources.at(li.kv_source_slot));
+    fast::index_scores(p, items);
+    const std::size_t nb = std::size_t(st.num_candidate_blocks);
+    if (li.is_candidate_source)
+      cuda::candidate_blocks(scores.get(), m, num_keys, block, args.candidate_topk_blocks, visible.get() + r0,
+                             st.candidates.get() + std::size_t(r0) * nb);
+    if (li.uses_candidates) {
+      CEDAR_OP_CHECK(st.num_candidate_blocks == (num_keys + block - 1) / block, "candidate mask size");
+      cuda::mask_scores(scores.get(), m, num_keys, block, st.candidates.get() + std::size_t(r0) * nb, int(nb));
+    }
+    cuda::topk_indices(scores.get(), m, num_keys, K, st.topk.get() + std::size_t(r0) * K);
+  }
+}
+
+void gpu_model::impl::attend_fast(int l, gbatch& b, const float* qr, const float* x, const float* q,
+                                  const float* kv, float* o) const {
+  const layer_info& li = args.layers[l];
+  const int n = b.num_rows, D = args.hidden_size, dh = args.head_dim, W = args.sliding_window;
+  fast_attention_state& st = fast_state(b);
+  if (li.is_kv_source)
+    for (gitem& it : b.items)
+      if (it.num_rows > 0) compressor(l, it, x + std::size_t(it.row_begin) * D);
+  if (li.is_index_source) indexer_fast(l, b, qr, x);
+  const bool truncated = l >= args.truncate_from_layer;
+  const fast::kv_items items = st.items(truncated);
+
+  fast::sparse_attention_params p;
+  p.q = q, p.kv = kv, p.sink = layers[l].sink, p.out = o;
+  p.rows = n, p.heads = args.num_attention_heads, p.dim = dh;
+  p.window = W, p.layer = li.layer_idx, p.ring_record_bytes = layout.swa_record_bytes;
+  p.scale = 1.0f / std::sqrt(float(dh));
+  p.format = layout.dtype == kv_dtype::fp8 ? fast::kv_format::fp8 : fast::kv_format::fp4;
+  if (li.compress_ratio > 0) {
+    CEDAR_OP_CHECK(st.topk.size() == std::size_t(n) * args.index_topk, "top-k of an earlier index source");
+    p.topk = st.topk.get(), p.topk_k = args.index_topk;
+    p.source = source_view(layout.sources.at(li.kv_source_slot));
+  }
+  fast::sparse_attention(p, items);
+
+  dvec<uint8_t> rec(std::size_t(n) * layout.swa_record_bytes);
+  cuda::pack_fp8_rows(kv, n, dh, rec.get());
+  fast::store_ring(rec.get(), n, layout.swa_record_bytes, items, li.layer_idx, W);
+}
+
+}  // namespace cedar
+
+#endif  // CEDAR_HAVE_CUDA
