@@ -3,7 +3,7 @@
 // (device-to-device copy bandwidth, a cuBLASLt matrix product), then estimates the decode-step
 // HBM floor of bench-40L-E64 and how close the lab's kernels come to it.
 // Ops: linear_fp8, linear_fp4, moe, prefill (the fast kernel set's large-m path, the bf16 GEMV),
-// ceilings, floor, all. A build without CUDA says so.
+// attention (fused decode attention and indexer), ceilings, floor, all. A build without CUDA says so.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -36,7 +36,7 @@ bool parse(int argc, char** argv, options& o) {
     else if (a == "--out" && i + 1 < argc) o.out = argv[++i];
     else return false;
   }
-  static const char* ops[] = {"linear_fp8", "linear_fp4", "moe", "prefill", "ceilings", "floor", "all"};
+  static const char* ops[] = {"linear_fp8", "linear_fp4", "moe", "prefill", "attention", "ceilings", "floor", "all"};
   return std::any_of(std::begin(ops), std::end(ops), [&](const char* n) { return o.op == n; });
 }
 
@@ -123,7 +123,7 @@ int kernel_lab_main(int argc, char** argv) {
   options o;
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr,
-                 "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|ceilings|floor|all [--out FILE.json] [--quick]\n");
+                 "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|attention|ceilings|floor|all [--out FILE.json] [--quick]\n");
     return 2;
   }
 #ifndef CEDAR_HAVE_CUDA
@@ -155,6 +155,7 @@ int kernel_lab_main(int argc, char** argv) {
   if (o.op == "linear_fp4" || o.op == "all") add(lab::run_linear_cases(true, o.quick));
   if (o.op == "moe" || o.op == "all") add(lab::run_moe_cases(o.quick));
   if (o.op == "prefill" || o.op == "all") add(lab::run_prefill_cases(o.quick));
+  if (o.op == "attention" || o.op == "all") add(lab::run_attention_cases(o.quick));
 
   constexpr int64_t context = 8192;
   std::vector<floor_part> parts;

@@ -32,6 +32,8 @@ constexpr double err_bound = 1.0 / 65536;
 std::vector<lab_case> run_linear_cases(bool fp4, bool quick);
 /// Grouped W4A8 expert GEMMs (64 experts, top-6) for 1, 16 and 8192 tokens.
 std::vector<lab_case> run_moe_cases(bool quick);
+/// Decode attention and indexer at 8K context, batch 1/64/256, FP4 and FP8 KV: fused vs exact.
+std::vector<lab_case> run_attention_cases(bool quick);
 /// The fast kernel set's prefill path (fast::linear_fp8/fp4 at m = 8192 with its parts and
 /// cuBLASLt FP8 at the same shape), a threshold sweep (gemv vs bf16 path, m = 16..256), the bf16
 /// GEMV at m = 1 (head, wo_a, router, compressor) and fast::moe_ffn at 8192 tokens.
