@@ -578,9 +578,11 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
           gemm_bf16(xb.get() + size_t(off) * d, d, host_counts[e], wb.get(), d, 2 * inter, d,
                     gu.get() + size_t(off) * 2 * inter, 2 * inter, false);
         }
-        swiglu_bf16_kernel<<<blocks_for((long long)used * inter, 256), 256, 0, stream()>>>(
-            gu.get(), used, inter, slot_src.get(), w_c, total, limit, hb.get());
-        CEDAR_CUDA_LAUNCHED();
+        if (used > 0) {  // none when this shard holds none of the chosen experts
+          swiglu_bf16_kernel<<<blocks_for((long long)used * inter, 256), 256, 0, stream()>>>(
+              gu.get(), used, inter, slot_src.get(), w_c, total, limit, hb.get());
+          CEDAR_CUDA_LAUNCHED();
+        }
         for (int e = 0, off = 0; e < num_experts; off += host_counts[e], ++e) {
           if (host_counts[e] == 0) continue;
           dequant_bf16(experts[e].w2, wb.get());
