@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# `cedar gpu-bench` on the CPU model with tiny sizes: every phase runs and reports positive
+# times, decoder truncation runs fewer rows, a prefix hit with bounded replay
+# reaches its first token sooner than the cold prefill; and the floor phase gives the
+# bench-40L-E64 decode floor of docs/BENCHMARKS.md (14,257 MB at batch 1, 8K context).
+# usage: tests/integration/gpu_bench_cpu.sh path/to/cedar
+set -euo pipefail
+cedar="${1:?usage: gpu_bench_cpu.sh path/to/cedar}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+"$cedar" gpu-bench --model bench-40L-E64 --phases floor --batch 1,64,256 --context 8192 --out "$tmp/floor.json" > /dev/null
+"$cedar" gpu-bench --device cpu --model micro --batch 1,4 --context 300 --steps 2 --warmup-steps 1 \
+  --prefill 300 --chunk 128 --prefix-tokens 256 --new-tokens 40 --gen-prompt 300 --gen-tokens 4 \
+  --out "$tmp/run.json" > "$tmp/table.txt"
+
+python3 - "$tmp/floor.json" "$tmp/run.json" <<'PY'
+import json, sys
+floor = json.load(open(sys.argv[1]))
+f = {d["batch"]: d for d in floor["floor"]}
+assert abs(f[1]["floor_bytes"] / 1e6 - 14257) < 2, f[1]["floor_bytes"]
+assert f[1]["experts_touched_per_layer"] == 6, f[1]
+assert f[1]["floor_bytes"] < f[64]["floor_bytes"] < f[256]["floor_bytes"], [f[b]["floor_bytes"] for b in f]
+assert 25e9 < floor["linear_flops_per_token"] < 40e9, floor["linear_flops_per_token"]
+
+r = json.load(open(sys.argv[2]))
+for phase in ("decode", "prefill", "truncation", "prefix", "generate"):
+    assert r[phase], f"phase {phase} missing"
+assert [d["batch"] for d in r["decode"]] == [1, 4], r["decode"]
+for d in r["decode"]:
+    assert d["step_ms"] > 0 and d["tok_s"] > 0 and d["floor_bytes"] > 0, d
+p = r["prefill"][0]
+assert p["tokens"] == 300 and p["seconds"] > 0 and p["linear_flops"] > 0 and not p["truncated"], p
+t = r["truncation"][0]
+assert t["truncated"]["rows_total"] < t["full"]["rows_total"], t
+assert t["truncated"]["seconds"] > 0 and t["full"]["seconds"] > 0, t
+x = r["prefix"][0]
+assert x["replay_tokens"] == 8, x  # micro's window
+assert 0 < x["hit_ttft_s"] < x["cold_ttft_s"], x
+g = r["generate"][0]
+assert g["load_s"] > 0 and g["prefill_s"] > 0 and g["decode_tok_s"] > 0, g
+PY
+grep -q "prefix hit" "$tmp/table.txt" || { cat "$tmp/table.txt"; exit 1; }
+echo "gpu_bench_cpu: ok"

@@ -1,0 +1,215 @@
+// `cedar gpu-bench`: the model's serving figures on one device, each next to a ceiling measured
+// in the same run: decode steps (batch 1..N on synthetic KV) against the HBM floor, prefill
+// against cuBLASLt's FP8 rate, decoder truncation, a prefix hit with bounded replay against a
+// cold prefill, and a long prompt with generation. --device cpu runs the same phases on the
+// CPU model (no ceilings), which is how CI checks the harness.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <sstream>
+
+#include "config/model_config.hpp"
+#include "tools/cli/gpu_bench.hpp"
+#include "tools/cli/registry.hpp"
+
+namespace cedar::cli::gpu_bench {
+namespace {
+
+const char* const phase_order[] = {"floor", "decode", "prefill", "truncation", "prefix", "generate"};
+
+void usage() {
+  std::fprintf(
+      stderr,
+      "usage: cedar gpu-bench [--model PRESET|DIR] [--seed S] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
+      "                       [--kv-dtype fp4|fp8] [--phases floor,decode,prefill,truncation,prefix,generate]\n"
+      "                       [--batch 1,64,256] [--context 8192] [--steps 16] [--warmup-steps 2]\n"
+      "                       [--prefill 8192,32768] [--chunk 512] [--prefix-tokens 32768] [--new-tokens 200]\n"
+      "                       [--gen-prompt 32768] [--gen-tokens 256] [--truncate on|off] [--out FILE.json]\n"
+      "                       [--progress]\n"
+      "  decode: --steps timed calls per batch size on synthetic KV (random well-formed records,\n"
+      "    --context tokens per request), against the step's HBM floor at the measured copy rate.\n"
+      "  prefill: each --prefill prompt in --chunk calls (default: serving's --max-prefill-chunk), no\n"
+      "    truncation; linear-layer TFLOP/s against"
+      " cuBLASLt's FP8 rate. truncation: the same prompts with decoder truncation.\n"
+      "  prefix: TTFT of --prefix-tokens cached (whole pages) + --new-tokens new, bounded replay,\n"
+      "    against the cold prefill of the whole prompt. generate: --gen-prompt tokens then\n"
+      "    --gen-tokens greedy tokens. --truncate applies to prefix and generate (serving's default on).\n"
+      "  floor: the decode floor's bytes per batch size and the linear FLOPs per token, from the\n"
+      "    inventory only (no model is loaded). Phases run in the order listed above.\n");
+}
+
+template <class T>
+bool parse_list(const std::string& text, std::vector<T>& out) {
+  const auto ids = parse_ids(text);
+  if (!ids || std::any_of(ids->begin(), ids->end(), [](int32_t v) { return v < 1; })) return false;
+  out.assign(ids->begin(), ids->end());
+  return true;
+}
+
+bool parse_phases(const std::string& text, std::vector<std::string>& out) {
+  std::set<std::string> want;
+  std::stringstream in(text);
+  for (std::string p; std::getline(in, p, ',');) {
+    if (std::find(std::begin(phase_order), std::end(phase_order), p) == std::end(phase_order)) return false;
+    want.insert(p);
+  }
+  out.clear();
+  for (const char* p : phase_order)
+    if (want.count(p)) out.push_back(p);
+  return !out.empty();
+}
+
+bool parse(int argc, char** argv, options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--progress") { o.progress = true; continue; }
+    if (i + 1 >= argc) return false;
+    const std::string v = argv[++i];
+    const long long n = std::atoll(v.c_str());
+    bool ok = true;
+    if (k == "--model") o.model = v;
+    else if (k == "--seed") o.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--device" && parse_device(v)) o.device = *parse_device(v);
+    else if (k == "--gpu-kernels" && parse_gpu_kernels(v)) o.kernels = *parse_gpu_kernels(v);
+    else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8")) o.kv = v == "fp4" ? kv_dtype::fp4 : kv_dtype::fp8;
+    else if (k == "--phases") ok = parse_phases(v, o.phases);
+    else if (k == "--batch") ok = parse_list(v, o.batches);
+    else if (k == "--prefill") ok = parse_list(v, o.prefills);
+    else if (k == "--context") o.context = n, ok = n >= 1;
+    else if (k == "--chunk") o.chunk = int(n), ok = n >= 1;
+    else if (k == "--steps") o.steps = int(n), ok = n >= 1;
+    else if (k == "--warmup-steps") o.warmup_steps = int(n), ok = n >= 0;
+    else if (k == "--prefix-tokens") o.prefix_tokens = n, ok = n >= 1;
+    else if (k == "--new-tokens") o.new_tokens = int(n), ok = n >= 1;
+    else if (k == "--gen-prompt") o.gen_prompt = n, ok = n >= 1;
+    else if (k == "--gen-tokens") o.gen_tokens = int(n), ok = n >= 1;
+    else if (k == "--truncate" && (v == "on" || v == "off")) o.truncate = v == "on";
+    else if (k == "--out") o.out = v;
+    else return false;
+    if (!ok) return false;
+  }
+  return true;
+}
+
+/// The model as a shard's step_model, as `cedar serve` opens it: the CPU model, or the GPU
+/// model with its KV arena on the device.
+std::unique_ptr<step_model> open_step_model(const options& o, std::string* error) {
+  if (o.device == device_kind::cpu) {
+    auto m = open_model(o.model, o.seed, o.kv, error);
+    return m ? wrap_model(std::shared_ptr<const model>(std::move(m))) : nullptr;
+  }
+  const auto args = load_model_args(o.model, error);
+  if (!args) return nullptr;
+  auto weights = load_weights(o.model, *args, o.seed, o.progress, error);
+  if (!weights) return nullptr;
+  return make_gpu_step_model(*args, std::move(weights), o.kv, o.kernels, o.progress, error);
+}
+
+bool wants(const options& o, const char* phase) {
+  return std::find(o.phases.begin(), o.phases.end(), phase) != o.phases.end();
+}
+
+/// The floor phase: bytes per decode step for each batch size, from the inventory alone.
+void add_floor(report& r, const model_args& args) {
+  const kv_layout layout = kv_layout::make(args, r.opts.kv);
+  for (int batch : r.opts.batches) {
+    decode_result d;
+    d.batch = batch, d.context = r.opts.context;
+    d.experts_touched = expected_experts_touched(args, batch);
+    d.parts = decode_step_bytes(args, layout, r.opts.context, batch);
+    for (const step_bytes_part& p : d.parts) d.floor_bytes += p.bytes;
+    r.floor.push_back(d);
+  }
+}
+
+void print_floor(const report& r) {
+  std::printf("linear FLOPs per prompt token (every layer, head excluded): %.2f GFLOP\n", r.linear_flops_per_token / 1e9);
+  for (const decode_result& d : r.floor) {
+    std::printf("decode step, batch %d, %lld context: %.1f MB (%.1f routed experts per layer, expected)\n", d.batch,
+                (long long)d.context, d.floor_bytes / 1e6, d.experts_touched);
+    for (const step_bytes_part& p : d.parts) std::printf("  %-62s %10.1f MB\n", p.what.c_str(), p.bytes / 1e6);
+  }
+}
+
+/// Runs the timed phases, writing the JSON after each so that a run cut short keeps what it did.
+void run_phases(runner& run, report& r) {
+  const options& o = r.opts;
+  const auto save = [&] {
+    if (!o.out.empty()) write_json(r, o.out);
+  };
+  if (wants(o, "decode"))
+    for (int batch : o.batches) r.decode.push_back(run.decode(batch)), save();
+  if (wants(o, "prefill"))
+    for (int64_t tokens : o.prefills) r.prefill.push_back(run.prefill(tokens, false)), save();
+  if (wants(o, "truncation"))
+    for (int64_t tokens : o.prefills) r.truncation.push_back(run.truncation(tokens)), save();
+  if (wants(o, "prefix")) r.prefix.push_back(run.prefix()), save();
+  if (wants(o, "generate")) r.generate.push_back(run.generate(r.load_s)), save();
+}
+
+int gpu_bench_main(int argc, char** argv) {
+  report r;
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    usage();
+    return 0;
+  }
+  if (!parse(argc, argv, r.opts)) {
+    usage();
+    return 2;
+  }
+  const options& o = r.opts;
+  std::string error;
+  const auto args = load_model_args(o.model, &error);
+  if (!args) {
+    std::fprintf(stderr, "gpu-bench: %s\n", error.c_str());
+    return 1;
+  }
+  const linear_flops f = linear_flops_per_row(*args);
+  for (double x : f.per_layer_row) r.linear_flops_per_token += x;
+  r.device = o.device == device_kind::cuda ? "cuda" : "cpu";
+  if (wants(o, "floor")) add_floor(r, *args);
+  if (o.phases.size() > std::size_t(wants(o, "floor"))) {
+    if (std::string why = device_unavailable(o.device); !why.empty()) {
+      std::fprintf(stderr, "gpu-bench: %s\n", why.c_str());
+      return 1;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto m = open_step_model(o, &error);
+    r.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!m) {
+      std::fprintf(stderr, "gpu-bench: %s\n", error.c_str());
+      return 1;
+    }
+    r.ceil = measure_ceilings(o.device);
+    if (o.device == device_kind::cuda) r.device = r.ceil.device;
+    const kv_capacity cap = bench_capacity(o, m->layout());
+    std::unique_ptr<shard> s;
+    try {
+      s = std::make_unique<shard>(std::move(m), cap);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gpu-bench: %s\n", e.what());
+      return 1;
+    }
+    runner run(*s, cap, o, r.ceil);
+    try {
+      run_phases(run, r);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gpu-bench: %s\n", e.what());
+      print_table(r);
+      return 1;
+    }
+  }
+  if (!r.floor.empty()) print_floor(r);
+  print_table(r);
+  if (!o.out.empty() && !write_json(r, o.out)) return 1;
+  return 0;
+}
+
+}  // namespace
+
+CEDAR_COMMAND("gpu-bench", "serving figures on one device (decode, prefill, truncation, prefix hit) vs its ceilings",
+              gpu_bench_main);
+
+}  // namespace cedar::cli::gpu_bench
