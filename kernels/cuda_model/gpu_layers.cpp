@@ -1,7 +1,9 @@
 // The GPU sublayers, step for step as the CPU's compressor_layer.cpp, indexer_layer.cpp,
 // attention_layer.cpp, ffn_layer.cpp and stream.cpp (Engram): each step a CUDA op on device
 // buffers; record addresses, positions and Engram rows are computed here and uploaded without
-// waiting. One forward call, the calling thread.
+// waiting. With the fast kernel set the attention sublayer's per-item steps run for all items
+// at once through device page tables (gpu_attention_fast.cpp). One forward call, the calling
+// thread.
 #ifdef CEDAR_HAVE_CUDA
 
 #include <algorithm>
