@@ -7,13 +7,15 @@
 // across the k-th, changes that value by a whole quantization step, and the random-weight
 // presets amplify it through the layers and the KV of later steps. So logits are compared
 // relative to the logit scale (max |logit| of the step) and greedy tokens by agreement rate.
-// Measured on the H200 (2026-11-29, micro, with the fast attention of gpu_attention_fast.cpp in
-// the same model): greedy token equal at 103/140 steps (73.6 %), logits max err 0.47 of
-// max|logit|. The bounds below are a smoke test set under that (a wrong scale, a lost K block or
-// a swapped row gives ~0 % agreement and errors of several times the logit scale): they do not
-// claim closeness beyond what was measured. tiny and the all-cuBLAS variant had not been
-// measured when these bounds were set. Also: a batch gives each request the bits it gets alone
-// (every op below its threshold is batch-invariant).
+// How far is "close"? The test measures it: the same CPU model with ONE FP8 weight code of layer
+// 0's wq_a moved by one step (the smallest change a checkpoint can have) is run in lockstep, and
+// the fast GPU model must agree with the CPU model about as well as that perturbed CPU model
+// does (greedy agreement at least its rate minus 0.2, logit error at most twice its error plus
+// 0.05 of the logit scale). Measured on the dev box (CPU, 2026-11-29): the one-code change gives
+// micro 75.0 % agreement and 0.47 of max|logit|, tiny 59.3 % and 0.80; on the H200 the fast
+// model gave micro 73.6 % and 0.47. A wrong scale, a lost K block or a swapped row gives ~0 %
+// agreement and fails. Also: a batch gives each request the bits it gets alone (every op below
+// its threshold is batch-invariant).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <memory>
 
 #include "config/model_config.hpp"
+#include "kernels/checkpoint/tensor_map.hpp"
 #include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
 #include "kernels/model/model.hpp"
@@ -35,13 +38,13 @@ using namespace cedar::gpu_test;
 
 namespace {
 
-// See the header: measured 0.47 and 73.6 % on micro.
-constexpr double logit_bound = 1.0;     // max |logit - logit_cpu| / max |logit_cpu| per step
-constexpr double min_agreement = 0.5;   // greedy token equal to the CPU's, share of all steps
+// See the header: the margins over the one-code perturbation of the CPU model.
+constexpr double rate_margin = 0.2;
+constexpr double error_factor = 2.0, error_slack = 0.05;
 
 struct fast_pair {
   std::shared_ptr<const tensor_map> weights;
-  std::unique_ptr<model> cpu;
+  std::unique_ptr<model> cpu, perturbed;
   std::unique_ptr<gpu_model> gpu;
   std::unique_ptr<gpu_kv_arena> arena;
 };
@@ -55,6 +58,16 @@ fast_pair& load(const std::string& preset) {
     REQUIRE_MESSAGE(args.has_value(), error);
     p.weights = std::make_shared<tensor_map>(make_random_weights(*args, 1234));
     p.cpu = std::make_unique<model>(*args, p.weights, kv_dtype::fp4);
+    // the same weights with one FP8 code of layer 0's wq_a one step away
+    auto pert = std::make_shared<tensor_map>(*p.weights);
+    const std::string name = "layers.0.attn.wq_a.weight";
+    const tensor_entry* e = p.weights->find(name);
+    REQUIRE(e != nullptr);
+    uint8_t* bytes = pert->add_owned(name, e->dtype, e->shape);
+    std::memcpy(bytes, e->data, e->num_bytes());
+    uint8_t& code = bytes[e->num_bytes() / 3];
+    code ^= ((code ^ 1) & 0x7F) == 0x7F ? 2 : 1;  // never onto the NaN code
+    p.perturbed = std::make_unique<model>(*args, pert, kv_dtype::fp4);
     p.gpu = std::make_unique<gpu_model>(*args, p.weights, kv_dtype::fp4, upload_progress_fn{}, gpu_kernels::fast);
     REQUIRE(p.gpu->kernels() == gpu_kernels::fast);
     p.arena = std::make_unique<gpu_kv_arena>(p.gpu->layout(), 0.05);
@@ -102,48 +115,55 @@ struct agreement {
   double rate() const { return steps ? double(same_token) / steps : 1.0; }
 };
 
-agreement greedy_prompts(const std::string& preset, int prompts, int decode_steps, const char* what) {
+struct comparison {
+  agreement fast, perturbed;  ///< the GPU fast model and the perturbed CPU model, each vs the CPU model
+  void check() const {
+    CHECK(fast.rate() >= perturbed.rate() - rate_margin);
+    CHECK(fast.max_rel <= error_factor * perturbed.max_rel + error_slack);
+  }
+};
+
+comparison greedy_prompts(const std::string& preset, int prompts, int decode_steps, const char* what) {
   fast_pair& p = load(preset);
   const int vocab = p.cpu->args().vocab_size;
-  agreement a;
+  comparison c;
   for (int i = 0; i < prompts; ++i) {
     const int len = 3 + (i * 7) % 37;
     const auto prompt = test::random_tokens(len, vocab, 1000 + i);
-    test::test_request cr(p.cpu->layout(), len + decode_steps);
+    test::test_request cr(p.cpu->layout(), len + decode_steps), pr(p.perturbed->layout(), len + decode_steps);
     gpu_request gr(*p.arena, len + decode_steps);
     auto cl = test::run(*p.cpu, cr, prompt);
+    auto pl = test::run(*p.perturbed, pr, prompt);
     auto gl = gr.run(*p.gpu, prompt);
-    a.add(gl, cl);
+    c.fast.add(gl, cl);
+    c.perturbed.add(pl, cl);
     for (int s = 0; s < decode_steps; ++s) {
       const int32_t next[1] = {int32_t(test::argmax(cl))};
       cl = test::run(*p.cpu, cr, next);
+      pl = test::run(*p.perturbed, pr, next);
       gl = gr.run(*p.gpu, next);
-      a.add(gl, cl);
+      c.fast.add(gl, cl);
+      c.perturbed.add(pl, cl);
     }
   }
-  std::printf("  fast model %-5s %-8s: greedy token equal at %d/%d steps (%.1f%%, bound %.0f%%); logits max err "
-              "%.3e of max|logit| (bound %.0e)\n",
-              preset.c_str(), what, a.same_token, a.steps, 100 * a.rate(), 100 * min_agreement, a.max_rel,
-              logit_bound);
-  return a;
+  std::printf("  %-5s %-7s fast GPU: greedy equal %d/%d (%.1f%%), logits max err %.3e of max|logit|; "
+              "CPU with one weight code moved: %.1f%%, %.3e\n",
+              preset.c_str(), what, c.fast.same_token, c.fast.steps, 100 * c.fast.rate(), c.fast.max_rel,
+              100 * c.perturbed.rate(), c.perturbed.max_rel);
+  return c;
 }
 
 }  // namespace
 
-TEST_CASE("gpu model, fast kernels: logits within the logit scale, greedy agreement >= 50% (micro, tiny)") {
+TEST_CASE("gpu model, fast kernels: as close to the CPU model as a one-code weight change (micro, tiny)") {
   if (!have_gpu()) return;
-  for (const char* preset : {"micro", "tiny"}) {
-    const agreement a = greedy_prompts(preset, 20, 6, "default");
-    CHECK(a.max_rel <= logit_bound);
-    CHECK(a.rate() >= min_agreement);
-  }
+  for (const char* preset : {"micro", "tiny"}) greedy_prompts(preset, 20, 6, "default").check();
   // every linear and the experts through the bf16 cuBLAS path
   const cuda::fast::tuning saved = cuda::fast::tuning_now();
   cuda::fast::tuning_now() = {0, 0, 0};
-  const agreement a = greedy_prompts("micro", 20, 6, "cuBLAS");
+  const comparison c = greedy_prompts("micro", 20, 6, "cuBLAS");
   cuda::fast::tuning_now() = saved;
-  CHECK(a.max_rel <= logit_bound);
-  CHECK(a.rate() >= min_agreement);
+  c.check();
 }
 
 TEST_CASE("gpu model, fast kernels: a batch gives each request the bits it gets alone") {
