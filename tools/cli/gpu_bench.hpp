@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "config/engine_options.hpp"
 #include "actors/shard.hpp"
+#include "config/engine_options.hpp"
 #include "tools/cli/device_model.hpp"
 #include "tools/cli/model_source.hpp"
 #include "tools/cli/roofline.hpp"
@@ -33,7 +33,7 @@ struct options {
   std::vector<int> batches = {1, 64, 256};        ///< decode batch sizes
   int64_t context = 8192;                         ///< decode: cached tokens per request
   std::vector<int64_t> prefills = {8192, 32768};  ///< prefill and truncation prompt lengths
-  int chunk = engine_options{}.max_prefill_tokens_per_request;  ///< prefill tokens per forward call
+  int chunk = engine_options{}.max_prefill_tokens_per_request;  ///< prefill tokens per step (serving's)
   int steps = 16;                                 ///< timed decode steps per batch size
   int warmup_steps = 2;                           ///< untimed decode steps first
   int64_t prefix_tokens = 32768;                  ///< prefix phase: cached prefix (whole pages)
@@ -57,7 +57,7 @@ struct decode_result {
   int batch = 0;
   int64_t context = 0;
   int steps = 0;
-  double fill_s = 0;        ///< allocating and filling the synthetic KV
+  double fill_s = 0;        ///< writing the synthetic KV
   double step_ms = 0;       ///< mean over the timed steps
   double min_step_ms = 0;
   double tok_s = 0;         ///< batch / step time
