@@ -1,12 +1,13 @@
 #!/bin/bash
 # gpu_sanitize.sh: compute-sanitizer over the GPU op tests, on the H200 machine, from the
 # repository root with the cedar bundle carried (BUNDLE, default .gpu-gpucheck; see GPU.md).
-#   memcheck and racecheck: every test case of cedar_gpu_tests except the whole-model, NCCL and
-#     host-only libm ones (so ops_test.cpp, fast_gemm_test.cpp, sampling_test.cpp), one process
+#   memcheck and racecheck: every test case of cedar_gpu_tests except the whole-model, serving,
+#     NCCL and host-only libm ones (ops_test.cpp, fast_*_test.cpp, sampling_test.cpp), one process
 #     per test case and tool, JOBS (default 8) at a time
 #   CASES: an extended regular expression; only the op cases whose names match (default all)
-#   memcheck on the whole-model tests that use micro only (MODEL_CASES: prefill, host KV,
-#     forward_sample, decode under CUDA graphs), when SANITIZE_MODEL=1 (default)
+#   memcheck on the whole-model and serving tests that use micro only (MODEL_CASES: prefill,
+#     host KV, forward_sample, decode under CUDA graphs, the engine on the GPU shard, page
+#     copies), when SANITIZE_MODEL=1 (default)
 # Each process runs under its own timeout (CASE_TIMEOUT_S, default 150) and the whole run stops
 # starting new ones BUDGET_S (default 240) seconds in. Full logs: $OUT/sanitize_memcheck.txt,
 # $OUT/sanitize_racecheck.txt; the table (tool, case, exit status, seconds, sanitizer summary,
@@ -20,7 +21,7 @@ sanitizer="${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}"
 max_jobs="${JOBS:-8}"
 case_timeout="${CASE_TIMEOUT_S:-150}"
 deadline=$((SECONDS + ${BUDGET_S:-240}))
-model_cases="${MODEL_CASES:-gpu model: prefill*|gpu model with host KV*|gpu model: forward_sample*|gpu model: decode steps*}"
+model_cases="${MODEL_CASES:-gpu model: prefill*|gpu model with host KV*|gpu model: forward_sample*|gpu model: decode steps*|gpu serve: the engine*|gpu serve: page copies*}"
 work="$(mktemp -d)"
 export CEDAR_GPU_TEST_QUICK=1  # tests with a quick mode (sampling_test.cpp) take it
 mkdir -p "$out"
@@ -29,7 +30,7 @@ mkdir -p "$out"
 # The op test cases, each as a doctest filter: its name up to the first comma (doctest splits
 # filters at commas), then '*'.
 mapfile -t cases < <(bash "$bundle/run" cedar_gpu_tests -ltc 2>/dev/null |
-  grep -vE '^\[doctest\]|^=+$|^$|^gpu model|^nccl|^expf and log1pf' | grep -E "${CASES:-.}" | sed 's/,.*//; s/$/*/')
+  grep -vE '^\[doctest\]|^=+$|^$|^gpu model|^gpu serve|^nccl|^expf and log1pf' | grep -E "${CASES:-.}" | sed 's/,.*//; s/$/*/')
 ((${#cases[@]})) || { echo "gpu_sanitize: cedar_gpu_tests -ltc listed no cases" >&2; exit 1; }
 
 # one line per job: tool<TAB>filter
