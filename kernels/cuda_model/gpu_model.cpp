@@ -322,7 +322,7 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
     }
     for (int l = 0; l < args.num_hidden_layers && b.num_rows > 0; ++l) {
       if (l == args.truncate_from_layer && truncates) drop_truncated_rows(b);
-      run_layer(l, b, stats);
+      if (b.num_rows > 0) run_layer(l, b, stats);  // a chunk wholly below truncate_below stops here
     }
     phase_profile::scope t(profile, phase_profile::head);
     rows = head_device(b, logits);

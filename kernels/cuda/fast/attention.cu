@@ -283,6 +283,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
           *reinterpret_cast<uint32_t*>(pt + (term * heads_per_block + h) * ld_p + c0 + i) = t[term];
       }
       for (int off = 1; off < threads_per_head; off <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
+      __syncwarp();  // every lane of the head has read m_run[h] before its lane 0 writes it
       if (part == 0) {
         const float a = m_new == neg_inf ? 1.0f : expf(m_old - m_new);
         alpha[h] = a;
