@@ -216,10 +216,16 @@ void gpu_model::impl::attend_fast(int l, gbatch& b, const float* qr, const float
   const layer_info& li = args.layers[l];
   const int n = b.num_rows, D = args.hidden_size, dh = args.head_dim, W = args.sliding_window;
   fast_attention_state& st = fast_state(b);
-  if (li.is_kv_source)
+  if (li.is_kv_source) {
+    phase_profile::scope t(profile, phase_profile::compressor);
     for (gitem& it : b.items)
       if (it.num_rows > 0) compressor(l, it, x + std::size_t(it.row_begin) * D);
-  if (li.is_index_source) indexer_fast(l, b, qr, x);
+  }
+  if (li.is_index_source) {
+    phase_profile::scope t(profile, phase_profile::indexer);
+    indexer_fast(l, b, qr, x);
+  }
+  phase_profile::scope t(profile, phase_profile::attend);
   const bool truncated = l >= args.truncate_from_layer;
   const fast::kv_items items = st.items(truncated);
 

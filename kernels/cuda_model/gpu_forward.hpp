@@ -66,14 +66,19 @@ struct decode_workspace {
 
 /// Wall time per phase of the forward pass when $CEDAR_GPU_PROFILE is set (to anything but 0):
 /// the stream is synchronized around every timed phase (which adds launch gaps to a step), and
-/// the totals per forward call are printed to stderr when the model is destroyed.
+/// the totals per forward call, decode calls and the others apart, are printed to stderr when
+/// the model is destroyed.
 class phase_profile {
  public:
-  enum phase : int { embed, engram, mhc, attention, route, experts, head, num_phases };
+  enum phase : int {
+    embed, engram, mhc, attn_proj, compressor, indexer, attend, out_proj, route, experts, head, num_phases
+  };
   phase_profile();
   ~phase_profile();
   bool on() const { return on_; }
-  void count_call() { calls_ += on_ ? 1 : 0; }
+  /// Times that follow go to decode calls (every item one token) or to the other calls.
+  void begin_call(bool decode) { kind_ = decode ? 0 : 1; }
+  void count_call() { calls_[kind_] += on_ ? 1 : 0; }
   /// Times the enclosing scope as phase p (no-op when off).
   class scope {
    public:
@@ -90,8 +95,9 @@ class phase_profile {
 
  private:
   bool on_ = false;
-  int64_t calls_ = 0;
-  double ms_[num_phases] = {};
+  int kind_ = 0;
+  int64_t calls_[2] = {};
+  double ms_[2][num_phases] = {};
 };
 
 /// Device copies of one layer's weights (views with device pointers; fp32 vectors as arrays).

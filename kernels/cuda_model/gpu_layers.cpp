@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
@@ -152,6 +153,7 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) co
   const float eps = float(a.rms_norm_eps);
   const int32_t* pos = b.d_positions.get();
 
+  std::optional<phase_profile::scope> proj_time(std::in_place, profile, phase_profile::attn_proj);
   dvec<float> qr(std::size_t(n) * a.q_lora_rank);
   linear(x, n, w.wq_a, qr.get());
   cuda::rmsnorm(qr.get(), n, a.q_lora_rank, w.q_norm, eps, qr.get());
@@ -165,10 +167,12 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) co
   cuda::rope(kv.get(), n, 1, dh, pos, rope[l], false);
   cuda::fake_quant_fp8_rows(kv.get(), n, dh);
 
+  proj_time.reset();
   dvec<float> o(std::size_t(n) * nh * dh);
   if (fast_attention()) {
     attend_fast(l, b, qr.get(), x, q.get(), kv.get(), o.get());
   } else {
+    phase_profile::scope t(profile, phase_profile::attend);
     for (gitem& it : b.items) {
       if (it.num_rows == 0) continue;
       const std::size_t r0 = it.row_begin;
@@ -182,6 +186,7 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) co
       cuda::store_records(cuda::record_kind::fp8, kv.get() + (r0 + first_t) * dh, cnt, dh, dst.get());
     }
   }
+  phase_profile::scope t(profile, phase_profile::out_proj);
   cuda::rope(o.get(), n, nh, dh, pos, rope[l], true);
   grouped_output(o.get(), n, w, out);
 }

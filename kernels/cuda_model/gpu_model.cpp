@@ -52,15 +52,19 @@ phase_profile::phase_profile() {
 }
 
 phase_profile::~phase_profile() {
-  if (!on_ || calls_ == 0) return;
-  static const char* names[num_phases] = {"embed", "engram", "mhc", "attention", "route", "experts", "head"};
-  double total = 0;
-  for (double v : ms_) total += v;
-  std::fprintf(stderr, "cedar: GPU phases over %lld forward calls, ms per call (synchronized):",
-               static_cast<long long>(calls_));
-  for (int p = 0; p < num_phases; ++p)
-    std::fprintf(stderr, " %s %.3f (%.0f%%)", names[p], ms_[p] / double(calls_), 100.0 * ms_[p] / std::max(total, 1e-9));
-  std::fprintf(stderr, "\n");
+  static const char* names[num_phases] = {"embed",  "engram", "mhc",     "attn_proj", "compressor", "indexer",
+                                          "attend", "out_proj", "route", "experts",   "head"};
+  for (int k = 0; k < 2; ++k) {
+    if (!on_ || calls_[k] == 0) continue;
+    double total = 0;
+    for (double v : ms_[k]) total += v;
+    std::fprintf(stderr, "cedar: GPU phases of %lld %s calls, ms per call (synchronized), total %.3f:",
+                 static_cast<long long>(calls_[k]), k == 0 ? "decode" : "prefill", total / double(calls_[k]));
+    for (int p = 0; p < num_phases; ++p)
+      std::fprintf(stderr, " %s %.3f (%.0f%%)", names[p], ms_[k][p] / double(calls_[k]),
+                   100.0 * ms_[k][p] / std::max(total, 1e-9));
+    std::fprintf(stderr, "\n");
+  }
 }
 
 phase_profile::scope::scope(phase_profile& prof, phase p) : prof_(prof), p_(p) {
@@ -72,7 +76,7 @@ phase_profile::scope::scope(phase_profile& prof, phase p) : prof_(prof), p_(p) {
 phase_profile::scope::~scope() {
   if (!prof_.on_) return;
   cuda::synchronize();
-  prof_.ms_[p_] += now_ms() - t0_;
+  prof_.ms_[prof_.kind_][p_] += now_ms() - t0_;
 }
 
 }  // namespace gpu_detail
@@ -138,10 +142,7 @@ void gpu_model::impl::run_layer(int l, gbatch& b, forward_stats* stats) const {
       mix(lw.hc_attn, a_pre.get());
       collapse_norm(b.pre.get(), lw.attn_norm);
     }
-    {
-      phase_profile::scope t(profile, phase_profile::attention);
-      attention(l, b, x.get(), f.get());
-    }
+    attention(l, b, x.get(), f.get());
     {
       phase_profile::scope t(profile, phase_profile::mhc);
       cuda::hc_post(f.get(), b.X.get(), post.get(), comb.get(), n, hc, D, b.X.get());
@@ -178,10 +179,7 @@ void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
     phase_profile::scope t(profile, phase_profile::mhc);
     boundary(nullptr, lw.hc_attn, a_pre.get(), b.pre.get(), lw.attn_norm);
   }
-  {
-    phase_profile::scope t(profile, phase_profile::attention);
-    attention(l, b, x.get(), f.get());
-  }
+  attention(l, b, x.get(), f.get());
   const auto moe_half = [&] {
     {
       phase_profile::scope t(profile, phase_profile::mhc);
@@ -307,6 +305,7 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
   }
   const int n = b.num_rows = int(tokens.size());
   const bool truncates = std::any_of(batch.begin(), batch.end(), [](const forward_item& i) { return i.truncate_below >= 0; });
+  profile.begin_call(std::all_of(batch.begin(), batch.end(), [](const forward_item& i) { return i.tokens.size() == 1; }));
   int rows = 0;
   if (n > 0) {
     {
