@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/layer_ops.hpp"
 
 namespace cedar::cuda::fast {
@@ -214,6 +215,53 @@ __global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y,
   }
 }
 
+// ---- Engram ----
+
+/// emb [n, head_dim] = the dequantized table rows; an out-of-range id traps.
+__global__ void engram_gather_kernel(const uint8_t* table, const uint8_t* table_scale, int64_t num_rows,
+                                     int head_dim, const int64_t* rows, long long n, float* emb) {
+  const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= n * head_dim) return;
+  const long long i = e / head_dim;
+  const int c = int(e % head_dim);
+  const int64_t row = rows[i];
+  if (row < 0 || row >= num_rows) __trap();
+  emb[e] = cuda::detail::e4m3_to_f32(table[row * head_dim + c]) *
+           cuda::detail::ue8m0_to_f32(table_scale[row * (head_dim / 32) + c / 32]);
+}
+
+/// One block per (row, copy): the three sums of the gate by block reduction, then every channel.
+__global__ void __launch_bounds__(slice) engram_gate_kernel(float* X, int hc, int d, const float* kv,
+                                                           const float* q_weight, const float* k_weight,
+                                                           float eps) {
+  __shared__ float red[slice / 32];
+  const long long rh = blockIdx.x;
+  const long long r = rh / hc;
+  const int h = int(rh % hc);
+  float* x = X + rh * d;
+  const float* kv_r = kv + r * (hc + 1) * d;
+  const float* key = kv_r + size_t(h) * d;
+  const float* value = kv_r + size_t(hc) * d;
+  const float* qw = q_weight + size_t(h) * d;
+  const float* kw = k_weight + size_t(h) * d;
+  float dot = 0.0f, sx = 0.0f, sk = 0.0f;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    dot += x[c] * (qw[c] * kw[c]) * key[c];
+    sx += x[c] * x[c];
+    sk += key[c] * key[c];
+  }
+  dot = block_sum(dot, red);
+  sx = block_sum(sx, red);
+  sk = block_sum(sk, red);
+  const float ms_x = sx / float(d), ms_k = sk / float(d);
+  dot = dot * (1.0f / sqrtf(ms_x + eps)) * (1.0f / sqrtf(ms_k + eps)) / sqrtf(float(d));
+  const float sign = dot > 0.0f ? 1.0f : (dot < 0.0f ? -1.0f : 0.0f);
+  const float z = sign * sqrtf(fmaxf(fabsf(dot), 1e-6f));
+  const float gate = 1.0f / (1.0f + exp_f(-z));
+  __syncthreads();  // every thread has read x before any writes it
+  for (int c = threadIdx.x; c < d; c += blockDim.x) x[c] = round_bf16(x[c] + gate * value[c]);
+}
+
 __global__ void gather_kernel(const float* src, const int32_t* rows, int width, float* dst) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < width) dst[size_t(blockIdx.y) * width + i] = src[size_t(rows[blockIdx.y]) * width + i];
@@ -261,6 +309,22 @@ __global__ void __launch_bounds__(greedy_threads) greedy_kernel(const float* log
 }  // namespace detail
 
 using namespace detail;
+
+void engram(float* X, int m, int hc, int d, const int64_t* rows, int rows_per_token, const cpu::engram_weights& w,
+            float eps) {
+  const long long flat = (long long)rows_per_token * w.head_dim;
+  CEDAR_CUDA_REQUIRE(w.head_dim % 32 == 0, "head_dim is whole UE8M0 groups");
+  CEDAR_CUDA_REQUIRE(w.wkv.in == flat && w.wkv.out == (hc + 1) * d, "wkv shape");
+  if (m <= 0) return;
+  scratch<float> emb(size_t(m) * flat), kv(size_t(m) * (hc + 1) * d);
+  const long long n = (long long)m * rows_per_token;
+  engram_gather_kernel<<<unsigned((n * w.head_dim + 255) / 256), 256, 0, stream()>>>(
+      w.table, w.table_scale, w.num_rows, w.head_dim, rows, n, emb.get());
+  CEDAR_CUDA_LAUNCHED();
+  linear_fp8(emb.get(), m, w.wkv, kv.get());
+  engram_gate_kernel<<<unsigned(m) * hc, slice, 0, stream()>>>(X, hc, d, kv.get(), w.q_weight, w.k_weight, eps);
+  CEDAR_CUDA_LAUNCHED();
+}
 
 void gather_rows(const float* src, const int32_t* rows, int m, int width, float* dst) {
   if (m <= 0 || width <= 0) return;

@@ -3,11 +3,13 @@
 // and the MoE router (gate product, sqrt-softplus, bias, top-k, weights) in one. Same
 // semantics as the exact ops of kernels/cuda (cuda_ops.hpp: hc_post, hc_mix, hc_collapse,
 // rmsnorm, moe_route); sums run in another order, so results agree within fp32 rounding, and a
-// router tie closer than that may pick another expert. Plain C++ header, CUDA builds only.
+// router tie closer than that may pick another expert. Also the Engram step, a row gather and
+// greedy sampling. Plain C++ header, CUDA builds only.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/ops.hpp"
 #include "kernels/weights.hpp"
 
 namespace cedar::cuda::fast {
@@ -36,6 +38,12 @@ void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post /*[
 /// lowest expert), weights = s[sel] / sum * route_scale. gate.out <= 1024, topk <= 16.
 void moe_route(const float* y /*[m, gate.in]*/, int m, const bf16_weight& gate, const float* bias, int topk,
                float route_scale, int32_t* sel /*[m, topk]*/, float* weights /*[m, topk]*/);
+
+/// cuda::engram with the fast kernel set: the table rows gathered and dequantized, the wkv
+/// product by fast::linear_fp8, and each (row, copy)'s gate from block-parallel sums (another
+/// order than the CPU's serial ones). rows: device [m, rows_per_token].
+void engram(float* X /*[m, hc, d]*/, int m, int hc, int d, const int64_t* rows, int rows_per_token,
+            const cpu::engram_weights& w, float eps);
 
 /// dst[i, :] = src[rows[i], :] for i < m; rows is a device array, width floats per row.
 void gather_rows(const float* src, const int32_t* rows, int m, int width, float* dst);
