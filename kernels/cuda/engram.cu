@@ -91,6 +91,17 @@ __global__ void argmax_kernel(const float* logits, int vocab, int32_t* out) {
 
 using namespace detail;
 
+namespace detail {
+
+void engram_gather(const cpu::engram_weights& w, const int64_t* rows, long long n, float* emb) {
+  if (n <= 0) return;
+  gather_kernel<<<blocks_for(n * w.head_dim, 256), 256, 0, stream()>>>(w.table, w.table_scale, w.num_rows,
+                                                                       w.head_dim, rows, n, emb);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+}  // namespace detail
+
 void engram(float* X, int m, int hc, int d, const int64_t* rows, int rows_per_token,
             const cpu::engram_weights& w, float eps) {
   const long long flat = (long long)rows_per_token * w.head_dim;
@@ -98,10 +109,7 @@ void engram(float* X, int m, int hc, int d, const int64_t* rows, int rows_per_to
   CEDAR_CUDA_REQUIRE(w.wkv.in == flat && w.wkv.out == (hc + 1) * d, "wkv shape");
   if (m <= 0) return;
   scratch<float> emb(size_t(m) * flat), kv(size_t(m) * (hc + 1) * d);
-  const long long n = (long long)m * rows_per_token;
-  gather_kernel<<<blocks_for(n * w.head_dim, 256), 256, 0, stream()>>>(
-      w.table, w.table_scale, w.num_rows, w.head_dim, rows, n, emb.get());
-  CEDAR_CUDA_LAUNCHED();
+  engram_gather(w, rows, (long long)m * rows_per_token, emb.get());
   linear_fp8(emb.get(), m, w.wkv, kv.get());
   gate_kernel<<<unsigned(m) * hc, 256, 0, stream()>>>(X, hc, d, kv.get(), w.q_weight, w.k_weight, eps);
   CEDAR_CUDA_LAUNCHED();

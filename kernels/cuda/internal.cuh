@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/ops.hpp"
 #include "kernels/weights.hpp"
 
 namespace cedar::cuda::detail {
@@ -17,6 +18,10 @@ void gemm_f32(const float* x, int ldx, int m, const float* w, int out, int in, f
 
 /// xq [m, in] = FP8 fake-quant (per 32) of x rows [m, ldx].
 void quant_rows_fp8(const float* x, int ldx, int m, int in, float* xq);
+
+/// emb [n, w.head_dim] = the dequantized Engram table rows rows[0, n) (an id outside the table
+/// traps), on the current stream.
+void engram_gather(const cpu::engram_weights& w, const int64_t* rows, long long n, float* emb);
 
 /// out[i] = 0 + a[i] (the CPU's `zeroed buffer += a`), or out[i] += a[i].
 void add_into(float* out, const float* a, long long n);

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/internal.cuh"
 #include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/layer_ops.hpp"
 
@@ -217,19 +218,6 @@ __global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y,
 
 // ---- Engram ----
 
-/// emb [n, head_dim] = the dequantized table rows; an out-of-range id traps.
-__global__ void engram_gather_kernel(const uint8_t* table, const uint8_t* table_scale, int64_t num_rows,
-                                     int head_dim, const int64_t* rows, long long n, float* emb) {
-  const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (e >= n * head_dim) return;
-  const long long i = e / head_dim;
-  const int c = int(e % head_dim);
-  const int64_t row = rows[i];
-  if (row < 0 || row >= num_rows) __trap();
-  emb[e] = cuda::detail::e4m3_to_f32(table[row * head_dim + c]) *
-           cuda::detail::ue8m0_to_f32(table_scale[row * (head_dim / 32) + c / 32]);
-}
-
 /// One block per (row, copy): the three sums of the gate by block reduction, then every channel.
 __global__ void __launch_bounds__(slice) engram_gate_kernel(float* X, int hc, int d, const float* kv,
                                                            const float* q_weight, const float* k_weight,
@@ -318,9 +306,7 @@ void engram(float* X, int m, int hc, int d, const int64_t* rows, int rows_per_to
   if (m <= 0) return;
   scratch<float> emb(size_t(m) * flat), kv(size_t(m) * (hc + 1) * d);
   const long long n = (long long)m * rows_per_token;
-  engram_gather_kernel<<<unsigned((n * w.head_dim + 255) / 256), 256, 0, stream()>>>(
-      w.table, w.table_scale, w.num_rows, w.head_dim, rows, n, emb.get());
-  CEDAR_CUDA_LAUNCHED();
+  cuda::detail::engram_gather(w, rows, n, emb.get());
   linear_fp8(emb.get(), m, w.wkv, kv.get());
   engram_gate_kernel<<<unsigned(m) * hc, slice, 0, stream()>>>(X, hc, d, kv.get(), w.q_weight, w.k_weight, eps);
   CEDAR_CUDA_LAUNCHED();
