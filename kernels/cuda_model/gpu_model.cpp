@@ -2,19 +2,18 @@
 // sublayers (attention_layer.cpp, compressor_layer.cpp, indexer_layer.cpp, ffn_layer.cpp,
 // stream.cpp) step for step, each step a CUDA op on device buffers. Host work per call is
 // bookkeeping only: positions, record addresses and Engram row ids are computed here and
-// uploaded without waiting; the logits are the only copy back.
+// uploaded without waiting; the logits (or, with forward_sample, the drawn ids) are the only copy
+// back. gpu_decode_graphs.cpp runs decode steps under CUDA graphs, gpu_profile.cpp times phases.
 #ifdef CEDAR_HAVE_CUDA
 
 #include "kernels/cuda_model/gpu_model.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
-#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
 #include "kernels/model/inventory.hpp"
@@ -38,48 +37,6 @@ cpu::rope_params rope_for(const model_args& a, int ratio) {
 
 }  // namespace
 
-namespace gpu_detail {
-
-namespace {
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
-phase_profile::phase_profile() {
-  const char* env = std::getenv("CEDAR_GPU_PROFILE");
-  on_ = env != nullptr && std::string(env) != "0" && std::string(env) != "";
-}
-
-phase_profile::~phase_profile() {
-  static const char* names[num_phases] = {"embed",  "engram", "mhc",     "attn_proj", "compressor", "indexer",
-                                          "attend", "out_proj", "route", "experts",   "head"};
-  for (int k = 0; k < 2; ++k) {
-    if (!on_ || calls_[k] == 0) continue;
-    double total = 0;
-    for (double v : ms_[k]) total += v;
-    std::fprintf(stderr, "cedar: GPU phases of %lld %s calls, ms per call (synchronized), total %.3f:",
-                 static_cast<long long>(calls_[k]), k == 0 ? "decode" : "prefill", total / double(calls_[k]));
-    for (int p = 0; p < num_phases; ++p)
-      std::fprintf(stderr, " %s %.3f (%.0f%%)", names[p], ms_[k][p] / double(calls_[k]),
-                   100.0 * ms_[k][p] / std::max(total, 1e-9));
-    std::fprintf(stderr, "\n");
-  }
-}
-
-phase_profile::scope::scope(phase_profile& prof, phase p) : prof_(prof), p_(p) {
-  if (!prof_.on_) return;
-  cuda::synchronize();
-  t0_ = now_ms();
-}
-
-phase_profile::scope::~scope() {
-  if (!prof_.on_) return;
-  cuda::synchronize();
-  prof_.ms_[prof_.kind_][p_] += now_ms() - t0_;
-}
-
-}  // namespace gpu_detail
 
 gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv,
                      const upload_progress_fn& progress, gpu_kernels kernels)
@@ -191,37 +148,6 @@ void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
   };
   if (b.ws) run_graphed(n, l, moe_half);
   else moe_half();
-}
-
-decode_workspace* gpu_model::impl::decode_graph_workspace(std::span<const forward_item> batch, int rows,
-                                                          const forward_stats* stats) const {
-  // The experts above the gemv row count wait for the host (per-expert counts): not capturable.
-  if (!graphs_enabled || profile.on() || stats != nullptr || rows == 0 ||
-      rows > cuda::fast::tuning_now().expert_gemv_max_rows)
-    return nullptr;
-  for (const forward_item& item : batch)
-    if (item.tokens.size() != 1 || item.truncate_below >= 0) return nullptr;
-  auto [it, added] = workspaces.try_emplace(rows);
-  if (added) {
-    const std::size_t n = std::size_t(rows), hc = args.hc_mult, D = args.hidden_size;
-    decode_workspace& w = it->second;
-    w.X = dvec<float>(n * hc * D), w.pre = dvec<float>(n * hc), w.a_pre = dvec<float>(n * hc);
-    w.post = dvec<float>(n * hc), w.comb = dvec<float>(n * hc * hc), w.x = dvec<float>(n * D), w.f = dvec<float>(n * D);
-  }
-  return &it->second;
-}
-
-// The first call of a (rows, layer) runs eagerly, so that the ops' one-time set-up (device
-// copies of weight tables) is not captured; the second captures, later ones replay.
-void gpu_model::impl::run_graphed(int rows, int layer, const std::function<void()>& enqueue) const {
-  graph_entry& g = graphs[{rows, layer}];
-  if (g.exec == nullptr && g.eager_runs++ == 0) return enqueue();
-  if (g.exec == nullptr) {
-    cuda::graph_capture_begin();
-    enqueue();
-    g.exec = cuda::graph_capture_end();
-  }
-  cuda::graph_launch(g.exec);
 }
 
 // Drops, for each item with truncate_below >= 0, its rows below that position (stream.cpp's

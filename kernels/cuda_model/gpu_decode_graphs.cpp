@@ -1,0 +1,45 @@
+// Decode steps under CUDA graphs (gpu_forward.hpp, decode_workspace): with the fast kernel set,
+// a batch whose items each bring one token runs each layer's MoE half (HCPost and HCMix of the
+// FFN sublayer, router, experts, HCPost) as one graph per (rows, layer), over buffers that live
+// as long as the model, so the captured addresses stay valid. The forward call's thread.
+#ifdef CEDAR_HAVE_CUDA
+
+#include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/cuda_model/gpu_forward.hpp"
+
+namespace cedar {
+
+decode_workspace* gpu_model::impl::decode_graph_workspace(std::span<const forward_item> batch, int rows,
+                                                          const forward_stats* stats) const {
+  // The experts above the gemv row count wait for the host (per-expert counts): not capturable.
+  if (!graphs_enabled || profile.on() || stats != nullptr || rows == 0 ||
+      rows > cuda::fast::tuning_now().expert_gemv_max_rows)
+    return nullptr;
+  for (const forward_item& item : batch)
+    if (item.tokens.size() != 1 || item.truncate_below >= 0) return nullptr;
+  auto [it, added] = workspaces.try_emplace(rows);
+  if (added) {
+    const std::size_t n = std::size_t(rows), hc = args.hc_mult, D = args.hidden_size;
+    decode_workspace& w = it->second;
+    w.X = dvec<float>(n * hc * D), w.pre = dvec<float>(n * hc), w.a_pre = dvec<float>(n * hc);
+    w.post = dvec<float>(n * hc), w.comb = dvec<float>(n * hc * hc), w.x = dvec<float>(n * D), w.f = dvec<float>(n * D);
+  }
+  return &it->second;
+}
+
+// The first call of a (rows, layer) runs eagerly, so that the ops' one-time set-up (device
+// copies of weight tables) is not captured; the second captures, later ones replay.
+void gpu_model::impl::run_graphed(int rows, int layer, const std::function<void()>& enqueue) const {
+  graph_entry& g = graphs[{rows, layer}];
+  if (g.exec == nullptr && g.eager_runs++ == 0) return enqueue();
+  if (g.exec == nullptr) {
+    cuda::graph_capture_begin();
+    enqueue();
+    g.exec = cuda::graph_capture_end();
+  }
+  cuda::graph_launch(g.exec);
+}
+
+}  // namespace cedar
+
+#endif  // CEDAR_HAVE_CUDA

@@ -1,0 +1,61 @@
+// The GPU model's phase profile (gpu_forward.hpp, phase_profile): wall time per phase of the
+// forward calls when $CEDAR_GPU_PROFILE is set, synchronized around each phase, printed when the
+// model is destroyed. The forward call's thread.
+#ifdef CEDAR_HAVE_CUDA
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/cuda_model/gpu_forward.hpp"
+
+namespace cedar {
+
+namespace gpu_detail {
+
+namespace {
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+phase_profile::phase_profile() {
+  const char* env = std::getenv("CEDAR_GPU_PROFILE");
+  on_ = env != nullptr && std::string(env) != "0" && std::string(env) != "";
+}
+
+phase_profile::~phase_profile() {
+  static const char* names[num_phases] = {"embed",  "engram", "mhc",     "attn_proj", "compressor", "indexer",
+                                          "attend", "out_proj", "route", "experts",   "head"};
+  for (int k = 0; k < 2; ++k) {
+    if (!on_ || calls_[k] == 0) continue;
+    double total = 0;
+    for (double v : ms_[k]) total += v;
+    std::fprintf(stderr, "cedar: GPU phases of %lld %s calls, ms per call (synchronized), total %.3f:",
+                 static_cast<long long>(calls_[k]), k == 0 ? "decode" : "prefill", total / double(calls_[k]));
+    for (int p = 0; p < num_phases; ++p)
+      std::fprintf(stderr, " %s %.3f (%.0f%%)", names[p], ms_[k][p] / double(calls_[k]),
+                   100.0 * ms_[k][p] / std::max(total, 1e-9));
+    std::fprintf(stderr, "\n");
+  }
+}
+
+phase_profile::scope::scope(phase_profile& prof, phase p) : prof_(prof), p_(p) {
+  if (!prof_.on_) return;
+  cuda::synchronize();
+  t0_ = now_ms();
+}
+
+phase_profile::scope::~scope() {
+  if (!prof_.on_) return;
+  cuda::synchronize();
+  prof_.ms_[prof_.kind_][p_] += now_ms() - t0_;
+}
+
+}  // namespace gpu_detail
+
+}  // namespace cedar
+
+#endif  // CEDAR_HAVE_CUDA
