@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The model commands on the CPU backend: `cedar generate` is deterministic and chunking does not
-# change its tokens; `cedar logits` writes its header and every row, and its last row's argmax
+# change its tokens, and --prompt-ids runs (a..b) are the listed ids; `cedar logits` writes its header and every row, and its last row's argmax
 # is the token generate picks first; a checkpoint directory gives the same tokens as the preset
 # with the same seed, and a checkpoint that does not match its config is refused.
 # usage: tests/integration/model_cli.sh path/to/cedar
@@ -18,6 +18,14 @@ c="$("$cedar" generate --model micro --prompt-ids "$ids" --max-tokens 6 --ignore
 [[ "$a" == "$b" ]] || { echo "generate is not deterministic: $a vs $b"; exit 1; }
 [[ "$a" == "$c" ]] || { echo "chunked prefill changed the tokens: $a vs $c"; exit 1; }
 [[ "$(tr ',' '\n' <<< "$a" | wc -l)" == 6 ]] || { echo "expected 6 tokens, got $a"; exit 1; }
+r="$("$cedar" generate --model micro --prompt-ids "5,17,300..303,9" --max-tokens 3 --ignore-eos --json | ids_of)"
+l="$("$cedar" generate --model micro --prompt-ids "5,17,300,301,302,303,9" --max-tokens 3 --ignore-eos --json | ids_of)"
+[[ "$r" == "$l" ]] || { echo "--prompt-ids a..b is not the listed run: $r vs $l"; exit 1; }
+for bad in "3..1" "1..x" "-2" "4,,5"; do
+  if "$cedar" generate --model micro --prompt-ids "$bad" --max-tokens 1 2> /dev/null > /dev/null; then
+    echo "--prompt-ids $bad was accepted"; exit 1
+  fi
+done
 
 "$cedar" logits --model micro --prompt-ids "$ids" --out "$tmp/logits.bin"
 python3 - "$tmp/logits.bin" "${a%%,*}" <<'PY'

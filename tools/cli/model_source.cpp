@@ -41,14 +41,25 @@ std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t see
 }
 
 std::optional<std::vector<int32_t>> parse_ids(const std::string& text) {
+  constexpr int64_t max_range = int64_t(1) << 24;  // ids one range may expand to
   std::vector<int32_t> ids;
   const char* p = text.c_str();
-  while (*p) {
+  const auto number = [&p](long& v) {
     char* end = nullptr;
-    const long v = std::strtol(p, &end, 10);
-    if (end == p || v < 0 || v > INT32_MAX) return std::nullopt;
-    ids.push_back(int32_t(v));
+    v = std::strtol(p, &end, 10);
+    if (end == p || *p == '-' || *p == '+' || v > INT32_MAX) return false;
     p = end;
+    return true;
+  };
+  while (*p) {
+    long first = 0, last = 0;
+    if (!number(first)) return std::nullopt;
+    last = first;
+    if (p[0] == '.' && p[1] == '.') {
+      p += 2;
+      if (!number(last) || last < first || last - first >= max_range) return std::nullopt;
+    }
+    for (long v = first; v <= last; ++v) ids.push_back(int32_t(v));
     if (*p == ',') ++p;
     else if (*p) return std::nullopt;
   }

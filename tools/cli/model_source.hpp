@@ -22,7 +22,8 @@ constexpr uint64_t default_seed = 1;
 std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t seed,
                                   kv_dtype dtype, std::string* error);
 
-/// "1,2,3" -> ids; nullopt on anything else.
+/// "1,2,3" -> ids, and "a..b" (inclusive) for a run of ids, as in "5,1000..1999"; nullopt on
+/// anything else (negative ids, a descending or over-long run, stray characters).
 std::optional<std::vector<int32_t>> parse_ids(const std::string& text);
 
 /// One request's KV memory, sized for max_tokens positions.
