@@ -3,7 +3,6 @@
 
 #include <simdjson.h>
 
-#include <cstdio>
 
 namespace cedar::bench {
 
@@ -21,28 +20,6 @@ std::optional<api_kind> parse_api(std::string_view name) {
   if (name == "responses") return api_kind::responses;
   if (name == "ws") return api_kind::ws;
   return std::nullopt;
-}
-
-void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += char(c);
-        }
-    }
-  }
-  out += '"';
 }
 
 namespace {

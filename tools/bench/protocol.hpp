@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "net/json_writer.hpp"
 #include "tools/bench/conversation.hpp"
 
 namespace cedar::bench {
@@ -60,7 +61,7 @@ class sse_parser {
 /// The first model id of a GET /v1/models answer ({"data":[{"id":...}]}); empty if none.
 std::string first_model_id(std::string_view models_json);
 
-/// Appends `s` as a JSON string literal (quoted, escaped).
-void append_json_string(std::string& out, std::string_view s);
+/// Appends `s` as a JSON string literal (quoted, escaped): the server's own writer.
+using net::append_json_string;
 
 }  // namespace cedar::bench
