@@ -20,24 +20,6 @@
 
 namespace cedar {
 
-namespace {
-
-cpu::rope_params rope_for(const model_args& a, int ratio) {
-  cpu::rope_params p;
-  p.rope_dim = a.qk_rope_head_dim;
-  p.theta = ratio > 0 ? a.compress_rope_theta : a.rope_theta;
-  p.yarn = ratio > 0;
-  p.yarn_factor = a.rope_scaling.factor;
-  p.beta_fast = a.rope_scaling.beta_fast;
-  p.beta_slow = a.rope_scaling.beta_slow;
-  p.original_max_pos = a.rope_scaling.original_max_position_embeddings;
-  return p;
-}
-
-
-}  // namespace
-
-
 gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv,
                      const upload_progress_fn& progress, gpu_kernels kernels)
     : impl_(std::make_unique<impl>()) {
@@ -57,12 +39,8 @@ gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights,
     impl_->bind(host);
   }
   impl_->progress = nullptr;
-  for (const layer_info& li : args.layers) impl_->rope.push_back(rope_for(args, li.compress_ratio));
-  impl_->engram_hash.resize(args.num_hidden_layers);
-  const auto params = cpu::engram_default_params(args.engram_layer_ids, args.engram_max_ngram_size,
-                                                 args.engram_n_heads, args.engram_vocab_size,
-                                                 args.engram_pad_token_id);
-  for (std::size_t i = 0; i < params.size(); ++i) impl_->engram_hash[args.engram_layer_ids[i]] = params[i];
+  impl_->rope = model_detail::layer_rope_params(args);
+  impl_->engram_hash = model_detail::layer_engram_params(args);
 }
 
 gpu_model::~gpu_model() = default;

@@ -33,18 +33,6 @@ struct model::impl {
 
 namespace {
 
-cpu::rope_params rope_for(const model_args& a, int ratio) {
-  cpu::rope_params p;
-  p.rope_dim = a.qk_rope_head_dim;
-  p.theta = ratio > 0 ? a.compress_rope_theta : a.rope_theta;
-  p.yarn = ratio > 0;
-  p.yarn_factor = a.rope_scaling.factor;
-  p.beta_fast = a.rope_scaling.beta_fast;
-  p.beta_slow = a.rope_scaling.beta_slow;
-  p.original_max_pos = a.rope_scaling.original_max_position_embeddings;
-  return p;
-}
-
 float max_abs(const std::vector<float>& v) {
   float m = 0.0f;
   for (float x : v) m = std::isfinite(x) ? std::max(m, std::fabs(x)) : INFINITY;
@@ -72,12 +60,8 @@ model::model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtyp
   if (!problems.empty()) throw std::runtime_error("checkpoint does not match config: " + problems[0]);
   impl_->layout = kv_layout::make(args, kv, page_tokens);
   impl_->w = bind_weights(args, std::move(weights));
-  for (const layer_info& li : args.layers) impl_->rope.push_back(rope_for(args, li.compress_ratio));
-  impl_->engram.resize(args.num_hidden_layers);
-  const auto params = cpu::engram_default_params(args.engram_layer_ids, args.engram_max_ngram_size,
-                                                 args.engram_n_heads, args.engram_vocab_size,
-                                                 args.engram_pad_token_id);
-  for (std::size_t i = 0; i < params.size(); ++i) impl_->engram[args.engram_layer_ids[i]] = params[i];
+  impl_->rope = layer_rope_params(args);
+  impl_->engram = layer_engram_params(args);
   impl_->args = std::move(args);
 }
 

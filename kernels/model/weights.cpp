@@ -161,4 +161,28 @@ model_weights bind_weights(const model_args& args, std::shared_ptr<const tensor_
   return w;
 }
 
+std::vector<cpu::rope_params> layer_rope_params(const model_args& a) {
+  std::vector<cpu::rope_params> out;
+  for (const layer_info& li : a.layers) {
+    cpu::rope_params p;
+    p.rope_dim = a.qk_rope_head_dim;
+    p.theta = li.compress_ratio > 0 ? a.compress_rope_theta : a.rope_theta;
+    p.yarn = li.compress_ratio > 0;
+    p.yarn_factor = a.rope_scaling.factor;
+    p.beta_fast = a.rope_scaling.beta_fast;
+    p.beta_slow = a.rope_scaling.beta_slow;
+    p.original_max_pos = a.rope_scaling.original_max_position_embeddings;
+    out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<cpu::engram_hash_params> layer_engram_params(const model_args& a) {
+  std::vector<cpu::engram_hash_params> out(a.num_hidden_layers);
+  const auto params = cpu::engram_default_params(a.engram_layer_ids, a.engram_max_ngram_size, a.engram_n_heads,
+                                                 a.engram_vocab_size, a.engram_pad_token_id);
+  for (std::size_t i = 0; i < params.size(); ++i) out[a.engram_layer_ids[i]] = params[i];
+  return out;
+}
+
 }  // namespace cedar::model_detail

@@ -73,4 +73,9 @@ struct model_weights {
 /// Binds every tensor of `args`' inventory. The map must already pass check_tensors.
 model_weights bind_weights(const model_args& args, std::shared_ptr<const tensor_map> map);
 
+/// The per-layer constants both forward passes use: RoPE parameters by layer type (YaRN on
+/// the compressed layers), and Engram hash parameters (set on Engram layers only).
+std::vector<cpu::rope_params> layer_rope_params(const model_args& a);
+std::vector<cpu::engram_hash_params> layer_engram_params(const model_args& a);
+
 }  // namespace cedar::model_detail
