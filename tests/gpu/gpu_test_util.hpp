@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/formats.hpp"
 #include "tests/kernels/op_reference.hpp"
 
 namespace cedar::gpu_test {
@@ -106,5 +108,50 @@ inline std::vector<float> activations(std::mt19937_64& rng, int m, int in) {
   for (std::size_t i = 0; i < x.size(); ++i) x[i] *= std::ldexp(1.0f, int(i / 32 % 7) - 3);
   return x;
 }
+
+/// Host inputs of an Engram test: a table of E4M3 codes (no NaN) with scales near 1, wkv, the
+/// q / k weights, row ids and a residual already on the bf16 grid.
+struct engram_host {
+  std::vector<uint8_t> table, tscale;
+  op_reference::owned_fp8 wkv;
+  std::vector<float> qw, kw;
+  std::vector<int64_t> rows;
+  std::vector<float> X;
+  int64_t table_rows = 0;
+  int head_dim = 0;
+
+  engram_host(std::mt19937_64& rng, int m, int hc, int d, int head_dim_, int per, int64_t table_rows_)
+      : table(std::size_t(table_rows_) * head_dim_), tscale(std::size_t(table_rows_) * head_dim_ / 32),
+        table_rows(table_rows_), head_dim(head_dim_) {
+    for (auto& c : table) do c = uint8_t(rng()); while ((c & 0x7F) == 0x7F);
+    for (auto& c : tscale) c = uint8_t(120 + rng() % 4);
+    wkv = op_reference::random_fp8(rng, (hc + 1) * d, per * head_dim);
+    qw = op_reference::random_floats(rng, std::size_t(hc) * d, 0.5f, 1.5f);
+    kw = op_reference::random_floats(rng, std::size_t(hc) * d, 0.5f, 1.5f);
+    rows.resize(std::size_t(m) * per);
+    for (auto& r : rows) r = int64_t(rng() % table_rows);
+    X = activations(rng, m, hc * d);
+    for (auto& v : X) v = fmt::round_bf16(v);
+  }
+  cpu::engram_weights weights() const {
+    return {table.data(), tscale.data(), table_rows, head_dim, wkv.view, qw.data(), kw.data()};
+  }
+};
+
+/// The same on the device (X is the device residual the op updates).
+struct engram_device {
+  dev<uint8_t> table, tscale;
+  dev_fp8 wkv;
+  dev<float> qw, kw, X;
+  dev<int64_t> rows;
+  int64_t table_rows;
+  int head_dim;
+  explicit engram_device(const engram_host& h)
+      : table(h.table), tscale(h.tscale), wkv(h.wkv), qw(h.qw), kw(h.kw), X(h.X), rows(h.rows),
+        table_rows(h.table_rows), head_dim(h.head_dim) {}
+  cpu::engram_weights weights() const {
+    return {table.get(), tscale.get(), table_rows, head_dim, wkv.view, qw.get(), kw.get()};
+  }
+};
 
 }  // namespace cedar::gpu_test

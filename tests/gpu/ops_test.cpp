@@ -344,26 +344,12 @@ TEST_CASE("gpu MoE: routing, experts, moe_ffn with device permutation") {
 TEST_CASE("gpu Engram, embedding and greedy argmax") {
   if (!have_gpu()) return;
   std::mt19937_64 rng(109);
-  const int m = 6, hc = 4, d = 256, head_dim = 64, per = 6;
-  const int64_t table_rows = 500;
-  std::vector<uint8_t> table(size_t(table_rows) * head_dim), tscale(size_t(table_rows) * head_dim / 32);
-  for (auto& c : table) do c = uint8_t(rng()); while ((c & 0x7F) == 0x7F);
-  for (auto& c : tscale) c = uint8_t(120 + rng() % 4);
-  const auto wkv = ref::random_fp8(rng, (hc + 1) * d, per * head_dim);
-  const auto qw = ref::random_floats(rng, size_t(hc) * d, 0.5f, 1.5f), kw = ref::random_floats(rng, size_t(hc) * d, 0.5f, 1.5f);
-  std::vector<int64_t> rows(size_t(m) * per);
-  for (auto& r : rows) r = int64_t(rng() % table_rows);
-  auto X = activations(rng, m, hc * d);
-  for (auto& v : X) v = fmt::round_bf16(v);
-  dev<uint8_t> dt(table), dts(tscale);
-  dev_fp8 dwkv(wkv);
-  dev<float> dqw(qw), dkw(kw), dX(X);
-  dev<int64_t> drows(rows);
-  const cpu::engram_weights w{table.data(), tscale.data(), table_rows, head_dim, wkv.view, qw.data(), kw.data()};
-  const cpu::engram_weights gw{dt.get(), dts.get(), table_rows, head_dim, dwkv.view, dqw.get(), dkw.get()};
-  cpu::engram(X.data(), m, hc, d, rows.data(), per, w, 1e-6f);
-  cuda::engram(dX.get(), m, hc, d, drows.get(), per, gw, 1e-6f);
-  check_close("engram", dX.host().data(), X.data(), X.size(), libm_bound);
+  const int m = 6, hc = 4, d = 256, per = 6;
+  engram_host h(rng, m, hc, d, 64, per, 500);
+  engram_device g(h);
+  cpu::engram(h.X.data(), m, hc, d, h.rows.data(), per, h.weights(), 1e-6f);
+  cuda::engram(g.X.get(), m, hc, d, g.rows.get(), per, g.weights(), 1e-6f);
+  check_close("engram", g.X.host().data(), h.X.data(), h.X.size(), libm_bound);
 
   const int vocab = 1000;
   const auto emb = ref::random_bf16(rng, vocab, d, 1.0f);
