@@ -228,8 +228,9 @@ void gpu_model::impl::apply_engram(int l, gbatch& b) const {
                      rows.data() + std::size_t(it.row_begin) * per_token);
   }
   dvec<int64_t> d_rows(rows);
-  cuda::engram(b.X.get(), b.num_rows, args.hc_mult, args.hidden_size, d_rows.get(), per_token,
-               layers[l].engram, float(args.rms_norm_eps));
+  const auto op = kernels == gpu_kernels::fast ? &cuda::fast::engram : &cuda::engram;
+  op(b.X.get(), b.num_rows, args.hc_mult, args.hidden_size, d_rows.get(), per_token, layers[l].engram,
+     float(args.rms_norm_eps));
 }
 
 }  // namespace cedar
