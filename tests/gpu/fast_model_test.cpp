@@ -160,7 +160,7 @@ TEST_CASE("gpu model, fast kernels: as close to the CPU model as a one-code weig
   for (const char* preset : {"micro", "tiny"}) greedy_prompts(preset, 20, 6, "default").check();
   // every linear and the experts through the bf16 cuBLAS path
   const cuda::fast::tuning saved = cuda::fast::tuning_now();
-  cuda::fast::tuning_now() = {0, 0, 0};
+  cuda::fast::tuning_now() = {0, 0, 0, 0};
   const comparison c = greedy_prompts("micro", 20, 6, "cuBLAS");
   cuda::fast::tuning_now() = saved;
   c.check();

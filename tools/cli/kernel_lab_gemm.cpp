@@ -441,8 +441,8 @@ void run_prefill_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vec
   };
   record("fast", fast::tuning_now(), true);
   if (m <= 256) {
-    record("gemv", {never, never, never}, true);
-    record("bf16", {0, 0, 0}, true);
+    record("gemv", {never, never, never, never}, true);
+    record("bf16", {0, 0, 0, 0}, true);
   }
   if (m < 1024) return;
   {

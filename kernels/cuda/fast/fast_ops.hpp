@@ -60,16 +60,19 @@ void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows /*
 // weights dequantized into a bf16 scratch and a cuBLAS bf16 GEMM (fp32 accumulation), the same
 // exact products as the CPU op summed in another order (linear_fast.cu says why). Rows below the
 // thresholds are batch-invariant (fixed summation order); the cuBLAS path is not (cuBLAS picks
-// its algorithm by m), and the experts at prefill copy the per-expert counts to the host.
+// its algorithm by m), and the experts there copy the per-expert counts to the host. Between the
+// experts' gemv and bf16 thresholds they run the grouped skinny tile (same summation order).
 
 /// Row counts up to which the decode kernels run (inclusive); above: the bf16 GEMM path.
 /// Measured (`cedar kernel-lab --op prefill`, H200): attn.wo_b 5120x8192 FP8 gemv 43 / 85 / 167 us
 /// at m = 16 / 32 / 64 against 79 / 80 / 84 us for the bf16 path; W4A8 expert w13 gemv 28 / 52 /
 /// 110 us; so the tile runs up to 32 rows.
 struct tuning {
-  int gemv_max_rows = 32;         ///< FP8 / W4A8 linears: gemv tile
-  int bf16_gemv_max_rows = 16;    ///< bf16 linears and wo_a: the bf16 GEMV
-  int expert_gemv_max_rows = 64;  ///< routed experts (tokens): grouped gemv tile
+  int gemv_max_rows = 32;           ///< FP8 / W4A8 linears: gemv tile
+  int bf16_gemv_max_rows = 16;      ///< bf16 linears and wo_a: the bf16 GEMV
+  int expert_gemv_max_rows = 64;    ///< routed experts (tokens): grouped gemv tile
+  int expert_tiled_max_rows = 512;  ///< above gemv: the grouped W4A8 skinny tile, all on the
+                                    ///< device (no dequant pass, no host round trip); above: bf16
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

@@ -2,7 +2,9 @@
 // cuda::linear_fp8/fp4/bf16, grouped_output and moe_ffn, on tensor cores.
 //
 // Decode (few rows): the gemv tile of gemm.cu (FP8/W4A8, activations quantized to e4m3 codes),
-// the experts grouped on the device (no host round trip), and a bandwidth-bound bf16 GEMV.
+// the experts grouped on the device (no host round trip), and a bandwidth-bound bf16 GEMV. The
+// experts up to tuning::expert_tiled_max_rows tokens take gemm.cu's skinny tile, still grouped on
+// the device: each touched expert's FP4 weight is read once per 64 of its slots.
 // Prefill (many rows): weights dequantized into a bf16 scratch and a cuBLAS bf16 GEMM with fp32
 // accumulation and output. That computes the CPU op's products exactly: an e4m3 code (4
 // significant bits, ulp >= 2^-9) or an E2M1 value (2 bits) times a UE8M0 scale >= 2^-124 is a
@@ -231,6 +233,8 @@ __device__ __forceinline__ bool expert_valid(int e, int num_experts, const cpu::
 /// order fill sorted positions [off_e, off_e + count_e) (off_e = the counts of the experts
 /// before e): slot_src[p] = slot, slot_row[p] = slot / topk, slot_pos[slot] = p (-1 for slots
 /// of no present expert), and the groups of the three matrices. counts[e] = count_e; *total.
+/// The groups are compacted: the experts with slots come first (in expert order), so a launch
+/// over the first min(num_experts, slots) groups covers every slot.
 __global__ void group_kernel(const int32_t* sel, int slots, int topk, const cpu::expert_weights* table, int num_experts,
                              int32_t* slot_src, int32_t* slot_row, int32_t* iota, int32_t* slot_pos, expert_group* g1,
                              expert_group* g3, expert_group* g2, int* counts, int* total) {
@@ -244,15 +248,19 @@ __global__ void group_kernel(const int32_t* sel, int slots, int topk, const cpu:
     if (expert_valid(sel[s], num_experts, table)) atomicAdd(&count[sel[s]], 1);
   __syncthreads();
   if (tid == 0) {
-    int off = 0;
-    for (int i = 0; i < e; ++i) off += count[i];
+    int off = 0, used_before = 0, used = 0;
+    for (int i = 0; i < num_experts; ++i) {
+      used += count[i] > 0;
+      if (i < e) off += count[i], used_before += count[i] > 0;
+    }
     base = off;
     counts[e] = count[e];
     if (e == num_experts - 1) *total = off + count[e];
     const cpu::expert_weights& w = table[e];
-    g1[e] = {w.w1.data, w.w1.scale, off, count[e]};
-    g3[e] = {w.w3.data, w.w3.scale, off, count[e]};
-    g2[e] = {w.w2.data, w.w2.scale, off, count[e]};
+    const int at = count[e] > 0 ? used_before : used + (e - used_before);  // the empty ones after
+    g1[at] = {w.w1.data, w.w1.scale, off, count[e]};
+    g3[at] = {w.w3.data, w.w3.scale, off, count[e]};
+    g2[at] = {w.w2.data, w.w2.scale, off, count[e]};
   }
   __syncthreads();
   const bool present = expert_valid(e, num_experts, table);
@@ -487,7 +495,7 @@ void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, f
 }
 
 /// Rows per pass of the experts at prefill (bounds the [slots, 2 inter] fp32 buffer).
-constexpr int moe_chunk_rows = 2048;
+constexpr int moe_chunk_rows = 8192;
 
 /// The device copy of a host table of expert views, kept per (table address, size) and
 /// checked byte for byte on each use, so a layer's table is uploaded once, not per call.
@@ -525,15 +533,19 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
     }
   CEDAR_CUDA_REQUIRE(d % 32 == 0 && inter % 32 == 0, "fast moe_ffn: d and inter multiples of 32");
   const cpu::expert_weights* table = device_table(experts, num_experts);
-  const bool gemv = m <= tuning_now().expert_gemv_max_rows && gemv_shape(inter, d) && gemv_shape(d, inter);
-  const int chunk = gemv ? m : std::min(m, moe_chunk_rows);
+  const tuning& tune = tuning_now();
+  const bool gemv = m <= tune.expert_gemv_max_rows && gemv_shape(inter, d) && gemv_shape(d, inter);
+  const bool tiled = !gemv && m <= tune.expert_tiled_max_rows && d % 256 == 0 && inter % 256 == 0;
+  const tile_kind tile = gemv ? tile_kind::gemv : tile_kind::skinny;
+  const bool grouped = gemv || tiled;  // the grouped W4A8 kernels, on device-side groups
+  const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
   const int cap = chunk * topk;
   scratch<int32_t> slot_src(cap), slot_row(cap), iota(cap), slot_pos(cap);
   scratch<expert_group> groups(size_t(3) * num_experts);
   expert_group *g1 = groups.get(), *g3 = g1 + num_experts, *g2 = g3 + num_experts;
   scratch<int> counts(num_experts + 1);
   int* total = counts.get() + num_experts;
-  scratch<float> down(size_t(cap) * d), shared_out(shared ? size_t(chunk) * d : 0);
+  scratch<float> down(size_t(cap + 64) * d), shared_out(shared ? size_t(chunk) * d : 0);  // + padding rows
   std::vector<int> host_counts(num_experts);
   for (int r0 = 0; r0 < m; r0 += chunk) {
     const int rows = std::min(chunk, m - r0), slots = rows * topk;
@@ -545,21 +557,19 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
                                                       slot_row.get(), iota.get(), slot_pos.get(), g1, g3, g2,
                                                       counts.get(), total);
       CEDAR_CUDA_LAUNCHED();
-      if (gemv) {
+      if (grouped) {
         scratch<uint8_t> xq(size_t(rows) * d), hq(size_t(slots) * inter);
         scratch<float> xs(size_t(rows) * (d / 32)), hs(size_t(slots) * (inter / 32));
         scratch<float> g(size_t(slots) * inter), u(size_t(slots) * inter);
+        const int busy = std::min(num_experts, slots);  // groups that can have slots (compacted)
         quantize_rows_fp8(y_c, rows, d, xq.get(), xs.get());
-        grouped_fp4(xq.get(), xs.get(), slot_row.get(), g1, num_experts, slots, rows, inter, d, g.get(),
-                    tile_kind::gemv);
-        grouped_fp4(xq.get(), xs.get(), slot_row.get(), g3, num_experts, slots, rows, inter, d, u.get(),
-                    tile_kind::gemv);
+        grouped_fp4(xq.get(), xs.get(), slot_row.get(), g1, busy, slots, rows, inter, d, g.get(), tile);
+        grouped_fp4(xq.get(), xs.get(), slot_row.get(), g3, busy, slots, rows, inter, d, u.get(), tile);
         swiglu_kernel<<<blocks_for((long long)slots * inter, 256), 256, 0, stream()>>>(
             g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit);
         CEDAR_CUDA_LAUNCHED();
         quantize_rows_fp8(g.get(), slots, inter, hq.get(), hs.get());
-        grouped_fp4(hq.get(), hs.get(), iota.get(), g2, num_experts, slots, rows, d, inter, down.get(),
-                    tile_kind::gemv);
+        grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile);
       } else {
         // prefill: the 64 (or so) counts to the host, then per-expert bf16 GEMMs on sorted rows
         CEDAR_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), counts.get(), sizeof(int) * num_experts,
@@ -567,15 +577,21 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         CEDAR_CUDA_CHECK(cudaStreamSynchronize(stream()));
         int used = 0;
         for (int c : host_counts) used += c;
-        scratch<uint16_t> xb(size_t(std::max(used, 1)) * d), hb(size_t(std::max(used, 1)) * inter),
-            wb(size_t(2) * inter * d);
-        scratch<float> gu(size_t(std::max(used, 1)) * 2 * inter);
+        // Each expert's GEMM runs on its row count rounded up to a multiple of 64, so cuBLAS
+        // sees a handful of shapes (its heuristic cache answers, instead of a fresh search
+        // per expert and layer). The extra rows read the next expert's inputs (or the slack
+        // past the last) and write into the next expert's outputs, which that expert's own
+        // GEMM, later on the same stream, overwrites; a row's output depends on its row only.
+        const auto padded = [](int c) { return (c + 63) / 64 * 64; };
+        const size_t rows_alloc = size_t(used) + 64;
+        scratch<uint16_t> xb(rows_alloc * d), hb(rows_alloc * inter), wb(size_t(2) * inter * d);
+        scratch<float> gu(rows_alloc * 2 * inter);
         fake_quant_bf16(y_c, d, slot_row.get(), total, used, d, xb.get());
         for (int e = 0, off = 0; e < num_experts; off += host_counts[e], ++e) {
           if (host_counts[e] == 0) continue;
           dequant_bf16(experts[e].w1, wb.get());
           dequant_bf16(experts[e].w3, wb.get() + size_t(inter) * d);
-          gemm_bf16(xb.get() + size_t(off) * d, d, host_counts[e], wb.get(), d, 2 * inter, d,
+          gemm_bf16(xb.get() + size_t(off) * d, d, padded(host_counts[e]), wb.get(), d, 2 * inter, d,
                     gu.get() + size_t(off) * 2 * inter, 2 * inter, false);
         }
         if (used > 0) {  // none when this shard holds none of the chosen experts
@@ -586,7 +602,7 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         for (int e = 0, off = 0; e < num_experts; off += host_counts[e], ++e) {
           if (host_counts[e] == 0) continue;
           dequant_bf16(experts[e].w2, wb.get());
-          gemm_bf16(hb.get() + size_t(off) * inter, inter, host_counts[e], wb.get(), inter, d, inter,
+          gemm_bf16(hb.get() + size_t(off) * inter, inter, padded(host_counts[e]), wb.get(), inter, d, inter,
                     down.get() + size_t(off) * d, d, false);
         }
       }
