@@ -65,6 +65,8 @@ TEST_CASE("fast hc_boundary: HCPost, HCMix (Sinkhorn), collapse and RMSNorm as t
   check_boundary(1, 5120, true);
   check_boundary(5, 640, true);
   check_boundary(3, 200, false);
+  check_boundary(37, 640, true);  // 8 rows per block, the last block part full
+  check_boundary(16, 5120, false);
 }
 
 TEST_CASE("fast moe_route: the CPU's experts, weights within 1e-5") {

@@ -2,11 +2,13 @@
 //
 // hc_boundary: launch 1 cuts each row's d positions into blocks of 256; a block applies the
 // previous sublayer's HCPost to its slice of the hc copies, writes them back, and leaves its
-// share of the HCMix dots (and of the sum of squares) in a partials buffer. Launch 2, one block
-// per row, adds the partials in slice order, finishes pre/post/comb (Sinkhorn, one thread, hc
-// is small) and writes the normalized collapsed input of the next sublayer.
-// moe_route: one warp per (row, expert) dot; the last block of a row to finish (a per-row
-// arrival counter, reset by that block) picks the top-k with warp argmax rounds.
+// share of the HCMix dots (and of the sum of squares) in a partials buffer (warp folds, then
+// the warps' sums in order). Launch 2, one block per row, adds the partials in slice order,
+// finishes pre/post/comb (Sinkhorn by one warp, a lane per comb entry, while hc * hc <= 32)
+// and writes the normalized collapsed input of the next sublayer.
+// moe_route: one warp per (expert, group of up to 8 rows) dot; the last block of a row group to
+// finish (a per-group arrival counter, reset by that block) picks each row's top-k with warp
+// argmax rounds.
 // greedy_rows: one block per row, argmax and the log-sum-exp by block reductions.
 #include <algorithm>
 
@@ -40,40 +42,105 @@ __device__ float block_sum(float v, float* shared /*[slice / 32]*/) {
   return s;
 }
 
-template <int HC>
-__global__ void __launch_bounds__(slice) post_mix_partials(float* X, int d, const float* f, const float* post,
+/// grid (slices, ceil(m / R)): block (x, y) takes positions [256 x, 256 x + 256) of rows
+/// [R y, R y + R), so each HCMix weight it reads serves R rows. A row's sums do not depend on R.
+template <int HC, int R>
+__global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int d, const float* f, const float* post,
                                                            const float* comb, const float* fn,
                                                            float* partials /*[m, slices, n_mix + 1]*/) {
   constexpr int n_mix = HC * HC + 2 * HC;
-  __shared__ float red[slice / 32];
-  const int r = blockIdx.y, i = blockIdx.x * slice + threadIdx.x;
+  const int r0 = blockIdx.y * R, i = blockIdx.x * slice + threadIdx.x;
   const bool live = i < d;
-  float* xr = X + size_t(r) * HC * d;
-  float v[HC];
-  for (int j = 0; j < HC; ++j) v[j] = live ? xr[size_t(j) * d + i] : 0.0f;
-  if (f != nullptr && live) {
-    const float* c = comb + size_t(r) * HC * HC;
-    const float fi = f[size_t(r) * d + i];
-    float out[HC];
-    for (int k = 0; k < HC; ++k) {
-      float s = 0.0f;
-      for (int j = 0; j < HC; ++j) s = __fadd_rn(s, __fmul_rn(c[j * HC + k], v[j]));
-      out[k] = round_bf16(__fadd_rn(__fmul_rn(post[r * HC + k], fi), s));  // hc_post's bits
+  float v[R][HC];
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    const int r = r0 + q;
+    const bool here = live && r < m;
+    float* xr = X + size_t(r) * HC * d;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) v[q][j] = here ? xr[size_t(j) * d + i] : 0.0f;
+    if (f != nullptr && here) {
+      const float* c = comb + size_t(r) * HC * HC;
+      const float fi = f[size_t(r) * d + i];
+      float out[HC];
+#pragma unroll
+      for (int k = 0; k < HC; ++k) {
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HC; ++j) s = __fadd_rn(s, __fmul_rn(c[j * HC + k], v[q][j]));
+        out[k] = round_bf16(__fadd_rn(__fmul_rn(post[r * HC + k], fi), s));  // hc_post's bits
+      }
+#pragma unroll
+      for (int k = 0; k < HC; ++k) xr[size_t(k) * d + i] = v[q][k] = out[k];
     }
-    for (int k = 0; k < HC; ++k) xr[size_t(k) * d + i] = v[k] = out[k];
   }
-  float* pr = partials + (size_t(r) * gridDim.x + blockIdx.x) * (n_mix + 1);
-  float sq = 0.0f;
-  for (int j = 0; j < HC; ++j) sq += v[j] * v[j];
-  for (int o = 0; o < n_mix; ++o) {
+  // each warp folds its 32 positions of every dot (and of the sum of squares); the block then
+  // adds the warps' sums in warp order: one barrier instead of one per dot
+  __shared__ float warp_sums[slice / 32][R][n_mix + 1];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  for (int o = 0; o <= n_mix; ++o) {
+    float w[HC];
+#pragma unroll
+    for (int j = 0; j < HC; ++j) w[j] = live && o < n_mix ? fn[size_t(o) * HC * d + size_t(j) * d + i] : 0.0f;
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < HC; ++j) acc += v[q][j] * (o < n_mix ? w[j] : v[q][j]);
+      for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      if (lane == 0) warp_sums[warp][q][o] = acc;
+    }
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < R * (n_mix + 1); t += blockDim.x) {
+    const int q = t / (n_mix + 1), o = t % (n_mix + 1);
+    if (r0 + q >= m) continue;
     float acc = 0.0f;
-    if (live)
-      for (int j = 0; j < HC; ++j) acc += v[j] * fn[size_t(o) * HC * d + size_t(j) * d + i];
-    acc = block_sum(acc, red);
-    if (threadIdx.x == 0) pr[o] = acc;
+    for (int w = 0; w < slice / 32; ++w) acc += warp_sums[w][q][o];
+    partials[(size_t(r0 + q) * gridDim.x + blockIdx.x) * (n_mix + 1) + o] = acc;
   }
-  sq = block_sum(sq, red);
-  if (threadIdx.x == 0) pr[n_mix] = sq;
+}
+
+/// pre, post and comb of row r from its mix sums, by one warp: lane q < HC * HC holds comb
+/// entry (q / HC, q % HC); row sums fold over lanes q ^ 1 .. q ^ (HC / 2), column sums over
+/// q ^ HC .. q ^ (HC * HC / 2). The serial path's operations in a tree order.
+template <int HC>
+__device__ void sinkhorn_warp(const float* mix, int d, int r, const float* scale, const float* base, int iters,
+                              float hc_eps, float norm_eps, float* pre, float* post, float* comb) {
+  constexpr int n_mix = HC * HC + 2 * HC;
+  const int q = threadIdx.x & 31;
+  const bool live = q < HC * HC;
+  const float inv_rms = 1.0f / sqrtf(mix[n_mix] / float(HC * d) + norm_eps);
+  if (q < HC) {
+    pre[r * HC + q] = sigmoid_fast(mix[q] * inv_rms * scale[0] + base[q]) + hc_eps;
+    post[r * HC + q] = 2.0f * sigmoid_fast(mix[HC + q] * inv_rms * scale[1] + base[HC + q]);
+  }
+  const auto row_fold = [](float v, bool take_max) {
+    for (int o = 1; o < HC; o <<= 1) {
+      const float w = __shfl_xor_sync(0xffffffffu, v, o);
+      v = take_max ? fmaxf(v, w) : v + w;
+    }
+    return v;
+  };
+  const auto col_sum = [](float v) {
+    for (int o = HC; o < HC * HC; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+  };
+  // every lane of the warp runs every fold (full-mask shuffles); lanes past HC * HC hold 0
+  float c = live ? mix[2 * HC + q] * inv_rms * scale[2] + base[2 * HC + q] : 0.0f;
+  const float mx = row_fold(c, true);
+  const float e = live ? exp_f(c - mx) : 0.0f;
+  const float e_sum = row_fold(e, false);
+  c = live ? e / e_sum + hc_eps : 0.0f;
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0) {
+      const float row = row_fold(c, false);
+      c = live ? c / (row + hc_eps) : 0.0f;
+    }
+    const float col = col_sum(c);
+    c = live ? c / (col + hc_eps) : 0.0f;
+  }
+  if (live) comb[size_t(r) * HC * HC + q] = c;
 }
 
 template <int HC>
@@ -91,7 +158,9 @@ __global__ void __launch_bounds__(slice) mix_finish(const float* X, int d, int s
     mix[o] = s;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if constexpr (HC * HC <= 32) {
+    if (threadIdx.x < 32) sinkhorn_warp<HC>(mix, d, r, scale, base, iters, hc_eps, norm_eps, pre, post, comb);
+  } else if (threadIdx.x == 0) {
     const float inv_rms = 1.0f / sqrtf(mix[n_mix] / float(HC * d) + norm_eps);
     for (int j = 0; j < HC; ++j) {
       pre[r * HC + j] = sigmoid_fast(mix[j] * inv_rms * scale[0] + base[j]) + hc_eps;
@@ -144,7 +213,12 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
   constexpr int n_mix = HC * HC + 2 * HC;
   const int slices = (d + slice - 1) / slice;
   scratch<float> partials(size_t(m) * slices * (n_mix + 1));
-  post_mix_partials<HC><<<dim3(slices, m), slice, 0, stream()>>>(X, d, f, post, comb, p.fn, partials.get());
+  constexpr int rows_per_block = 8;  // prefill: each HCMix weight read once per 8 rows
+  if (m >= rows_per_block)
+    post_mix_partials<HC, rows_per_block><<<dim3(slices, (m + rows_per_block - 1) / rows_per_block), slice, 0,
+                                             stream()>>>(X, m, d, f, post, comb, p.fn, partials.get());
+  else
+    post_mix_partials<HC, 1><<<dim3(slices, m), slice, 0, stream()>>>(X, m, d, f, post, comb, p.fn, partials.get());
   CEDAR_CUDA_LAUNCHED();
   mix_finish<HC><<<m, slice, 0, stream()>>>(X, d, slices, partials.get(), p.scale, p.base, p.sinkhorn_iters,
                                             p.hc_eps, p.norm_eps, pre_out, post, comb, collapse_pre, norm_w, x_out);
@@ -158,34 +232,48 @@ constexpr int max_route_experts = 1024;
 
 __device__ __forceinline__ float softplus_fast(float x) { return x > 20.0f ? x : log1p_f(exp_f(x)); }
 
-__global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y, int k_in, const uint16_t* gate,
+/// grid (ceil(n / 8), ceil(m / R)): warp w of block (x, y) scores expert 8 x + w for rows
+/// [R y, R y + R) (each gate element read once per R rows); the last block of a row group to
+/// finish picks each row's top-k, one warp per row.
+template <int R>
+__global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y, int m, int k_in, const uint16_t* gate,
                                                                   int n, const float* bias, int topk,
                                                                   float route_scale, float* s /*[m, n]*/,
-                                                                  unsigned* arrived /*[m]*/, int32_t* sel,
+                                                                  unsigned* arrived /*[row groups]*/, int32_t* sel,
                                                                   float* weights) {
-  const int r = blockIdx.y, lane = threadIdx.x & 31;
+  static_assert(R <= route_warps, "one warp per row picks the top-k");
+  const int r0 = blockIdx.y * R, lane = threadIdx.x & 31;
   const int e = blockIdx.x * route_warps + threadIdx.x / 32;
-  const float* yr = y + size_t(r) * k_in;
   if (e < n) {
     const uint16_t* g = gate + size_t(e) * k_in;
-    float acc = 0.0f;
+    float acc[R] = {};
     for (int c = lane * 8; c < k_in; c += 256) {
       const uint4 w = *reinterpret_cast<const uint4*>(g + c);
       const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-      for (int q = 0; q < 4; ++q) {
-        acc += yr[c + 2 * q] * __uint_as_float(ws[q] << 16);
-        acc += yr[c + 2 * q + 1] * __uint_as_float(ws[q] & 0xffff0000u);
+#pragma unroll
+      for (int q = 0; q < R; ++q) {
+        if (r0 + q >= m) break;
+        const float* yr = y + size_t(r0 + q) * k_in;
+        for (int h = 0; h < 4; ++h) {
+          acc[q] += yr[c + 2 * h] * __uint_as_float(ws[h] << 16);
+          acc[q] += yr[c + 2 * h + 1] * __uint_as_float(ws[h] & 0xffff0000u);
+        }
       }
     }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) s[size_t(r) * n + e] = sqrtf(softplus_fast(acc));
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      float a = acc[q];
+      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+      if (lane == 0 && r0 + q < m) s[size_t(r0 + q) * n + e] = sqrtf(softplus_fast(a));
+    }
   }
   __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&arrived[r], 1u) == gridDim.x - 1;
+  if (threadIdx.x == 0) last = atomicAdd(&arrived[blockIdx.y], 1u) == gridDim.x - 1;
   __syncthreads();
-  if (!last || threadIdx.x >= 32) return;
+  const int r = r0 + int(threadIdx.x / 32);
+  if (!last || int(threadIdx.x / 32) >= R || r >= m) return;
   __threadfence();
   const float* sr = s + size_t(r) * n;
   uint32_t taken = 0;  // lane-local bit q: expert lane + 32 q was taken (n <= 1024)
@@ -212,7 +300,7 @@ __global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y,
   if (lane == 0) {
     for (int t = 0; t < topk; ++t)
       weights[size_t(r) * topk + t] = sr[sel_r[t]] / (sum + 1e-20f) * route_scale;
-    arrived[r] = 0;
+    if (r == r0) arrived[blockIdx.y] = 0;
   }
 }
 
@@ -342,13 +430,19 @@ void moe_route(const float* y, int m, const bf16_weight& gate, const float* bias
                      "moe_route: at most 1024 experts, top-k 1..16");
   CEDAR_CUDA_REQUIRE(gate.in % 8 == 0, "moe_route: gate.in % 8 == 0");
   if (m <= 0) return;
+  constexpr int rows_per_block = 8;  // prefill: each gate element read once per 8 rows
+  const int R = m >= rows_per_block ? rows_per_block : 1, groups = (m + R - 1) / R;
   scratch<float> s(size_t(m) * gate.out);
-  scratch<unsigned> arrived(m);
-  CEDAR_CUDA_CHECK(cudaMemsetAsync(arrived.get(), 0, sizeof(unsigned) * m, stream()));
-  const dim3 grid((gate.out + route_warps - 1) / route_warps, m);
-  route_kernel<<<grid, route_warps * 32, 0, stream()>>>(y, gate.in, reinterpret_cast<const uint16_t*>(gate.data),
-                                                        gate.out, bias, topk, route_scale, s.get(), arrived.get(),
-                                                        sel, weights);
+  scratch<unsigned> arrived(groups);
+  CEDAR_CUDA_CHECK(cudaMemsetAsync(arrived.get(), 0, sizeof(unsigned) * groups, stream()));
+  const dim3 grid((gate.out + route_warps - 1) / route_warps, groups);
+  const auto* g = reinterpret_cast<const uint16_t*>(gate.data);
+  if (R == 1)
+    route_kernel<1><<<grid, route_warps * 32, 0, stream()>>>(y, m, gate.in, g, gate.out, bias, topk, route_scale,
+                                                             s.get(), arrived.get(), sel, weights);
+  else
+    route_kernel<rows_per_block><<<grid, route_warps * 32, 0, stream()>>>(
+        y, m, gate.in, g, gate.out, bias, topk, route_scale, s.get(), arrived.get(), sel, weights);
   CEDAR_CUDA_LAUNCHED();
 }
 
