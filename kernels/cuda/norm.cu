@@ -27,17 +27,23 @@ struct rope_table {
   double freqs[max_rope_half];
 };
 
-/// One block per row; cos and sin of each pair in double, rounded once (as the CPU).
+/// One block per row; cos and sin of each pair in double, rounded once (as the CPU), computed
+/// once per row into shared memory and applied to every head.
 __global__ void rope_kernel(float* x, int num_heads, int head_dim, int rope_dim,
                             const int32_t* positions, rope_table t, bool inverse) {
+  __shared__ float cos_s[max_rope_half], sin_s[max_rope_half];
   const int r = blockIdx.x;
   const int half = rope_dim / 2;
   const double pos = double(positions[r]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const double angle = pos * t.freqs[i];
+    cos_s[i] = float(cos(angle));
+    sin_s[i] = inverse ? -float(sin(angle)) : float(sin(angle));
+  }
+  __syncthreads();
   for (int job = threadIdx.x; job < num_heads * half; job += blockDim.x) {
     const int h = job / half, i = job % half;
-    const double angle = pos * t.freqs[i];
-    const float c = float(cos(angle));
-    const float s = inverse ? -float(sin(angle)) : float(sin(angle));
+    const float c = cos_s[i], s = sin_s[i];
     float* v = x + (size_t(r) * num_heads + h) * head_dim + (head_dim - rope_dim);
     const float a = v[2 * i], b = v[2 * i + 1];
     v[2 * i] = a * c - b * s;
