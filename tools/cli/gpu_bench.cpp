@@ -25,14 +25,14 @@ void usage() {
       "usage: cedar gpu-bench [--model PRESET|DIR] [--seed S] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
       "                       [--kv-dtype fp4|fp8] [--phases floor,decode,prefill,truncation,prefix,generate]\n"
       "                       [--batch 1,64,256] [--context 8192] [--steps 16] [--warmup-steps 2]\n"
-      "                       [--prefill 8192,32768] [--chunk 512] [--prefix-tokens 32768] [--new-tokens 200]\n"
+      "                       [--prefill 8192,32768] [--chunk N] [--prefix-tokens 32768] [--new-tokens 200]\n"
       "                       [--gen-prompt 32768] [--gen-tokens 256] [--truncate on|off] [--out FILE.json]\n"
       "                       [--progress]\n"
       "  decode: --steps timed calls per batch size on synthetic KV (random well-formed records,\n"
       "    --context tokens per request), against the step's HBM floor at the measured copy rate.\n"
-      "  prefill: each --prefill prompt in --chunk calls (default: serving's --max-prefill-chunk), no\n"
-      "    truncation; linear-layer TFLOP/s against"
-      " cuBLASLt's FP8 rate. truncation: the same prompts with decoder truncation.\n"
+      "  prefill: each --prefill prompt in --chunk calls (default: serving's --max-prefill-chunk on the\n"
+      "    device: 512 on the CPU, 8192 with --device cuda), no truncation; linear-layer TFLOP/s\n"
+      "    against cuBLASLt's FP8 rate. truncation: the same prompts with decoder truncation.\n"
       "  prefix: TTFT of --prefix-tokens cached (whole pages) + --new-tokens new, bounded replay,\n"
       "    against the cold prefill of the whole prompt. generate: --gen-prompt tokens then\n"
       "    --gen-tokens greedy tokens. --truncate applies to prefix and generate (serving's default on).\n"
@@ -90,6 +90,9 @@ bool parse(int argc, char** argv, options& o) {
     else return false;
     if (!ok) return false;
   }
+  if (o.chunk == 0)
+    o.chunk = o.device == device_kind::cuda ? engine_options::gpu_step_tokens
+                                            : engine_options{}.max_prefill_tokens_per_request;
   return true;
 }
 

@@ -33,7 +33,7 @@ struct options {
   std::vector<int> batches = {1, 64, 256};        ///< decode batch sizes
   int64_t context = 8192;                         ///< decode: cached tokens per request
   std::vector<int64_t> prefills = {8192, 32768};  ///< prefill and truncation prompt lengths
-  int chunk = engine_options{}.max_prefill_tokens_per_request;  ///< prefill tokens per step (serving's)
+  int chunk = 0;  ///< prefill tokens per step; 0: serving's default on the device (resolved by parse)
   int steps = 16;                                 ///< timed decode steps per batch size
   int warmup_steps = 2;                           ///< untimed decode steps first
   int64_t prefix_tokens = 32768;                  ///< prefix phase: cached prefix (whole pages)

@@ -156,8 +156,11 @@ int serve_main(int argc, char** argv) {
   cedar::net::serve_options o;
   model_choice engine;
   engine.options = parsed.options;
-  for (const auto& a : args)
+  bool step_tokens_given = false;
+  for (const auto& a : args) {
     if (a.rfind("--kv-budget-bytes", 0) == 0) engine.kv_budget_given = true;
+    if (a.rfind("--max-batched-tokens", 0) == 0 || a.rfind("--max-prefill-chunk", 0) == 0) step_tokens_given = true;
+  }
   if (const char* key = std::getenv("CEDAR_API_KEY")) o.api_key = key;
   auto& rest = parsed.rest;
   for (size_t i = 0; i < rest.size(); ++i) {
@@ -236,6 +239,9 @@ int serve_main(int argc, char** argv) {
     if (engine.model == "null") errors.push_back("--device cuda: the null model has no device");
     if (engine.options.layout != "tp1" || engine.options.shard_port >= 0)
       errors.push_back("--device cuda runs one shard: --layout tp1 only, no --shard-port");
+    if (!step_tokens_given)
+      engine.options.max_batched_tokens = engine.options.max_prefill_tokens_per_request =
+          cedar::engine_options::gpu_step_tokens;
   }
   if (o.port > 65535) errors.push_back("--port must be below 65536");
   if (o.tokenizer_path.empty() && engine.model != "null")
