@@ -44,6 +44,11 @@ void* graph_capture_end();
 void graph_launch(void* exec);
 void graph_destroy(void* exec);
 
+/// Brackets a window for an external profiler (ncu --profile-from-start off): cudaProfilerStart
+/// and cudaProfilerStop.
+void profiler_start();
+void profiler_stop();
+
 /// Device allocation (aborts on failure) and release.
 void* device_alloc(std::size_t bytes);
 void device_free(void* p);

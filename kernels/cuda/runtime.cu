@@ -1,6 +1,8 @@
 // Device, stream and memory helpers of the CUDA backend.
 #include <string>
 
+#include <cuda_profiler_api.h>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
 
@@ -65,6 +67,10 @@ void graph_launch(void* exec) { CEDAR_CUDA_CHECK(cudaGraphLaunch(static_cast<cud
 void graph_destroy(void* exec) {
   if (exec) CEDAR_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)));
 }
+
+void profiler_start() { CEDAR_CUDA_CHECK(cudaProfilerStart()); }
+
+void profiler_stop() { CEDAR_CUDA_CHECK(cudaProfilerStop()); }
 
 void* device_alloc(std::size_t bytes) {
   void* p = nullptr;

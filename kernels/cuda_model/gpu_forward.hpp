@@ -76,9 +76,11 @@ class phase_profile {
   phase_profile();
   ~phase_profile();
   bool on() const { return on_; }
-  /// Times that follow go to decode calls (every item one token) or to the other calls.
-  void begin_call(bool decode) { kind_ = decode ? 0 : 1; }
-  void count_call() { calls_[kind_] += on_ ? 1 : 0; }
+  /// Times that follow go to decode calls (every item one token) or to the other calls. Calls
+  /// first..last of $CEDAR_CUDA_PROFILER_CALLS ("A..B", counted from 1) run between
+  /// cuda::profiler_start and profiler_stop, for ncu --profile-from-start off.
+  void begin_call(bool decode);
+  void count_call();
   /// Times the enclosing scope as phase p (no-op when off).
   class scope {
    public:
@@ -96,6 +98,7 @@ class phase_profile {
  private:
   bool on_ = false;
   int kind_ = 0;
+  int64_t call_ = 0, window_first_ = 0, window_last_ = -1;
   int64_t calls_[2] = {};
   double ms_[2][num_phases] = {};
 };

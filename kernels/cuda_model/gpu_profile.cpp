@@ -24,6 +24,24 @@ double now_ms() {
 phase_profile::phase_profile() {
   const char* env = std::getenv("CEDAR_GPU_PROFILE");
   on_ = env != nullptr && std::string(env) != "0" && std::string(env) != "";
+  if (const char* w = std::getenv("CEDAR_CUDA_PROFILER_CALLS")) {
+    long long a = 0, b = 0;
+    if (std::sscanf(w, "%lld..%lld", &a, &b) == 2 && a >= 1 && b >= a) window_first_ = a, window_last_ = b;
+    else std::fprintf(stderr, "cedar: CEDAR_CUDA_PROFILER_CALLS='%s' is not A..B (1 <= A <= B); ignored\n", w);
+  }
+}
+
+void phase_profile::begin_call(bool decode) {
+  kind_ = decode ? 0 : 1;
+  if (++call_ == window_first_) cuda::profiler_start();
+}
+
+void phase_profile::count_call() {
+  calls_[kind_] += on_ ? 1 : 0;
+  if (call_ == window_last_) {
+    cuda::synchronize();
+    cuda::profiler_stop();
+  }
 }
 
 phase_profile::~phase_profile() {
