@@ -533,9 +533,11 @@ void run_bf16_gemv(const char* name, int groups, int n, int k, rng& r, std::vect
   }
 }
 
-/// fast::moe_ffn at prefill size: 64 experts, top-6, random routing, real V4.1 expert shapes and
-/// the shared expert; timed launched one by one (the prefill path copies 64 counts to the
-/// host, which a graph cannot hold); 4 rows checked against cpu::moe_ffn on those rows alone.
+/// fast::moe_ffn at `tokens` tokens: 64 experts, top-6, random routing, real V4.1 expert shapes
+/// and the shared expert; timed launched one by one (the bf16 path copies 64 counts to the host,
+/// which a graph cannot hold); 4 rows checked against cpu::moe_ffn on those rows alone. Variant
+/// "fast" is the path the thresholds pick; up to 1024 tokens the grouped skinny tile ("skinny")
+/// and the dequant + cuBLAS path ("bf16") are also forced, to place expert_tiled_max_rows.
 void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
   constexpr int experts = moe_experts, topk = 6, d = 5120, inter = 2304;
   std::vector<host_weight> hw;
@@ -586,31 +588,48 @@ void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
     fast::moe_ffn(xd.as<float>(), tokens, d, sd.as<int32_t>(), wdv.as<float>(), topk, dev_e.data(), experts, &dev_s,
                   10.0f, y.as<float>());
   };
-  lab_case c{"moe_prefill", "fast", "64 experts top-6 + shared", tokens, d, inter};
-  c.groups = experts;
-  c.flops = 2.0 * tokens * (topk + 1) * 3.0 * d * inter;
-  cuda::fill_bytes(y.p, 0xFF, sizeof(float) * std::size_t(tokens) * d);
-  run(0);
-  cuda::synchronize();
-  c.checked = true;
-  std::vector<float> got(d), ref(d);
-  double worst = 0;
-  for (int t : {0, tokens / 3, tokens / 2, tokens - 1}) {
-    cuda::copy_to_host(got.data(), y.as<float>() + std::size_t(t) * d, sizeof(float) * d);
+  std::vector<std::vector<float>> refs;  // the CPU op on the checked rows, computed once
+  const int checked_rows[] = {0, tokens / 3, tokens / 2, tokens - 1};
+  for (int t : checked_rows) {
+    refs.emplace_back(d);
     cpu::moe_ffn(x.data() + std::size_t(t) * d, 1, d, sel.data() + std::size_t(t) * topk,
-                 wts.data() + std::size_t(t) * topk, topk, host_e.data(), experts, &host_s, 10.0f, ref.data());
-    double max_ref = 0, max_err = 0;
-    for (int i = 0; i < d; ++i) {
-      max_ref = std::max(max_ref, double(std::fabs(ref[i])));
-      max_err = std::max(max_err, std::isfinite(got[i]) ? std::fabs(double(got[i]) - ref[i]) : INFINITY);
-    }
-    worst = std::max(worst, max_err / std::max(max_ref, 1e-30));
+                 wts.data() + std::size_t(t) * topk, topk, host_e.data(), experts, &host_s, 10.0f, refs.back().data());
   }
-  c.max_err_ratio = worst;  // here: max |out - out_cpu| / max |out_cpu| of the row
-  c.pass = worst <= 1.0 / 256;
-  const double probe = fast::time_ms(run, 1, 2);
-  c.eager_us = c.time_us = 1e3 * fast::time_ms(run, 0, std::clamp(int(200 / std::max(probe, 1e-3)), 2, 10));
-  out.push_back(c);
+  auto measure = [&](const char* variant, const fast::tuning& t) {
+    with_tuning(t, [&] {
+      lab_case c{"moe_prefill", variant, "64 experts top-6 + shared", tokens, d, inter};
+      c.groups = experts;
+      c.flops = 2.0 * tokens * (topk + 1) * 3.0 * d * inter;
+      cuda::fill_bytes(y.p, 0xFF, sizeof(float) * std::size_t(tokens) * d);
+      run(0);
+      cuda::synchronize();
+      c.checked = true;
+      std::vector<float> got(d);
+      double worst = 0;
+      for (std::size_t i = 0; i < refs.size(); ++i) {
+        cuda::copy_to_host(got.data(), y.as<float>() + std::size_t(checked_rows[i]) * d, sizeof(float) * d);
+        double max_ref = 0, max_err = 0;
+        for (int j = 0; j < d; ++j) {
+          max_ref = std::max(max_ref, double(std::fabs(refs[i][j])));
+          max_err = std::max(max_err, std::isfinite(got[j]) ? std::fabs(double(got[j]) - refs[i][j]) : INFINITY);
+        }
+        worst = std::max(worst, max_err / std::max(max_ref, 1e-30));
+      }
+      c.max_err_ratio = worst;  // here: max |out - out_cpu| / max |out_cpu| of the row
+      c.pass = worst <= 1.0 / 256;
+      const double probe = fast::time_ms(run, 1, 2);
+      c.eager_us = c.time_us = 1e3 * fast::time_ms(run, 0, std::clamp(int(200 / std::max(probe, 1e-3)), 2, 10));
+      out.push_back(c);
+    });
+  };
+  const fast::tuning now = fast::tuning_now();
+  measure("fast", now);
+  if (tokens > 1024) return;
+  fast::tuning skinny = now, bf16 = now;
+  skinny.expert_gemv_max_rows = 0, skinny.expert_tiled_max_rows = never;
+  bf16.expert_gemv_max_rows = 0, bf16.expert_tiled_max_rows = 0;
+  measure("skinny", skinny);
+  measure("bf16", bf16);
 }
 
 }  // namespace
@@ -664,6 +683,7 @@ std::vector<lab_case> run_prefill_cases(bool quick) {
   run_bf16_gemv("attn.wo_a (8 groups)", 8, 1024, 4096, r, out);
   run_bf16_gemv("router gate", 1, 64, 5120, r, out);
   run_bf16_gemv("compressor wkv", 1, 512, 5120, r, out);
+  for (int t : quick ? std::vector<int>{256} : std::vector<int>{128, 256, 512, 1024}) run_moe_prefill(t, r, out);
   run_moe_prefill(8192, r, out);
   return out;
 }

@@ -66,7 +66,10 @@ void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows /*
 /// Row counts up to which the decode kernels run (inclusive); above: the bf16 GEMM path.
 /// Measured (`cedar kernel-lab --op prefill`, H200): attn.wo_b 5120x8192 FP8 gemv 43 / 85 / 167 us
 /// at m = 16 / 32 / 64 against 79 / 80 / 84 us for the bf16 path; W4A8 expert w13 gemv 28 / 52 /
-/// 110 us; so the tile runs up to 32 rows.
+/// 110 us; so the tile runs up to 32 rows. expert_tiled_max_rows is set from byte counts, not yet
+/// a sweep: the skinny tile reads each busy expert's FP4 weight once per 64 slots, the bf16 path
+/// writes and re-reads every expert dequantized (about 10x the bytes) after a host round trip;
+/// `cedar kernel-lab --op prefill` times both ("moe_prefill" skinny / bf16) at 128-1024 tokens.
 struct tuning {
   int gemv_max_rows = 32;           ///< FP8 / W4A8 linears: gemv tile
   int bf16_gemv_max_rows = 16;      ///< bf16 linears and wo_a: the bf16 GEMV
