@@ -35,8 +35,9 @@ struct engine_options {
   std::string layout = "tp1";                      ///< --layout tpN|depN: shards and how they split the model
   int shard_port = -1;                             ///< --shard-port N: accept `cedar shard --connect` (0 = any free port, -1 = off)
 
-  /// Tokens per step on a GPU shard when neither --max-batched-tokens nor --max-prefill-chunk is
-  /// given: large enough that each expert's weights, read once per step, serve hundreds of rows.
+  /// --max-batched-tokens and --max-prefill-chunk on a GPU shard when not given (the chunk no
+  /// larger than the step): large enough that each expert's weights, read once per step, serve
+  /// hundreds of rows.
   static constexpr int gpu_step_tokens = 8192;
 
   /// One line per option, for `--help`.

@@ -1,5 +1,6 @@
 // `cedar serve`: the OpenAI-compatible HTTP + WebSocket server. Parses flags (server flags here,
 // engine flags via config/engine_options.hpp) and hands over to net::run_server.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -81,8 +82,12 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
   if (!started) throw std::runtime_error(started.error().message);
   std::string name = std::filesystem::path(c.model).filename().string();
   if (name.empty() || name.find(".json") != std::string::npos) name = "model";
-  std::string layout = std::string(c.device == cedar::cli::device_kind::cuda ? "cuda, " : "") + "KV " +
-                       (c.options.kv_fp8 ? "fp8" : "fp4") + ", " +
+  const bool cuda = c.device == cedar::cli::device_kind::cuda;
+  std::string layout = std::string(cuda ? (c.kernels == cedar::gpu_kernels::fast ? "cuda (fast kernels), "
+                                                                                 : "cuda (exact kernels), ")
+                                        : "") +
+                       "KV " + (c.options.kv_fp8 ? "fp8" : "fp4") + ", " +
+                       std::to_string(c.options.max_batched_tokens) + "-token steps, " +
                        std::to_string(args->num_hidden_layers) + " layers, hidden " +
                        std::to_string(args->hidden_size);
   return cedar::net::make_runtime_bridge(std::move(started.value()), name, layout, c.options.page_tokens);
@@ -156,10 +161,11 @@ int serve_main(int argc, char** argv) {
   cedar::net::serve_options o;
   model_choice engine;
   engine.options = parsed.options;
-  bool step_tokens_given = false;
+  bool batched_given = false, chunk_given = false;
   for (const auto& a : args) {
     if (a.rfind("--kv-budget-bytes", 0) == 0) engine.kv_budget_given = true;
-    if (a.rfind("--max-batched-tokens", 0) == 0 || a.rfind("--max-prefill-chunk", 0) == 0) step_tokens_given = true;
+    if (a.rfind("--max-batched-tokens", 0) == 0) batched_given = true;
+    if (a.rfind("--max-prefill-chunk", 0) == 0) chunk_given = true;
   }
   if (const char* key = std::getenv("CEDAR_API_KEY")) o.api_key = key;
   auto& rest = parsed.rest;
@@ -239,9 +245,10 @@ int serve_main(int argc, char** argv) {
     if (engine.model == "null") errors.push_back("--device cuda: the null model has no device");
     if (engine.options.layout != "tp1" || engine.options.shard_port >= 0)
       errors.push_back("--device cuda runs one shard: --layout tp1 only, no --shard-port");
-    if (!step_tokens_given)
-      engine.options.max_batched_tokens = engine.options.max_prefill_tokens_per_request =
-          cedar::engine_options::gpu_step_tokens;
+    // the GPU defaults for what the command line left out (a chunk no larger than a step)
+    auto& eo = engine.options;
+    if (!batched_given) eo.max_batched_tokens = cedar::engine_options::gpu_step_tokens;
+    if (!chunk_given) eo.max_prefill_tokens_per_request = std::min(cedar::engine_options::gpu_step_tokens, eo.max_batched_tokens);
   }
   if (o.port > 65535) errors.push_back("--port must be below 65536");
   if (o.tokenizer_path.empty() && engine.model != "null")
