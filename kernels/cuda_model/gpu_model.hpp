@@ -6,11 +6,22 @@
 // the other requests in the batch. Built only with CUDA (CEDAR_HAVE_CUDA).
 #pragma once
 
+#include <cstdint>
+
+#include "config/model_args.hpp"
+
 namespace cedar {
 /// Which kernels the GPU model runs. exact: the CUDA ops of kernels/cuda, the CPU model's bits.
 /// fast: tensor-core linear layers and fused kernels (kernels/cuda/fast), within stated bounds
 /// of the CPU model.
 enum class gpu_kernels { exact, fast };
+
+/// Device memory one forward call of `step_tokens` rows may take beside the weights and the KV
+/// (residual streams, q and o, the sublayer buffers, the experts' and linears' scratch, the
+/// indexer's score tiles): a deliberately high estimate from the model's shapes, 1.5x the
+/// per-row buffers plus the largest dequantized weight and 256 MiB (gpu_memory.cpp). Available
+/// in every build (serving sizes the KV with it before any device is touched).
+int64_t gpu_step_reserve_bytes(const model_args& args, int step_tokens);
 }  // namespace cedar
 
 #ifdef CEDAR_HAVE_CUDA

@@ -211,7 +211,7 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
 }
 
 std::optional<int64_t> gpu_kv_budget(const kv_layout& layout, double fraction, int64_t budget_bytes, int max_num_seqs,
-                                     bool verbose, std::string* error) {
+                                     int64_t reserve_bytes, bool verbose, std::string* error) {
 #ifdef CEDAR_HAVE_CUDA
   std::size_t free_b = 0, total_b = 0;
   cuda::memory_info(&free_b, &total_b);
@@ -221,16 +221,22 @@ std::optional<int64_t> gpu_kv_budget(const kv_layout& layout, double fraction, i
     return std::string(buf);
   };
   const std::string free_text = gib_text(double(free_b)) + " of the device's " + gib_text(double(total_b)) +
-                                " are free after the weights";
+                                " are free after the weights, " + gib_text(double(reserve_bytes)) +
+                                " of them kept for a step's activations (--max-batched-tokens)";
   char fraction_text[48];
   std::snprintf(fraction_text, sizeof fraction_text, "--gpu-memory-fraction %.2f", fraction);
   if (!(fraction > 0 && fraction <= 1)) {
     *error = "--gpu-memory-fraction must be in (0, 1]";
     return std::nullopt;
   }
+  const int64_t usable = int64_t(free_b) - reserve_bytes;
+  if (usable <= 0) {
+    *error = "no device memory left for KV: " + free_text + "; lower --max-batched-tokens";
+    return std::nullopt;
+  }
   const bool given = budget_bytes > 0;
-  if (!given) budget_bytes = int64_t(double(free_b) * fraction);
-  if (given && uint64_t(budget_bytes) > free_b) {
+  if (!given) budget_bytes = int64_t(double(usable) * fraction);
+  if (given && budget_bytes > usable) {
     *error = "--kv-budget-bytes " + std::to_string(budget_bytes) + " does not fit on the device: " + free_text;
     return std::nullopt;
   }
@@ -248,7 +254,7 @@ std::optional<int64_t> gpu_kv_budget(const kv_layout& layout, double fraction, i
                  free_text.c_str());
   return budget_bytes;
 #else
-  (void)layout, (void)fraction, (void)budget_bytes, (void)max_num_seqs, (void)verbose;
+  (void)layout, (void)fraction, (void)budget_bytes, (void)max_num_seqs, (void)reserve_bytes, (void)verbose;
   *error = device_unavailable(device_kind::cuda);
   return std::nullopt;
 #endif

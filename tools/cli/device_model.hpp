@@ -65,10 +65,10 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
                                                 std::string* error);
 
 /// The KV budget (pages, rings, tails) of a GPU shard, once the weights are on the device:
-/// `fraction` of the device memory free now, or `budget_bytes` when > 0 (checked against it).
-/// Printed on stderr when verbose. nullopt and *error when the budget does not fit or holds
-/// no page and ring slot.
+/// `fraction` of the device memory free now less `reserve_bytes` (cedar::gpu_step_reserve_bytes), or
+/// `budget_bytes` when > 0 (checked against the same). Printed on stderr when verbose. nullopt
+/// and *error when the budget does not fit or holds no page and ring slot.
 std::optional<int64_t> gpu_kv_budget(const kv_layout& layout, double fraction, int64_t budget_bytes, int max_num_seqs,
-                                     bool verbose, std::string* error);
+                                     int64_t reserve_bytes, bool verbose, std::string* error);
 
 }  // namespace cedar::cli

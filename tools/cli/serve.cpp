@@ -72,9 +72,10 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
                                                true, &error);
     if (!gpu) throw std::runtime_error(error);
     cedar::engine_options options = c.options;
+    const int64_t reserve = cedar::gpu_step_reserve_bytes(*args, options.max_batched_tokens);
     const auto budget = cedar::cli::gpu_kv_budget(gpu->layout(), c.gpu_memory_fraction,
                                                   c.kv_budget_given ? options.kv_budget_bytes : 0,
-                                                  options.max_num_seqs, true, &error);
+                                                  options.max_num_seqs, reserve, true, &error);
     if (!budget) throw std::runtime_error(error);
     options.kv_budget_bytes = *budget;
     return cedar::engine::start(std::move(gpu), options);
@@ -107,8 +108,9 @@ void print_help(FILE* out) {
       "  --device cpu|cuda              where the model runs (default cpu). cuda: weights and KV on the\n"
       "                                 GPU, one shard (--layout tp1)\n"
       "  --gpu-memory-fraction F        --device cuda: the share of the device memory left free by the\n"
-      "                                 weights that the KV takes (default 0.9; the rest is for\n"
-      "                                 activations); --kv-budget-bytes, when given, sets it instead\n"
+      "                                 weights and a step's activations (estimated from the model\n"
+      "                                 and --max-batched-tokens) that the KV takes (default 0.9);\n"
+      "                                 --kv-budget-bytes, when given, sets it instead\n"
       "  --gpu-kernels exact|fast       --device cuda: exact gives the CPU's bits (default); fast runs\n"
       "                                 the tensor-core kernels, within stated bounds of them\n"
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
