@@ -49,6 +49,11 @@ void graph_destroy(void* exec);
 void profiler_start();
 void profiler_stop();
 
+/// The high-water mark of bytes in use from the device's stream-ordered pool (every scratch
+/// and activation buffer of the ops; not the weights or the KV arena) since the last reset.
+uint64_t scratch_high_water();
+void reset_scratch_high_water();
+
 /// Device allocation (aborts on failure) and release.
 void* device_alloc(std::size_t bytes);
 void device_free(void* p);

@@ -72,6 +72,27 @@ void profiler_start() { CEDAR_CUDA_CHECK(cudaProfilerStart()); }
 
 void profiler_stop() { CEDAR_CUDA_CHECK(cudaProfilerStop()); }
 
+namespace {
+cudaMemPool_t device_pool() {
+  int dev = 0;
+  CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaMemPool_t pool = nullptr;
+  CEDAR_CUDA_CHECK(cudaDeviceGetMemPool(&pool, dev));
+  return pool;
+}
+}  // namespace
+
+uint64_t scratch_high_water() {
+  uint64_t v = 0;  // the attribute is a cuuint64_t
+  CEDAR_CUDA_CHECK(cudaMemPoolGetAttribute(device_pool(), cudaMemPoolAttrUsedMemHigh, &v));
+  return v;
+}
+
+void reset_scratch_high_water() {
+  uint64_t zero = 0;  // the only value it may be set to
+  CEDAR_CUDA_CHECK(cudaMemPoolSetAttribute(device_pool(), cudaMemPoolAttrUsedMemHigh, &zero));
+}
+
 void* device_alloc(std::size_t bytes) {
   void* p = nullptr;
   CEDAR_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes));

@@ -194,3 +194,24 @@ TEST_CASE("gpu model, fast kernels: a batch gives each request the bits it gets 
   for (int i = 0; i < 3; ++i)
     CHECK(std::memcmp(logits.data() + std::size_t(i) * vocab, alone[i].data(), sizeof(float) * vocab) == 0);
 }
+
+TEST_CASE("gpu model, fast kernels: a prefill call's scratch stays under gpu_step_reserve_bytes (micro, tiny)") {
+  if (!have_gpu()) return;
+  // serving sizes the KV with this estimate (tools/cli/device_model.cpp); under it, a step of
+  // --max-batched-tokens rows cannot run the device out of memory
+  for (const char* preset : {"micro", "tiny"}) {
+    fast_pair& p = load(preset);
+    for (const int n : {512, 2048}) {
+      const auto prompt = test::random_tokens(n, p.cpu->args().vocab_size, 900 + n);
+      gpu_request r(*p.arena, n);
+      cuda::synchronize();
+      cuda::reset_scratch_high_water();
+      r.run(*p.gpu, prompt);
+      cuda::synchronize();
+      const uint64_t high = cuda::scratch_high_water(), reserve = uint64_t(gpu_step_reserve_bytes(p.cpu->args(), n));
+      MESSAGE(preset, " n=", n, ": scratch high-water ", high, " B, reserve ", reserve, " B");
+      CHECK(high > 0);
+      CHECK(high <= reserve);
+    }
+  }
+}
