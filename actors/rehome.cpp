@@ -39,8 +39,8 @@ rehome_stats rehome(const std::vector<rehome_source>& from, const std::vector<re
   }
   for (const rehome_source& src : from) {
     for (request_transfer& t : src.policy->take_requests()) {
-      const int g = target_group(router, t.spec.session_id, request_load);
-      request_group[t.id] = g;
+      const int g = target_group(router, t.state.spec.session_id, request_load);
+      request_group[t.state.id] = g;
       to[g].policy->adopt_request(std::move(t));
       ++stats.requests_moved;
     }

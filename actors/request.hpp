@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "actors/messages.hpp"
@@ -31,6 +32,15 @@ struct request_state {
   int num_preemptions = 0;
   steady_time submit_time{};
   steady_time last_token_time{};
+
+  /// The request with its KV placement dropped (as a new scheduler adopts it): tokens, spec,
+  /// prompt length, first-admission facts, preemptions and timing stay; pages, slot, computed
+  /// positions, replay and published pages are back at their defaults.
+  request_state without_kv() && {
+    request_state r = std::move(*this);
+    r.num_computed = 0, r.pages.clear(), r.slot = -1, r.replay_from = r.replay_to = -1, r.published_pages = 0;
+    return r;
+  }
 
   int64_t completion_tokens() const { return int64_t(tokens.size()) - prompt_len; }
   bool has_replay() const { return replay_from >= 0; }

@@ -13,22 +13,7 @@ std::vector<request_transfer> scheduler::take_requests() {
   std::vector<uint64_t> order(running_.begin(), running_.end());
   order.insert(order.end(), waiting_.begin(), waiting_.end());
   std::vector<request_transfer> out;
-  for (uint64_t id : order) {
-    request_state& r = requests_.at(id);
-    request_transfer t;
-    t.id = r.id;
-    t.spec = std::move(r.spec);
-    t.tokens = std::move(r.tokens);
-    t.prompt_len = r.prompt_len;
-    t.cached_prompt_tokens = r.cached_prompt_tokens;
-    t.truncate_below = r.truncate_below;
-    t.admitted_once = r.admitted_once;
-    t.cancel_requested = r.cancel_requested;
-    t.num_preemptions = r.num_preemptions;
-    t.submit_time = r.submit_time;
-    t.last_token_time = r.last_token_time;
-    out.push_back(std::move(t));
-  }
+  for (uint64_t id : order) out.push_back({std::move(requests_.at(id)).without_kv()});
   requests_.clear();
   running_.clear();
   waiting_.clear();
@@ -54,18 +39,7 @@ adopted_pages scheduler::adopt_chain(const page_chain& chain) {
 }
 
 void scheduler::adopt_request(request_transfer t) {
-  request_state r;
-  r.id = t.id;
-  r.spec = std::move(t.spec);
-  r.tokens = std::move(t.tokens);
-  r.prompt_len = t.prompt_len;
-  r.cached_prompt_tokens = t.cached_prompt_tokens;
-  r.truncate_below = t.truncate_below;
-  r.admitted_once = t.admitted_once;
-  r.cancel_requested = t.cancel_requested;
-  r.num_preemptions = t.num_preemptions;
-  r.submit_time = t.submit_time;
-  r.last_token_time = t.last_token_time;
+  request_state r = std::move(t.state).without_kv();
   const uint64_t id = r.id;
   next_request_id_ = std::max(next_request_id_, id + 1);
   requests_.emplace(id, std::move(r));

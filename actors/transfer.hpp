@@ -13,19 +13,11 @@
 
 namespace cedar {
 
-/// A request leaving its scheduler: everything but its KV placement.
+/// A request leaving its scheduler: everything but its KV placement (state.without_kv(): no
+/// pages, ring slot, computed positions, pending replay or published pages; the new scheduler
+/// finds its prefix in the cache and recomputes the rest).
 struct request_transfer {
-  uint64_t id = 0;
-  request_spec spec;                 ///< spec.prompt empty: the prompt is tokens[0, prompt_len)
-  std::vector<int32_t> tokens;       ///< prompt then completion tokens
-  int64_t prompt_len = 0;
-  int64_t cached_prompt_tokens = 0;
-  int64_t truncate_below = -1;
-  bool admitted_once = false;
-  bool cancel_requested = false;
-  int num_preemptions = 0;
-  steady_time submit_time{};
-  steady_time last_token_time{};
+  request_state state;
 };
 
 /// Cached full pages of one token prefix: page i holds tokens [i*P, (i+1)*P).
