@@ -15,14 +15,13 @@ uint8_t* ring_record(const kv_layout& layout, const request_kv& kv, int layer, i
   return kv.swa_ring + (std::size_t(layer) * layout.window + slot) * layout.swa_record_bytes;
 }
 
-/// Start of page data for `entry` of source `slot`, and the entry's index within the page.
-uint8_t* page_of(const kv_layout& layout, const request_kv& kv, int slot, int64_t entry,
-                 int64_t& in_page) {
+/// The record of `entry` of source `slot`: its latent or its index key.
+uint8_t* record_of(const kv_layout& layout, const request_kv& kv, int slot, int64_t entry, bool latent) {
   const kv_source_layout& s = layout.sources.at(slot);
   const int64_t page = entry / s.entries_per_page;
   CEDAR_OP_CHECK(entry >= 0 && page < int64_t(kv.pages.size()), "KV page out of range");
-  in_page = entry - page * s.entries_per_page;
-  return kv.pages[page];
+  const int64_t in_page = entry - page * s.entries_per_page;
+  return kv.pages[page] + (latent ? s.latent_offset + in_page * s.latent_bytes : s.key_offset + in_page * s.key_bytes);
 }
 
 void pack(const kv_layout& layout, const float* v, int d, bool latent, uint8_t* rec) {
@@ -67,36 +66,20 @@ void load_ring(const kv_layout& layout, const request_kv& kv, int layer, int64_t
   fmt::unpack_fp8(ring_record(layout, kv, layer, pos), layout.latent_dim, v);
 }
 
-void store_latent(const kv_layout& layout, request_kv& kv, int slot, int64_t entry,
-                  const float* v) {
-  int64_t e = 0;
-  uint8_t* page = page_of(layout, kv, slot, entry, e);
-  const kv_source_layout& s = layout.sources[slot];
-  pack(layout, v, layout.latent_dim, true, page + s.latent_offset + e * s.latent_bytes);
+void store_latent(const kv_layout& layout, request_kv& kv, int slot, int64_t entry, const float* v) {
+  pack(layout, v, layout.latent_dim, true, record_of(layout, kv, slot, entry, true));
 }
 
-void load_latent(const kv_layout& layout, const request_kv& kv, int slot, int64_t entry,
-                 float* v) {
-  int64_t e = 0;
-  const uint8_t* page = page_of(layout, kv, slot, entry, e);
-  const kv_source_layout& s = layout.sources[slot];
-  unpack(layout, page + s.latent_offset + e * s.latent_bytes, layout.latent_dim, true, v);
+void load_latent(const kv_layout& layout, const request_kv& kv, int slot, int64_t entry, float* v) {
+  unpack(layout, record_of(layout, kv, slot, entry, true), layout.latent_dim, true, v);
 }
 
-void store_index_key(const kv_layout& layout, request_kv& kv, int slot, int64_t entry,
-                     const float* v) {
-  int64_t e = 0;
-  uint8_t* page = page_of(layout, kv, slot, entry, e);
-  const kv_source_layout& s = layout.sources[slot];
-  pack(layout, v, layout.index_dim, false, page + s.key_offset + e * s.key_bytes);
+void store_index_key(const kv_layout& layout, request_kv& kv, int slot, int64_t entry, const float* v) {
+  pack(layout, v, layout.index_dim, false, record_of(layout, kv, slot, entry, false));
 }
 
-void load_index_key(const kv_layout& layout, const request_kv& kv, int slot, int64_t entry,
-                    float* v) {
-  int64_t e = 0;
-  const uint8_t* page = page_of(layout, kv, slot, entry, e);
-  const kv_source_layout& s = layout.sources[slot];
-  unpack(layout, page + s.key_offset + e * s.key_bytes, layout.index_dim, false, v);
+void load_index_key(const kv_layout& layout, const request_kv& kv, int slot, int64_t entry, float* v) {
+  unpack(layout, record_of(layout, kv, slot, entry, false), layout.index_dim, false, v);
 }
 
 int tail_index(const kv_layout& layout, int slot) {
