@@ -94,6 +94,7 @@ engine_options_parse parse_engine_options(const std::vector<std::string>& args, 
       value = args[++i];
     }
     if (!it->second(r.options, value)) r.errors.push_back(flag + ": bad value '" + value + "'");
+    r.given.insert(flag);
   }
   for (auto& e : validate(r.options)) r.errors.push_back(e);
   return r;

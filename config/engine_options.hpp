@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,7 @@ struct engine_options_parse {
   engine_options options;
   std::vector<std::string> rest;
   std::vector<std::string> errors;
+  std::set<std::string> given;  ///< the engine flags on the command line (e.g. "--kv-budget-bytes")
 };
 
 /// Parses `--flag value` and `--flag=value` forms; unknown arguments go to `rest`.

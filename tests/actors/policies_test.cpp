@@ -29,6 +29,10 @@ TEST_CASE("engine options: every flag parses, bad values are named, unknown flag
   CHECK(r.options.max_batched_tokens == 99);
   CHECK(r.options.kv_budget_bytes == 123456789);
   CHECK(r.rest == std::vector<std::string>{"--port", "80"});
+  // which flags were given, so a device can default the ones that were not
+  CHECK(r.given.count("--max-batched-tokens") == 1);
+  CHECK(r.given.count("--kv-budget-bytes") == 1);
+  CHECK(r.given.count("--max-prefill-chunk") == 0);
   auto bad = parse_engine_options({"--swa-replay", "some", "--max-num-seqs", "0", "--kv-dtype"});
   REQUIRE(bad.errors.size() == 3);
   CHECK(bad.errors[0].find("--swa-replay") != std::string::npos);

@@ -163,12 +163,7 @@ int serve_main(int argc, char** argv) {
   cedar::net::serve_options o;
   model_choice engine;
   engine.options = parsed.options;
-  bool batched_given = false, chunk_given = false;
-  for (const auto& a : args) {
-    if (a.rfind("--kv-budget-bytes", 0) == 0) engine.kv_budget_given = true;
-    if (a.rfind("--max-batched-tokens", 0) == 0) batched_given = true;
-    if (a.rfind("--max-prefill-chunk", 0) == 0) chunk_given = true;
-  }
+  engine.kv_budget_given = parsed.given.count("--kv-budget-bytes") > 0;
   if (const char* key = std::getenv("CEDAR_API_KEY")) o.api_key = key;
   auto& rest = parsed.rest;
   for (size_t i = 0; i < rest.size(); ++i) {
@@ -249,8 +244,9 @@ int serve_main(int argc, char** argv) {
       errors.push_back("--device cuda runs one shard: --layout tp1 only, no --shard-port");
     // the GPU defaults for what the command line left out (a chunk no larger than a step)
     auto& eo = engine.options;
-    if (!batched_given) eo.max_batched_tokens = cedar::engine_options::gpu_step_tokens;
-    if (!chunk_given) eo.max_prefill_tokens_per_request = std::min(cedar::engine_options::gpu_step_tokens, eo.max_batched_tokens);
+    if (!parsed.given.count("--max-batched-tokens")) eo.max_batched_tokens = cedar::engine_options::gpu_step_tokens;
+    if (!parsed.given.count("--max-prefill-chunk"))
+      eo.max_prefill_tokens_per_request = std::min(cedar::engine_options::gpu_step_tokens, eo.max_batched_tokens);
   }
   if (o.port > 65535) errors.push_back("--port must be below 65536");
   if (o.tokenizer_path.empty() && engine.model != "null")
