@@ -122,6 +122,24 @@ struct checker {
   std::vector<float> first;          // the first fast variant's rows, for the bit comparison
   int n = 0;
 
+  /// `samples` (at most `count`) evenly spaced rows of [0, count) with n outputs each; the
+  /// references are left to fill.
+  checker(int n_, int count, int samples) : n(n_) {
+    samples = std::min(count, samples);
+    for (int i = 0; i < samples; ++i) rows.push_back(int(int64_t(i) * (count - 1) / std::max(samples - 1, 1)));
+    ref.resize(rows.size() * std::size_t(n));
+    sabs.resize(ref.size());
+  }
+
+  /// A dense layer's checker: the reference outputs of sampled rows of x [m, w.k] through w.
+  static checker dense(const host_weight& w, const std::vector<float>& x, int m, int samples) {
+    checker c(w.n, m, samples);
+    const abs_decoder dec(w);
+    for (std::size_t i = 0; i < c.rows.size(); ++i)
+      reference_row(x.data() + std::size_t(c.rows[i]) * w.k, w, dec, c.ref.data() + i * c.n, c.sabs.data() + i * c.n);
+    return c;
+  }
+
   void check(const float* y_dev /*[*, n]*/, lab_case& c, bool compare_bits) {
     std::vector<float> got(rows.size() * std::size_t(n));
     for (std::size_t i = 0; i < rows.size(); ++i)
@@ -189,16 +207,7 @@ void run_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vector<lab_
   cuda::copy_to_device(xd.p, x.data(), sizeof(float) * x.size());
   fast::quantize_rows_fp8(xd.as<float>(), m, s.k, xq.as<uint8_t>(), xs.as<float>());
 
-  checker chk;
-  chk.n = s.n;
-  const int samples = std::min(m, 24);
-  for (int i = 0; i < samples; ++i) chk.rows.push_back(int(int64_t(i) * (m - 1) / std::max(samples - 1, 1)));
-  chk.ref.resize(chk.rows.size() * std::size_t(s.n));
-  chk.sabs.resize(chk.ref.size());
-  const abs_decoder dec(hw);
-  for (std::size_t i = 0; i < chk.rows.size(); ++i)
-    reference_row(x.data() + std::size_t(chk.rows[i]) * s.k, hw, dec, chk.ref.data() + i * s.n,
-                  chk.sabs.data() + i * s.n);
+  checker chk = checker::dense(hw, x, m, 24);
 
   auto fp8w = [&](int i) {
     const uint8_t* base = wcopies[i % copies]->as<uint8_t>();
@@ -345,13 +354,8 @@ void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down,
     groups_dev.push_back(std::make_unique<dev_buf>(sizeof(fast::expert_group) * rt.groups.size()));
     cuda::copy_to_device(groups_dev.back()->p, rt.groups.data(), sizeof(fast::expert_group) * rt.groups.size());
   }
-  checker chk;
-  chk.n = n;
+  checker chk(n, slots, 48);
   const routing& r0 = ro[0];
-  const int samples = std::min(slots, 48);
-  for (int i = 0; i < samples; ++i) chk.rows.push_back(int(int64_t(i) * (slots - 1) / std::max(samples - 1, 1)));
-  chk.ref.resize(chk.rows.size() * std::size_t(n));
-  chk.sabs.resize(chk.ref.size());
   for (std::size_t i = 0; i < chk.rows.size(); ++i) {
     const int s = chk.rows[i];
     reference_row(x.data() + std::size_t(r0.slot_rows[s]) * k, hw[r0.slot_expert[s]], bank.dec[r0.slot_expert[s]],
@@ -408,16 +412,7 @@ void run_prefill_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vec
   cuda::copy_to_device(xd.p, x.data(), sizeof(float) * x.size());
   const fp8_weight w8{s.n, s.k, wd.as<uint8_t>(), wd.as<uint8_t>() + hw.data_bytes()};
   const fp4_weight w4{s.n, s.k, wd.as<uint8_t>(), wd.as<uint8_t>() + hw.data_bytes()};
-  checker chk;
-  chk.n = s.n;
-  const int samples = std::min(m, 8);
-  for (int i = 0; i < samples; ++i) chk.rows.push_back(int(int64_t(i) * (m - 1) / std::max(samples - 1, 1)));
-  chk.ref.resize(chk.rows.size() * std::size_t(s.n));
-  chk.sabs.resize(chk.ref.size());
-  const abs_decoder dec(hw);
-  for (std::size_t i = 0; i < chk.rows.size(); ++i)
-    reference_row(x.data() + std::size_t(chk.rows[i]) * s.k, hw, dec, chk.ref.data() + i * s.n,
-                  chk.sabs.data() + i * s.n);
+  checker chk = checker::dense(hw, x, m, 8);
   const std::string op = fp4 ? "prefill_fp4" : "prefill_fp8";
   const double flops = 2.0 * m * s.n * s.k;
   auto linear = [&] {
