@@ -16,6 +16,10 @@ void gemm_fp4(const float* x, int ldx, int m, const fp4_weight& w, float* y, int
 void gemm_bf16(const float* x, int ldx, int m, const bf16_weight& w, float* y, int ldy);
 void gemm_f32(const float* x, int ldx, int m, const float* w, int out, int in, float* y, int ldy);
 
+/// The intermediate size the present experts share (0 when this shard holds none), after
+/// checking that each takes and gives d (moe_ffn's contract, exact and fast sets).
+int expert_inter(const cpu::expert_weights* experts, int num_experts, int d);
+
 /// xq [m, in] = FP8 fake-quant (per 32) of x rows [m, ldx].
 void quant_rows_fp8(const float* x, int ldx, int m, int in, float* xq);
 

@@ -178,11 +178,7 @@ void expert_ffn_fp8(const float* y, int m, const cpu::shared_expert_weights& e, 
   swiglu_expert(y, m, e.w1, e.w3, e.w2, nullptr, limit, out, gemm_fp8);
 }
 
-void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
-             const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared,
-             float limit, float* out) {
-  CEDAR_CUDA_REQUIRE(num_experts > 0 && num_experts <= max_experts, "expert count");
-  if (m <= 0) return;
+int detail::expert_inter(const cpu::expert_weights* experts, int num_experts, int d) {
   int inter = 0;
   for (int e = 0; e < num_experts; ++e)
     if (experts[e].w1.data) {
@@ -190,6 +186,15 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
       CEDAR_CUDA_REQUIRE(inter == 0 || inter == experts[e].w1.out, "experts share one shape");
       inter = experts[e].w1.out;
     }
+  return inter;
+}
+
+void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
+             const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared,
+             float limit, float* out) {
+  CEDAR_CUDA_REQUIRE(num_experts > 0 && num_experts <= max_experts, "expert count");
+  if (m <= 0) return;
+  const int inter = cuda::detail::expert_inter(experts, num_experts, d);
   scratch<cpu::expert_weights> table(num_experts);
   CEDAR_CUDA_CHECK(cudaMemcpyAsync(table.get(), experts, sizeof(cpu::expert_weights) * num_experts,
                                    cudaMemcpyHostToDevice, stream()));

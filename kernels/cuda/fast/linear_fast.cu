@@ -26,6 +26,7 @@
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/mma.cuh"
+#include "kernels/cuda/internal.cuh"
 
 namespace cedar::cuda::fast {
 namespace detail {
@@ -524,13 +525,7 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
              float* out) {
   CEDAR_CUDA_REQUIRE(num_experts > 0 && num_experts <= max_experts, "expert count");
   if (m <= 0) return;
-  int inter = 0;
-  for (int e = 0; e < num_experts; ++e)
-    if (experts[e].w1.data) {
-      CEDAR_CUDA_REQUIRE(experts[e].w1.in == d && experts[e].w2.out == d, "expert shapes");
-      CEDAR_CUDA_REQUIRE(inter == 0 || inter == experts[e].w1.out, "experts share one shape");
-      inter = experts[e].w1.out;
-    }
+  const int inter = cuda::detail::expert_inter(experts, num_experts, d);
   CEDAR_CUDA_REQUIRE(d % 32 == 0 && inter % 32 == 0, "fast moe_ffn: d and inter multiples of 32");
   const cpu::expert_weights* table = device_table(experts, num_experts);
   const tuning& tune = tuning_now();
