@@ -76,10 +76,11 @@ class phase_profile {
   phase_profile();
   ~phase_profile();
   bool on() const { return on_; }
-  /// Times that follow go to decode calls (every item one token) or to the other calls. Calls
-  /// first..last of $CEDAR_CUDA_PROFILER_CALLS ("A..B", counted from 1) run between
+  /// Times that follow go to decode calls (every item one token) or to the other calls, kept
+  /// apart by the call's row count (a batch-1 step and a batch-64 step are different lines).
+  /// Calls first..last of $CEDAR_CUDA_PROFILER_CALLS ("A..B", counted from 1) run between
   /// cuda::profiler_start and profiler_stop, for ncu --profile-from-start off.
-  void begin_call(bool decode);
+  void begin_call(bool decode, int rows);
   void count_call();
   /// Times the enclosing scope as phase p (no-op when off).
   class scope {
@@ -97,10 +98,13 @@ class phase_profile {
 
  private:
   bool on_ = false;
-  int kind_ = 0;
+  struct totals {
+    int64_t calls = 0;
+    double ms[num_phases] = {};
+  };
+  std::pair<int, int> key_{0, 0};  // (0 decode / 1 other, rows)
   int64_t call_ = 0, window_first_ = 0, window_last_ = -1;
-  int64_t calls_[2] = {};
-  double ms_[2][num_phases] = {};
+  std::map<std::pair<int, int>, totals> by_call_;
 };
 
 /// Device copies of one layer's weights (views with device pointers; fp32 vectors as arrays).

@@ -209,7 +209,8 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
   }
   const int n = b.num_rows = int(tokens.size());
   const bool truncates = std::any_of(batch.begin(), batch.end(), [](const forward_item& i) { return i.truncate_below >= 0; });
-  profile.begin_call(std::all_of(batch.begin(), batch.end(), [](const forward_item& i) { return i.tokens.size() == 1; }));
+  profile.begin_call(std::all_of(batch.begin(), batch.end(), [](const forward_item& i) { return i.tokens.size() == 1; }),
+                     n);
   int rows = 0;
   if (n > 0) {
     {

@@ -31,13 +31,13 @@ phase_profile::phase_profile() {
   }
 }
 
-void phase_profile::begin_call(bool decode) {
-  kind_ = decode ? 0 : 1;
+void phase_profile::begin_call(bool decode, int rows) {
+  key_ = {decode ? 0 : 1, rows};
   if (++call_ == window_first_) cuda::profiler_start();
 }
 
 void phase_profile::count_call() {
-  calls_[kind_] += on_ ? 1 : 0;
+  if (on_) ++by_call_[key_].calls;
   if (call_ == window_last_) {
     cuda::synchronize();
     cuda::profiler_stop();
@@ -47,15 +47,16 @@ void phase_profile::count_call() {
 phase_profile::~phase_profile() {
   static const char* names[num_phases] = {"embed",  "engram", "mhc",     "attn_proj", "compressor", "indexer",
                                           "attend", "out_proj", "route", "experts",   "head"};
-  for (int k = 0; k < 2; ++k) {
-    if (!on_ || calls_[k] == 0) continue;
+  for (const auto& [key, t] : by_call_) {
+    if (t.calls == 0) continue;
     double total = 0;
-    for (double v : ms_[k]) total += v;
-    std::fprintf(stderr, "cedar: GPU phases of %lld %s calls, ms per call (synchronized), total %.3f:",
-                 static_cast<long long>(calls_[k]), k == 0 ? "decode" : "prefill", total / double(calls_[k]));
+    for (double v : t.ms) total += v;
+    std::fprintf(stderr, "cedar: GPU phases of %lld %s calls of %d rows, ms per call (synchronized), total %.3f:",
+                 static_cast<long long>(t.calls), key.first == 0 ? "decode" : "prefill", key.second,
+                 total / double(t.calls));
     for (int p = 0; p < num_phases; ++p)
-      std::fprintf(stderr, " %s %.3f (%.0f%%)", names[p], ms_[k][p] / double(calls_[k]),
-                   100.0 * ms_[k][p] / std::max(total, 1e-9));
+      std::fprintf(stderr, " %s %.3f (%.0f%%)", names[p], t.ms[p] / double(t.calls),
+                   100.0 * t.ms[p] / std::max(total, 1e-9));
     std::fprintf(stderr, "\n");
   }
 }
@@ -69,7 +70,7 @@ phase_profile::scope::scope(phase_profile& prof, phase p) : prof_(prof), p_(p) {
 phase_profile::scope::~scope() {
   if (!prof_.on_) return;
   cuda::synchronize();
-  prof_.ms_[prof_.kind_][p_] += now_ms() - t0_;
+  prof_.by_call_[prof_.key_].ms[p_] += now_ms() - t0_;
 }
 
 }  // namespace gpu_detail
