@@ -232,8 +232,9 @@ void run_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vector<lab_
     out.push_back(c);
   };
 
-  for (fast::tile_kind t : {fast::tile_kind::gemv, fast::tile_kind::skinny, fast::tile_kind::wide}) {
-    if ((t == fast::tile_kind::gemv && m > 16) || (t == fast::tile_kind::skinny && m > 64)) continue;
+  for (fast::tile_kind t :
+       {fast::tile_kind::gemv, fast::tile_kind::narrow, fast::tile_kind::skinny, fast::tile_kind::wide}) {
+    if ((t == fast::tile_kind::gemv || t == fast::tile_kind::narrow || t == fast::tile_kind::skinny) && m > 64) continue;
     record(fast::tile_name(t), [&](int i) {
       if (fp4) fast::gemm_fp4(xq.as<uint8_t>(), xs.as<float>(), m, fp4w(i), y.as<float>(), t);
       else fast::gemm_fp8(xq.as<uint8_t>(), xs.as<float>(), m, fp8w(i), y.as<float>(), t);
@@ -365,8 +366,10 @@ void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down,
   for (const routing& rt : ro) touched += double(rt.groups.size()) / routings;
   int max_slots = 0;
   for (const routing& rt : ro) max_slots = std::max(max_slots, rt.max_slots);
-  for (fast::tile_kind t : {fast::tile_kind::gemv, fast::tile_kind::skinny, fast::tile_kind::wide}) {
-    if ((t == fast::tile_kind::gemv && max_slots > 16) || (t == fast::tile_kind::skinny && max_slots > 64)) continue;
+  for (fast::tile_kind t :
+       {fast::tile_kind::gemv, fast::tile_kind::narrow, fast::tile_kind::skinny, fast::tile_kind::wide}) {
+    if ((t == fast::tile_kind::gemv || t == fast::tile_kind::narrow) && max_slots > 64) continue;
+    if (t == fast::tile_kind::skinny && max_slots > 64) continue;
     auto fn = [&](int i) {
       const routing& rt = ro[i % routings];
       fast::grouped_fp4(xq.as<uint8_t>(), xs.as<float>(), rows_dev[i % routings]->as<int32_t>(),
@@ -531,8 +534,9 @@ void run_bf16_gemv(const char* name, int groups, int n, int k, rng& r, std::vect
 /// fast::moe_ffn at `tokens` tokens: 64 experts, top-6, random routing, real V4.1 expert shapes
 /// and the shared expert; timed launched one by one (the bf16 path copies 64 counts to the host,
 /// which a graph cannot hold); 4 rows checked against cpu::moe_ffn on those rows alone. Variant
-/// "fast" is the path the thresholds pick; up to 1024 tokens the grouped skinny tile ("skinny")
-/// and the dequant + cuBLAS path ("bf16") are also forced, to place expert_tiled_max_rows.
+/// "fast" is the path the thresholds pick; up to 1024 tokens the grouped narrow stream
+/// ("narrow"), the grouped skinny tile ("skinny") and the dequant + cuBLAS path ("bf16") are also
+/// forced, to place expert_gemv_max_rows and expert_tiled_max_rows.
 void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
   constexpr int experts = moe_experts, topk = 6, d = 5120, inter = 2304;
   std::vector<host_weight> hw;
@@ -620,9 +624,11 @@ void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
   const fast::tuning now = fast::tuning_now();
   measure("fast", now);
   if (tokens > 1024) return;
-  fast::tuning skinny = now, bf16 = now;
+  fast::tuning narrow = now, skinny = now, bf16 = now;
+  narrow.expert_gemv_max_rows = never;
   skinny.expert_gemv_max_rows = 0, skinny.expert_tiled_max_rows = never;
   bf16.expert_gemv_max_rows = 0, bf16.expert_tiled_max_rows = 0;
+  measure("narrow", narrow);
   measure("skinny", skinny);
   measure("bf16", bf16);
 }
@@ -650,7 +656,7 @@ std::vector<lab_case> run_linear_cases(bool fp4, bool quick) {
 std::vector<lab_case> run_moe_cases(bool quick) {
   std::vector<lab_case> out;
   rng r{42};
-  const std::vector<int> tokens = quick ? std::vector<int>{1, 8192} : std::vector<int>{1, 16, 8192};
+  const std::vector<int> tokens = quick ? std::vector<int>{1, 8192} : std::vector<int>{1, 16, 64, 256, 8192};
   {
     const expert_bank up = make_bank(4608, 5120, r);
     for (int t : tokens) run_grouped("moe_up", up, t, false, r, out);

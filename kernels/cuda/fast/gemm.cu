@@ -1,7 +1,7 @@
 // Tensor-core FP8 / W4A8 linear layers (fast_ops.hpp): activation quantization, a direct
 // kernel for decode (m <= 16: warps read the weight straight into mma fragments, one 128-wide
 // K chunk each, partials summed by a second pass), and a cp.async-pipelined tiled kernel
-// (skinny 32x64 for m <= 64, wide 128x128 for prefill). Dense and grouped (MoE) calls share them.
+// (narrow 32x8: a 4-stage weight stream for a few slots; skinny 32x64; wide 128x128 for prefill). Dense and grouped (MoE) calls share them.
 //
 // One summation order for every tile, so a row's bits never depend on m: K is cut into chunks of
 // 4 blocks of 32; a chunk's partial is 0 + sum of its blocks in ascending order (each block =
@@ -209,6 +209,7 @@ struct tile_shape {
   static constexpr int threads = WW * WT * 32;
   static constexpr int KB = BK / 32;       ///< K blocks per stage
 };
+using narrow_shape = tile_shape<1, 1, 2, 1, 256, 4>;  // 32 x 8: a weight stream for few slots
 using skinny_shape = tile_shape<1, 4, 2, 2, 256, 4>;  // 32 x 64
 using wide_shape = tile_shape<4, 4, 2, 4, 128, 4>;    // 128 x 128
 
@@ -398,6 +399,8 @@ template <bool FP4>
 void run(const gemm_problem& p, int num_groups, int max_slots, tile_kind t) {
   if (t == tile_kind::gemv)
     CEDAR_CUDA_REQUIRE(p.k % 32 == 0 && p.n % 16 == 0, "fast gemm (gemv): k % 32 == 0 and n % 16 == 0");
+  else if (t == tile_kind::narrow)
+    CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 32 == 0, "fast gemm (narrow): k % 256 == 0 and n % 32 == 0");
   else
     CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 128 == 0, "fast gemm: k % 256 == 0 and n % 128 == 0");
   if (max_slots <= 0) return;
@@ -406,6 +409,7 @@ void run(const gemm_problem& p, int num_groups, int max_slots, tile_kind t) {
       if (max_slots <= 8) launch_direct<FP4, 1>(p, num_groups, max_slots);
       else launch_direct<FP4, 2>(p, num_groups, max_slots);
       break;
+    case tile_kind::narrow: launch_tiled<narrow_shape, FP4>(p, num_groups, max_slots); break;
     case tile_kind::skinny: launch_tiled<skinny_shape, FP4>(p, num_groups, max_slots); break;
     case tile_kind::wide: launch_tiled<wide_shape, FP4>(p, num_groups, max_slots); break;
   }
@@ -417,6 +421,7 @@ void run(const gemm_problem& p, int num_groups, int max_slots, tile_kind t) {
 const char* tile_name(tile_kind t) {
   switch (t) {
     case tile_kind::gemv: return "gemv";
+    case tile_kind::narrow: return "narrow";
     case tile_kind::skinny: return "skinny";
     case tile_kind::wide: return "wide";
   }

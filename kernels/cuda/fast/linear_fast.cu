@@ -3,8 +3,9 @@
 //
 // Decode (few rows): the gemv tile of gemm.cu (FP8/W4A8, activations quantized to e4m3 codes),
 // the experts grouped on the device (no host round trip), and a bandwidth-bound bf16 GEMV. The
-// experts up to tuning::expert_tiled_max_rows tokens take gemm.cu's skinny tile, still grouped on
-// the device: each touched expert's FP4 weight is read once per 64 of its slots.
+// experts up to tuning::expert_gemv_max_rows tokens stream each busy expert's FP4 weight through
+// gemm.cu's narrow tile (once per 8 of its slots), then up to expert_tiled_max_rows through the
+// skinny tile (once per 64).
 // Prefill (many rows): weights dequantized into a bf16 scratch and a cuBLAS bf16 GEMM with fp32
 // accumulation and output. That computes the CPU op's products exactly: an e4m3 code (4
 // significant bits, ulp >= 2^-9) or an E2M1 value (2 bits) times a UE8M0 scale >= 2^-124 is a
@@ -415,7 +416,7 @@ tuning& tuning_now() {
 
 namespace {
 
-bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0; }
+bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0 && k <= 8192; }
 
 template <class W>
 void prefill_linear(const float* x, int m, const W& w, float* y) {
@@ -531,7 +532,10 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   const tuning& tune = tuning_now();
   const bool gemv = m <= tune.expert_gemv_max_rows && gemv_shape(inter, d) && gemv_shape(d, inter);
   const bool tiled = !gemv && m <= tune.expert_tiled_max_rows && d % 256 == 0 && inter % 256 == 0;
-  const tile_kind tile = gemv ? tile_kind::gemv : tile_kind::skinny;
+  // few slots per expert: the narrow weight stream where the shapes allow (2.4x the gemv tile
+  // on 64 experts x ~6 slots, `cedar kernel-lab --op moe`), else the gemv tile
+  const bool narrow_fits = d % 256 == 0 && inter % 256 == 0;
+  const tile_kind tile = gemv ? (narrow_fits ? tile_kind::narrow : tile_kind::gemv) : tile_kind::skinny;
   const bool grouped = gemv || tiled;  // the grouped W4A8 kernels, on device-side groups
   const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
   const int cap = chunk * topk;
