@@ -30,10 +30,55 @@ __global__ void save_tail_kernel(const float* a_last, const float* g_last, int d
   tail[d + c] = g_last[c];
 }
 
+/// The pair of row rows[i] (odd position) and its item's parked even token tails[i]: the same
+/// sum as merge_pairs_kernel's at t = 0.
+__global__ void merge_rows_kernel(const float* a, const float* g, int d, const int32_t* rows,
+                                  float* const* tails, int num, float* latents) {
+  const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= (long long)num * d) return;
+  const int i = int(e / d), c = int(e % d);
+  const float* a_t = a + size_t(rows[i]) * d;
+  const float* g_t = g + size_t(rows[i]) * d;
+  const float* a_prev = tails[i];
+  const float* g_prev = tails[i] + d;
+  latents[e] = sigmoid_f(g_prev[c] - g_t[c]) * a_prev[c] + sigmoid_f(g_t[c] - g_prev[c]) * a_t[c];
+}
+
+__global__ void save_rows_kernel(const float* a, const float* g, int d, const int32_t* rows, float* const* tails,
+                                 int num) {
+  const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= (long long)num * d) return;
+  const int i = int(e / d), c = int(e % d);
+  tails[i][c] = a[size_t(rows[i]) * d + c];
+  tails[i][d + c] = g[size_t(rows[i]) * d + c];
+}
+
 }  // namespace
 }  // namespace detail
 
 using namespace detail;
+
+void compress_ratio2_rows(const float* x, int m, const bf16_weight& wkv, const bf16_weight& wgate, const float* norm,
+                          float eps, const int32_t* merge_rows, float* const* merge_tails, int num_merge,
+                          const int32_t* save_rows, float* const* save_tails, int num_save, float* latents) {
+  CEDAR_CUDA_REQUIRE(wkv.out == wgate.out && wkv.in == wgate.in, "wkv and wgate shapes agree");
+  if (m <= 0) return;
+  const int d = wkv.out;
+  scratch<float> a(size_t(m) * d), g(size_t(m) * d);
+  linear_bf16(x, m, wkv, a.get());
+  linear_bf16(x, m, wgate, g.get());
+  if (num_merge > 0) {
+    merge_rows_kernel<<<blocks_for((long long)num_merge * d, 256), 256, 0, stream()>>>(a.get(), g.get(), d, merge_rows,
+                                                                                      merge_tails, num_merge, latents);
+    CEDAR_CUDA_LAUNCHED();
+  }
+  if (num_save > 0) {
+    save_rows_kernel<<<blocks_for((long long)num_save * d, 256), 256, 0, stream()>>>(a.get(), g.get(), d, save_rows,
+                                                                                    save_tails, num_save);
+    CEDAR_CUDA_LAUNCHED();
+  }
+  rmsnorm(latents, num_merge, d, norm, eps, latents);
+}
 
 int compress_ratio2(const float* x, int m, int64_t first_pos, const bf16_weight& wkv,
                     const bf16_weight& wgate, const float* norm, float eps, float* tail,

@@ -103,6 +103,14 @@ int compress_ratio2(const float* x, int m, int64_t first_pos, const bf16_weight&
                     float* latents);
 void compress_ratio1(const float* x, int m, const bf16_weight& wkv, const float* norm, float eps,
                      float* latents);
+/// compress_ratio2 for m one-row items side by side (decode): row merge_rows[i] (an odd
+/// position) completes its pair with the even token parked in merge_tails[i] (device [2, d]),
+/// giving latent i; row save_rows[j] (an even position) is parked in save_tails[j]. Device
+/// arrays; the two lists name different items.
+void compress_ratio2_rows(const float* x, int m, const bf16_weight& wkv, const bf16_weight& wgate,
+                          const float* norm, float eps, const int32_t* merge_rows, float* const* merge_tails,
+                          int num_merge, const int32_t* save_rows, float* const* save_tails, int num_save,
+                          float* latents);
 void index_scores(const float* q, const float* w, int m, int heads, int dim, const float* keys,
                   int num_keys, const int32_t* num_visible, float* scores);
 void topk_indices(const float* scores, int m, int n, int k, int32_t* out);

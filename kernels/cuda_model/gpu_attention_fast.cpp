@@ -2,7 +2,8 @@
 // of the batch at once, KV read through device page tables built once per forward call
 // (fast_attention_state), the indexer's scores and top-k for all rows in one pass, the fused
 // sparse attention kernel (kernels/cuda/fast/attention.hpp), and the ring writes. The compressor
-// stays per item (gpu_layers.cpp) but stores its records through the same page tables.
+// runs for all items at once when each brings one row (decode), else per item (gpu_layers.cpp),
+// storing its records through the same page tables.
 // One forward call, the calling thread.
 #ifdef CEDAR_HAVE_CUDA
 
@@ -13,6 +14,7 @@
 
 #include "kernels/cuda/fast/attention.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
+#include "kernels/model/kv_io.hpp"
 
 namespace cedar {
 
@@ -128,6 +130,21 @@ fast_attention_state& gpu_model::impl::fast_state(gbatch& b) const {
   return *b.fast;
 }
 
+namespace {
+
+/// Rows x [num, d] as storage records of `bytes` each.
+dvec<uint8_t> pack_records(cuda::record_kind kind, const float* x, int num, int d, std::size_t bytes) {
+  dvec<uint8_t> rec(std::size_t(num) * bytes);
+  switch (kind) {
+    case cuda::record_kind::fp8: cuda::pack_fp8_rows(x, num, d, rec.get()); break;
+    case cuda::record_kind::fp4_e4m3: cuda::pack_fp4_e4m3_rows(x, num, d, rec.get()); break;
+    case cuda::record_kind::fp4_pow2: cuda::pack_fp4_pow2_rows(x, num, d, rec.get()); break;
+  }
+  return rec;
+}
+
+}  // namespace
+
 void gpu_model::impl::store_entries(const gitem& it, int slot, int64_t first, int num, const float* x, int d,
                                     bool latent) const {
   const cuda::record_kind kind = latent ? latent_kind() : key_kind();
@@ -137,15 +154,74 @@ void gpu_model::impl::store_entries(const gitem& it, int slot, int64_t first, in
     return;
   }
   const kv_source_layout& s = layout.sources.at(slot);
-  const std::size_t bytes = latent ? s.latent_bytes : s.key_bytes;
-  dvec<uint8_t> rec(std::size_t(num) * bytes);
-  switch (kind) {
-    case cuda::record_kind::fp8: cuda::pack_fp8_rows(x, num, d, rec.get()); break;
-    case cuda::record_kind::fp4_e4m3: cuda::pack_fp4_e4m3_rows(x, num, d, rec.get()); break;
-    case cuda::record_kind::fp4_pow2: cuda::pack_fp4_pow2_rows(x, num, d, rec.get()); break;
-  }
-  fast::store_entries(rec.get(), num, bytes, it.d_pages, first, s.entries_per_page,
+  const dvec<uint8_t> rec = pack_records(kind, x, num, d, latent ? s.latent_bytes : s.key_bytes);
+  fast::store_entries(rec.get(), num, latent ? s.latent_bytes : s.key_bytes, it.d_pages, first, s.entries_per_page,
                       latent ? s.latent_offset : s.key_offset);
+}
+
+// compressor_layer.cpp for a batch whose every item brings one row (decode): the projections of
+// all rows in one product, the pairs they complete merged against each item's parked token,
+// and the entries stored through each item's page table, a dozen launches whatever the batch
+// (the per-item path takes a dozen per item). False (nothing done) for any other batch.
+bool gpu_model::impl::compressor_rows(int l, gbatch& b, const float* x) const {
+  const layer_info& li = args.layers[l];
+  const dev_layer& w = layers[l];
+  const int ratio = li.compress_ratio, dh = args.head_dim, dih = args.index_head_dim;
+  CEDAR_OP_CHECK(ratio == 1 || ratio == 2, "compressor ratio");
+  for (const gitem& it : b.items)
+    if (it.num_rows > 1 || (it.num_rows == 1 && (it.item->replay || !it.d_pages))) return false;
+  std::vector<int32_t> rows, save_rows, pos;
+  std::vector<float*> tails, save_tails;
+  std::vector<uint8_t* const*> pages;
+  std::vector<int64_t> entry;
+  for (const gitem& it : b.items) {
+    if (it.num_rows == 0) continue;
+    const int64_t p = it.first_pos;
+    float* tail = ratio == 2 ? it.kv->tails + std::size_t(model_detail::tail_index(layout, li.kv_source_slot)) * 2 * dh
+                             : nullptr;
+    if (ratio == 2 && p % 2 == 0) {  // the first of a pair: parked until the next step
+      save_rows.push_back(it.row_begin), save_tails.push_back(tail);
+      continue;
+    }
+    rows.push_back(it.row_begin), tails.push_back(tail), pages.push_back(it.d_pages);
+    entry.push_back(p / ratio), pos.push_back(int32_t(p / ratio * ratio));
+  }
+  const int num = int(rows.size());
+  const float eps = float(args.rms_norm_eps);
+  dvec<float> latents(std::size_t(std::max(num, 1)) * dh);
+  if (ratio == 2) {
+    const dvec<int32_t> d_rows(rows), d_save(save_rows);
+    const dvec<float*> d_tails(tails), d_save_tails(save_tails);
+    cuda::compress_ratio2_rows(x, b.num_rows, w.c_wkv, w.c_wgate, w.c_norm, eps, d_rows.get(), d_tails.get(), num,
+                               d_save.get(), d_save_tails.get(), int(save_rows.size()), latents.get());
+  } else {
+    for (int e = 0; e < num; ++e) CEDAR_OP_CHECK(rows[e] == e, "one-row items cover the rows in order");
+    cuda::compress_ratio1(x, num, w.c_wkv, w.c_norm, eps, latents.get());
+  }
+  if (num == 0) return true;
+  const kv_source_layout& src = layout.sources.at(li.kv_source_slot);
+  const dvec<int32_t> d_pos(pos);
+  const dvec<uint8_t* const*> d_pages(pages);
+  const dvec<int64_t> d_entry(entry);
+  const auto store = [&](const float* v, int d, bool latent) {
+    const std::size_t bytes = latent ? src.latent_bytes : src.key_bytes;
+    const dvec<uint8_t> rec = pack_records(latent ? latent_kind() : key_kind(), v, num, d, bytes);
+    fast::store_entries_rows(rec.get(), num, bytes, d_pages.get(), d_entry.get(), src.entries_per_page,
+                             latent ? src.latent_offset : src.key_offset);
+  };
+  // index keys from the raw latents, then the latents rotated at their entry positions
+  dvec<float> k(std::size_t(num) * dih);
+  linear(latents.get(), num, w.c_index_wk, k.get());
+  cuda::rmsnorm(k.get(), num, dih, w.c_index_k_norm, eps, k.get());
+  cuda::rope(k.get(), num, 1, dih, d_pos.get(), rope[l], false);
+  if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(k.get(), num, dih);
+  else cuda::fake_quant_fp4_pow2_rows(k.get(), num, dih);
+  store(k.get(), dih, false);
+  cuda::rope(latents.get(), num, 1, dh, d_pos.get(), rope[l], false);
+  if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(latents.get(), num, dh);
+  else cuda::fake_quant_fp4_e4m3_rows(latents.get(), num, dh);
+  store(latents.get(), dh, true);
+  return true;
 }
 
 namespace {
@@ -218,8 +294,9 @@ void gpu_model::impl::attend_fast(int l, gbatch& b, const float* qr, const float
   fast_attention_state& st = fast_state(b);
   if (li.is_kv_source) {
     phase_profile::scope t(profile, phase_profile::compressor);
-    for (gitem& it : b.items)
-      if (it.num_rows > 0) compressor(l, it, x + std::size_t(it.row_begin) * D);
+    if (!compressor_rows(l, b, x))
+      for (gitem& it : b.items)
+        if (it.num_rows > 0) compressor(l, it, x + std::size_t(it.row_begin) * D);
   }
   if (li.is_index_source) {
     phase_profile::scope t(profile, phase_profile::indexer);

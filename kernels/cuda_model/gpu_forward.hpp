@@ -219,6 +219,7 @@ struct gpu_model::impl {
   void attend_fast(int l, gbatch& b, const float* qr, const float* x, const float* q, const float* kv,
                    float* o) const;
   void indexer_fast(int l, gbatch& b, const float* qr, const float* x) const;
+  bool compressor_rows(int l, gbatch& b, const float* x) const;
   void store_entries(const gitem& it, int slot, int64_t first, int num, const float* x, int d, bool latent) const;
   void moe(int l, const float* y, int n, float* out) const;
   void apply_engram(int l, gbatch& b) const;

@@ -195,6 +195,40 @@ TEST_CASE("gpu model, fast kernels: a batch gives each request the bits it gets 
     CHECK(std::memcmp(logits.data() + std::size_t(i) * vocab, alone[i].data(), sizeof(float) * vocab) == 0);
 }
 
+TEST_CASE("gpu model, fast kernels: decode steps batched give each request its per-item compressor's bits") {
+  // A step of one-row items runs the compressor for all of them at once (merging each item's
+  // pair against its parked token, storing through each item's page table); a step with any
+  // longer item runs it per item. Request a steps alone (the batched path, one item); request
+  // b, same tokens, steps next to request c, which brings two tokens each step (the per-item
+  // path). Four steps cover both parities of the ratio-2 pairs. 3 rows: every op batch-invariant.
+  if (!have_gpu()) return;
+  fast_pair& p = load("micro");
+  const int vocab = p.cpu->args().vocab_size, steps = 4;
+  const auto prompt = test::random_tokens(6, vocab, 700);
+  const auto other = test::random_tokens(4 + 2 * steps, vocab, 701);
+  gpu_request a(*p.arena, 6 + steps), b(*p.arena, 6 + steps), c(*p.arena, 4 + 2 * steps);
+  a.run(*p.gpu, prompt);
+  b.run(*p.gpu, prompt);
+  c.run(*p.gpu, std::span<const int32_t>(other).first(4));
+  int equal = 0;
+  for (int s = 0; s < steps; ++s) {
+    const int32_t next[1] = {int32_t((s * 37 + 11) % vocab)};
+    const std::vector<float> alone = a.run(*p.gpu, next);
+    std::vector<forward_item> batch(2);
+    batch[0].kv = &b.kv, batch[0].history = b.history, batch[0].tokens = next;
+    batch[1].kv = &c.kv, batch[1].history = c.history;
+    batch[1].tokens = std::span<const int32_t>(other).subspan(4 + 2 * s, 2);
+    batch[0].logits = batch[1].logits = logits_mode::last;
+    std::vector<float> logits;
+    p.gpu->forward(batch, logits);
+    b.history.push_back(next[0]);
+    c.history.insert(c.history.end(), other.begin() + 4 + 2 * s, other.begin() + 6 + 2 * s);
+    REQUIRE(logits.size() == std::size_t(2) * vocab);
+    equal += std::memcmp(logits.data(), alone.data(), sizeof(float) * vocab) == 0;
+  }
+  CHECK(equal == steps);
+}
+
 TEST_CASE("gpu model, fast kernels: a prefill call's scratch stays under gpu_step_reserve_bytes (micro, tiny)") {
   if (!have_gpu()) return;
   // serving sizes the KV with this estimate (tools/cli/device_model.cpp); under it, a step of

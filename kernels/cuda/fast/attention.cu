@@ -530,9 +530,13 @@ __global__ void visible_kernel(kv_items it, int rows, int ratio, int32_t* out) {
   out[r] = int32_t((row_position(it, r, it.row_item[r]) + 1) / ratio);
 }
 
+/// Record r goes to entry first_entry + r of `pages`, or (pages_of given) to entry entry_of[r]
+/// of the page table pages_of[r].
 __global__ void store_entries_kernel(const uint8_t* rec, std::size_t rec_bytes, uint8_t* const* pages,
-                                     int64_t first_entry, int entries_per_page, std::size_t offset) {
-  const int64_t j = first_entry + blockIdx.x, page = j / entries_per_page;
+                                     int64_t first_entry, uint8_t* const* const* pages_of, const int64_t* entry_of,
+                                     int entries_per_page, std::size_t offset) {
+  if (pages_of) pages = pages_of[blockIdx.x];
+  const int64_t j = pages_of ? entry_of[blockIdx.x] : first_entry + blockIdx.x, page = j / entries_per_page;
   uint8_t* dst = pages[page] + offset + std::size_t(j - page * entries_per_page) * rec_bytes;
   const uint8_t* src = rec + std::size_t(blockIdx.x) * rec_bytes;
   for (std::size_t i = threadIdx.x; i < rec_bytes; i += blockDim.x) dst[i] = src[i];
@@ -577,7 +581,16 @@ void visible_entries(const kv_items& items, int rows, int ratio, int32_t* num_vi
 void store_entries(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_t* const* pages, int64_t first_entry,
                    int entries_per_page, std::size_t offset) {
   if (m <= 0) return;
-  store_entries_kernel<<<unsigned(m), 128, 0, stream()>>>(rec, rec_bytes, pages, first_entry, entries_per_page, offset);
+  store_entries_kernel<<<unsigned(m), 128, 0, stream()>>>(rec, rec_bytes, pages, first_entry, nullptr, nullptr,
+                                                          entries_per_page, offset);
+  CEDAR_CUDA_LAUNCHED();
+}
+
+void store_entries_rows(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_t* const* const* pages_of,
+                        const int64_t* entry_of, int entries_per_page, std::size_t offset) {
+  if (m <= 0) return;
+  store_entries_kernel<<<unsigned(m), 128, 0, stream()>>>(rec, rec_bytes, nullptr, 0, pages_of, entry_of,
+                                                          entries_per_page, offset);
   CEDAR_CUDA_LAUNCHED();
 }
 

@@ -93,6 +93,10 @@ void visible_entries(const kv_items& items, int rows, int ratio, int32_t* num_vi
 /// (pages: device array of that item's page pointers; record at offset + in_page * rec_bytes).
 void store_entries(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_t* const* pages,
                    int64_t first_entry, int entries_per_page, std::size_t offset);
+/// The same with one item per record: record r to entry entry_of[r] of the page table
+/// pages_of[r] (device arrays).
+void store_entries_rows(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_t* const* const* pages_of,
+                        const int64_t* entry_of, int entries_per_page, std::size_t offset);
 
 /// Copies ring record r of rec [rows, rec_bytes] (row r's window KV) to its slot pos mod W of
 /// `layer`, for the rows among their item's last W rows.
