@@ -24,7 +24,7 @@ namespace cedar::cuda::fast {
 /// Tile shapes of the tensor-core GEMM (rows of W x tokens per block):
 /// gemv (weight read straight into fragments, 128-wide K chunks summed by a second pass;
 /// m <= 8, or 16 at a cost), skinny 32x64 (m <= 64) and wide 128x128 (prefill), both pipelined.
-enum class tile_kind { gemv, narrow, skinny, wide };
+enum class tile_kind { gemv, narrow, narrow16, skinny, wide };
 const char* tile_name(tile_kind t);
 /// The tile the library picks for m rows.
 tile_kind pick_tile(int m);
@@ -62,7 +62,7 @@ void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows /*
 // thresholds are batch-invariant (fixed summation order); the cuBLAS path is not (cuBLAS picks
 // its algorithm by m), and the experts there copy the per-expert counts to the host. Below the
 // bf16 threshold the experts run grouped on the device: the narrow weight stream (32 rows x 8
-// slots), then the skinny tile (same summation order).
+// or 16 slots), then the skinny tile (same summation order).
 
 /// Row counts up to which the decode kernels run (inclusive); above: the bf16 GEMM path.
 /// Measured (`cedar kernel-lab --op prefill`, H200): attn.wo_b 5120x8192 FP8 gemv 43 / 85 / 167 us
@@ -70,7 +70,9 @@ void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows /*
 /// 110 us; so the tile runs up to 32 rows. The experts (64 x top-6 + shared, one layer, same
 /// lab, "moe_prefill"): the grouped narrow stream 1.83 / 3.12 / 5.67 ms at 128 / 256 / 512
 /// tokens, the skinny tile 3.41 / 3.62 / 4.00 ms, dequant + cuBLAS 5.14 / 5.30 / 5.47 / 6.19
-/// (1024) ms; so narrow up to 256 tokens, skinny to 512, then the bf16 path.
+/// (1024) ms; so narrow up to 256 tokens, skinny to 512, then the bf16 path. Narrow's 16-slot
+/// pass (`--op moe`, up + down): 1.15 against 0.95 ms at 64 tokens (~6 slots per expert), 2.37
+/// against 2.78 ms at 256 (~24); the switch at 128 tokens (two 8-slot passes) is not swept.
 struct tuning {
   int gemv_max_rows = 32;           ///< FP8 / W4A8 linears: gemv tile
   int bf16_gemv_max_rows = 16;      ///< bf16 linears and wo_a: the bf16 GEMV
@@ -78,6 +80,8 @@ struct tuning {
                                     ///< (the gemv tile where d or inter is not a multiple of 256)
   int expert_tiled_max_rows = 512;  ///< above that: the grouped W4A8 skinny tile, all on the
                                     ///< device (no dequant pass, no host round trip); above: bf16
+  int expert_narrow_max_rows = 128;  ///< within expert_gemv_max_rows: 8 slots a narrow pass up
+                                     ///< to here, then 16 (last: brace-initialized tunings keep it)
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

@@ -209,7 +209,8 @@ struct tile_shape {
   static constexpr int threads = WW * WT * 32;
   static constexpr int KB = BK / 32;       ///< K blocks per stage
 };
-using narrow_shape = tile_shape<1, 1, 2, 1, 256, 4>;  // 32 x 8: a weight stream for few slots
+using narrow_shape = tile_shape<1, 1, 2, 1, 256, 4>;    // 32 x 8: a weight stream for few slots
+using narrow16_shape = tile_shape<1, 2, 2, 1, 256, 4>;  // 32 x 16
 using skinny_shape = tile_shape<1, 4, 2, 2, 256, 4>;  // 32 x 64
 using wide_shape = tile_shape<4, 4, 2, 4, 128, 4>;    // 128 x 128
 
@@ -399,7 +400,7 @@ template <bool FP4>
 void run(const gemm_problem& p, int num_groups, int max_slots, tile_kind t) {
   if (t == tile_kind::gemv)
     CEDAR_CUDA_REQUIRE(p.k % 32 == 0 && p.n % 16 == 0, "fast gemm (gemv): k % 32 == 0 and n % 16 == 0");
-  else if (t == tile_kind::narrow)
+  else if (t == tile_kind::narrow || t == tile_kind::narrow16)
     CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 32 == 0, "fast gemm (narrow): k % 256 == 0 and n % 32 == 0");
   else
     CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 128 == 0, "fast gemm: k % 256 == 0 and n % 128 == 0");
@@ -410,6 +411,7 @@ void run(const gemm_problem& p, int num_groups, int max_slots, tile_kind t) {
       else launch_direct<FP4, 2>(p, num_groups, max_slots);
       break;
     case tile_kind::narrow: launch_tiled<narrow_shape, FP4>(p, num_groups, max_slots); break;
+    case tile_kind::narrow16: launch_tiled<narrow16_shape, FP4>(p, num_groups, max_slots); break;
     case tile_kind::skinny: launch_tiled<skinny_shape, FP4>(p, num_groups, max_slots); break;
     case tile_kind::wide: launch_tiled<wide_shape, FP4>(p, num_groups, max_slots); break;
   }
@@ -422,6 +424,7 @@ const char* tile_name(tile_kind t) {
   switch (t) {
     case tile_kind::gemv: return "gemv";
     case tile_kind::narrow: return "narrow";
+    case tile_kind::narrow16: return "narrow16";
     case tile_kind::skinny: return "skinny";
     case tile_kind::wide: return "wide";
   }

@@ -533,9 +533,11 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   const bool gemv = m <= tune.expert_gemv_max_rows && gemv_shape(inter, d) && gemv_shape(d, inter);
   const bool tiled = !gemv && m <= tune.expert_tiled_max_rows && d % 256 == 0 && inter % 256 == 0;
   // few slots per expert: the narrow weight stream where the shapes allow (2.4x the gemv tile
-  // on 64 experts x ~6 slots, `cedar kernel-lab --op moe`), else the gemv tile
+  // on 64 experts x ~6 slots, `cedar kernel-lab --op moe`), 16 slots a pass past
+  // expert_narrow_max_rows tokens, else the gemv tile
   const bool narrow_fits = d % 256 == 0 && inter % 256 == 0;
-  const tile_kind tile = gemv ? (narrow_fits ? tile_kind::narrow : tile_kind::gemv) : tile_kind::skinny;
+  const tile_kind few = m <= tune.expert_narrow_max_rows ? tile_kind::narrow : tile_kind::narrow16;
+  const tile_kind tile = gemv ? (narrow_fits ? few : tile_kind::gemv) : tile_kind::skinny;
   const bool grouped = gemv || tiled;  // the grouped W4A8 kernels, on device-side groups
   const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
   const int cap = chunk * topk;
