@@ -30,7 +30,7 @@ struct generate_args {
   double max_prefill_s = 0;  ///< > 0: stop prefilling after this long (the prompt is cut there)
   cedar::kv_dtype kv = cedar::kv_dtype::fp4;
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
-  cedar::gpu_kernels kernels = cedar::gpu_kernels::exact;
+  cedar::gpu_kernels kernels = cedar::gpu_kernels::fast;
 };
 
 void usage() {
@@ -41,8 +41,8 @@ void usage() {
                "                      [--progress]\n"
                "                      [--max-prefill-s S]\n"
                "  greedy decoding on the CPU backend (default) or the GPU model (--device cuda: weights\n"
-               "  and KV on the device; --gpu-kernels exact gives the CPU's bits, fast runs the tensor-core\n"
-               "  kernels, within stated bounds of them; default exact). Default model: preset '%s' with random\n"
+               "  and KV on the device; --gpu-kernels fast runs the tensor-core kernels, within stated bounds\n"
+               "  of the CPU model, exact gives the CPU's bits; default fast). Default model: preset '%s' with random\n"
                "  weights from seed %llu (--seed changes it). --truncate on runs the decoder's late\n"
                "  layers on the prompt's last window only (approximate, as in serving). --progress:\n"
                "  load progress and per-chunk / per-16-token times on stderr. --max-prefill-s S: stop\n"

@@ -28,6 +28,7 @@ void usage() {
       "                       [--prefill 8192,32768] [--chunk N] [--prefix-tokens 32768] [--new-tokens 200]\n"
       "                       [--gen-prompt 32768] [--gen-tokens 256] [--truncate on|off] [--out FILE.json]\n"
       "                       [--progress]\n"
+      "  --gpu-kernels: the kernel set of --device cuda (default fast, as serving).\n"
       "  decode: --steps timed calls per batch size on synthetic KV (random well-formed records,\n"
       "    --context tokens per request), against the step's HBM floor at the measured copy rate.\n"
       "  prefill: each --prefill prompt in --chunk calls (default: serving's --max-prefill-chunk on the\n"

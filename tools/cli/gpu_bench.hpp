@@ -25,7 +25,7 @@ struct options {
   std::string model = default_model;
   uint64_t seed = default_seed;
   device_kind device = device_kind::cpu;
-  gpu_kernels kernels = gpu_kernels::exact;
+  gpu_kernels kernels = gpu_kernels::fast;
   kv_dtype kv = kv_dtype::fp4;
   /// Any of floor (the decode floor and FLOPs from the inventory alone: no model is loaded),
   /// decode, prefill, truncation, prefix, generate; they run in that order.

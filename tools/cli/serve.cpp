@@ -30,7 +30,7 @@ struct model_choice {
   int null_step_us = 1000;
   std::string null_output;  ///< null model: this text (then EOS) instead of a repeated token
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
-  cedar::gpu_kernels kernels = cedar::gpu_kernels::exact;
+  cedar::gpu_kernels kernels = cedar::gpu_kernels::fast;
   double gpu_memory_fraction = 0.9;  ///< --device cuda: share of the free device memory for KV
   bool kv_budget_given = false;      ///< --kv-budget-bytes was on the command line
   cedar::engine_options options;
@@ -111,8 +111,8 @@ void print_help(FILE* out) {
       "                                 weights and a step's activations (estimated from the model\n"
       "                                 and --max-batched-tokens) that the KV takes (default 0.9);\n"
       "                                 --kv-budget-bytes, when given, sets it instead\n"
-      "  --gpu-kernels exact|fast       --device cuda: exact gives the CPU's bits (default); fast runs\n"
-      "                                 the tensor-core kernels, within stated bounds of them\n"
+      "  --gpu-kernels exact|fast       --device cuda: fast runs the tensor-core kernels, within stated\n"
+      "                                 bounds of the CPU model (default); exact gives the CPU's bits\n"
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
       "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
