@@ -65,13 +65,18 @@ TEST_CASE("fast hc_boundary: HCPost, HCMix (Sinkhorn), collapse and RMSNorm as t
   check_boundary(1, 5120, true);
   check_boundary(5, 640, true);
   check_boundary(3, 200, false);
-  check_boundary(37, 640, true);  // 8 rows per block, the last block part full
+  check_boundary(37, 640, true);
   check_boundary(16, 5120, false);
+  // rows per block 2, 4 and 8 (layer_ops.cu, rows_per_block: 3 slices of 256 at d = 640), the
+  // last block part full
+  check_boundary(399, 640, true);
+  check_boundary(699, 640, true);
+  check_boundary(1501, 640, true);
 }
 
 TEST_CASE("fast moe_route: the CPU's experts, weights within 1e-5") {
   if (!have_gpu()) return;
-  for (const int m : {1, 37}) {
+  for (const int m : {1, 37, 149, 299, 2047}) {  // rows per block 1, 1, 2, 4, 8 (64 experts: 8 columns)
     std::mt19937_64 rng(401 + m);
     const int d = 512, num_experts = 64, topk = 6;
     const auto y = activations(rng, m, d);

@@ -207,18 +207,35 @@ __global__ void __launch_bounds__(slice) mix_finish(const float* X, int d, int s
   for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = (out[i] * inv) * norm_w[i];
 }
 
+/// Rows per block of the kernels that read a weight once per R rows (the results do not depend
+/// on R): the most rows, up to 8, that still leave `min_blocks` blocks of `columns` columns, so
+/// a decode batch is spread over the SMs (64 rows at R = 8 made 160 HCMix blocks and 64 router
+/// blocks on 132 SMs) and prefill reads each weight once per 8 rows.
+int rows_per_block(int m, int columns) {
+  constexpr int min_blocks = 512;
+  for (int r = 8; r > 1; r /= 2)
+    if ((long long)((m + r - 1) / r) * columns >= min_blocks) return r;
+  return 1;
+}
+
+template <int HC, int R>
+void launch_post_mix(float* X, int m, int d, const float* f, const float* post, const float* comb, const float* fn,
+                     int slices, float* partials) {
+  post_mix_partials<HC, R><<<dim3(slices, (m + R - 1) / R), slice, 0, stream()>>>(X, m, d, f, post, comb, fn, partials);
+}
+
 template <int HC>
 void boundary(float* X, int m, int d, const float* f, float* post, float* comb, const hc_mix_params& p,
               float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out) {
   constexpr int n_mix = HC * HC + 2 * HC;
   const int slices = (d + slice - 1) / slice;
   scratch<float> partials(size_t(m) * slices * (n_mix + 1));
-  constexpr int rows_per_block = 8;  // prefill: each HCMix weight read once per 8 rows
-  if (m >= rows_per_block)
-    post_mix_partials<HC, rows_per_block><<<dim3(slices, (m + rows_per_block - 1) / rows_per_block), slice, 0,
-                                             stream()>>>(X, m, d, f, post, comb, p.fn, partials.get());
-  else
-    post_mix_partials<HC, 1><<<dim3(slices, m), slice, 0, stream()>>>(X, m, d, f, post, comb, p.fn, partials.get());
+  switch (rows_per_block(m, slices)) {
+    case 8: launch_post_mix<HC, 8>(X, m, d, f, post, comb, p.fn, slices, partials.get()); break;
+    case 4: launch_post_mix<HC, 4>(X, m, d, f, post, comb, p.fn, slices, partials.get()); break;
+    case 2: launch_post_mix<HC, 2>(X, m, d, f, post, comb, p.fn, slices, partials.get()); break;
+    default: launch_post_mix<HC, 1>(X, m, d, f, post, comb, p.fn, slices, partials.get()); break;
+  }
   CEDAR_CUDA_LAUNCHED();
   mix_finish<HC><<<m, slice, 0, stream()>>>(X, d, slices, partials.get(), p.scale, p.base, p.sinkhorn_iters,
                                             p.hc_eps, p.norm_eps, pre_out, post, comb, collapse_pre, norm_w, x_out);
@@ -430,19 +447,23 @@ void moe_route(const float* y, int m, const bf16_weight& gate, const float* bias
                      "moe_route: at most 1024 experts, top-k 1..16");
   CEDAR_CUDA_REQUIRE(gate.in % 8 == 0, "moe_route: gate.in % 8 == 0");
   if (m <= 0) return;
-  constexpr int rows_per_block = 8;  // prefill: each gate element read once per 8 rows
-  const int R = m >= rows_per_block ? rows_per_block : 1, groups = (m + R - 1) / R;
+  const int columns = (gate.out + route_warps - 1) / route_warps;
+  const int R = rows_per_block(m, columns), groups = (m + R - 1) / R;
   scratch<float> s(size_t(m) * gate.out);
   scratch<unsigned> arrived(groups);
   CEDAR_CUDA_CHECK(cudaMemsetAsync(arrived.get(), 0, sizeof(unsigned) * groups, stream()));
-  const dim3 grid((gate.out + route_warps - 1) / route_warps, groups);
+  const dim3 grid(columns, groups);
   const auto* g = reinterpret_cast<const uint16_t*>(gate.data);
-  if (R == 1)
-    route_kernel<1><<<grid, route_warps * 32, 0, stream()>>>(y, m, gate.in, g, gate.out, bias, topk, route_scale,
-                                                             s.get(), arrived.get(), sel, weights);
-  else
-    route_kernel<rows_per_block><<<grid, route_warps * 32, 0, stream()>>>(
-        y, m, gate.in, g, gate.out, bias, topk, route_scale, s.get(), arrived.get(), sel, weights);
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid, route_warps * 32, 0, stream()>>>(y, m, gate.in, g, gate.out, bias, topk, route_scale, s.get(),
+                                                    arrived.get(), sel, weights);
+  };
+  switch (R) {
+    case 8: launch(route_kernel<8>); break;
+    case 4: launch(route_kernel<4>); break;
+    case 2: launch(route_kernel<2>); break;
+    default: launch(route_kernel<1>); break;
+  }
   CEDAR_CUDA_LAUNCHED();
 }
 
