@@ -166,7 +166,7 @@ void gpu_model::impl::store_entries(const gitem& it, int slot, int64_t first, in
 bool gpu_model::impl::compressor_rows(int l, gbatch& b, const float* x) const {
   const layer_info& li = args.layers[l];
   const dev_layer& w = layers[l];
-  const int ratio = li.compress_ratio, dh = args.head_dim, dih = args.index_head_dim;
+  const int ratio = li.compress_ratio, dh = args.head_dim;
   CEDAR_OP_CHECK(ratio == 1 || ratio == 2, "compressor ratio");
   for (const gitem& it : b.items)
     if (it.num_rows > 1 || (it.num_rows == 1 && (it.item->replay || !it.d_pages))) return false;
@@ -209,18 +209,7 @@ bool gpu_model::impl::compressor_rows(int l, gbatch& b, const float* x) const {
     fast::store_entries_rows(rec.get(), num, bytes, d_pages.get(), d_entry.get(), src.entries_per_page,
                              latent ? src.latent_offset : src.key_offset);
   };
-  // index keys from the raw latents, then the latents rotated at their entry positions
-  dvec<float> k(std::size_t(num) * dih);
-  linear(latents.get(), num, w.c_index_wk, k.get());
-  cuda::rmsnorm(k.get(), num, dih, w.c_index_k_norm, eps, k.get());
-  cuda::rope(k.get(), num, 1, dih, d_pos.get(), rope[l], false);
-  if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(k.get(), num, dih);
-  else cuda::fake_quant_fp4_pow2_rows(k.get(), num, dih);
-  store(k.get(), dih, false);
-  cuda::rope(latents.get(), num, 1, dh, d_pos.get(), rope[l], false);
-  if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(latents.get(), num, dh);
-  else cuda::fake_quant_fp4_e4m3_rows(latents.get(), num, dh);
-  store(latents.get(), dh, true);
+  finish_entries(l, latents.get(), num, d_pos.get(), store);
   return true;
 }
 

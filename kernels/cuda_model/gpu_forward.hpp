@@ -211,6 +211,11 @@ struct gpu_model::impl {
   void run_layer_fast(int l, gbatch& b) const;
   void attention(int l, gbatch& b, const float* x, float* out) const;
   void compressor(int l, gitem& it, const float* x) const;
+  /// The index keys of num compressed latents and the latents rotated at their entry
+  /// positions (d_pos), each fake-quantized to its storage format and given to store(values,
+  /// dim, latent).
+  void finish_entries(int l, float* latents, int num, const int32_t* d_pos,
+                      const std::function<void(const float*, int, bool)>& store) const;
   void indexer(int l, gitem& it, const float* qr, const float* x) const;
   void attend(int l, gitem& it, const float* q, const float* kv, float* o) const;
   // fast kernel set (gpu_attention_fast.cpp): all items at once through device page tables

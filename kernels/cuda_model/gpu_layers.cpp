@@ -21,7 +21,7 @@ namespace cedar {
 void gpu_model::impl::compressor(int l, gitem& it, const float* x) const {
   const layer_info& li = args.layers[l];
   const dev_layer& w = layers[l];
-  const int ratio = li.compress_ratio, dh = args.head_dim, dih = args.index_head_dim, T = it.num_rows;
+  const int ratio = li.compress_ratio, dh = args.head_dim, T = it.num_rows;
   const float eps = float(args.rms_norm_eps);
   const int64_t p0 = it.first_pos;
   CEDAR_OP_CHECK(ratio == 1 || ratio == 2, "compressor ratio");
@@ -41,19 +41,29 @@ void gpu_model::impl::compressor(int l, gitem& it, const float* x) const {
   std::vector<int32_t> entry_pos(num);
   for (int e = 0; e < num; ++e) entry_pos[e] = int32_t((first_entry + e) * ratio);
   dvec<int32_t> d_pos(entry_pos);
+  finish_entries(l, latents.get(), num, d_pos.get(), [&](const float* v, int d, bool latent) {
+    store_entries(it, li.kv_source_slot, first_entry, num, v, d, latent);
+  });
+}
+
+void gpu_model::impl::finish_entries(int l, float* latents, int num, const int32_t* d_pos,
+                                     const std::function<void(const float*, int, bool)>& store) const {
+  const dev_layer& w = layers[l];
+  const int dh = args.head_dim, dih = args.index_head_dim;
+  const float eps = float(args.rms_norm_eps);
   // index keys from the raw latents
   dvec<float> k(std::size_t(num) * dih);
-  linear(latents.get(), num, w.c_index_wk, k.get());
+  linear(latents, num, w.c_index_wk, k.get());
   cuda::rmsnorm(k.get(), num, dih, w.c_index_k_norm, eps, k.get());
-  cuda::rope(k.get(), num, 1, dih, d_pos.get(), rope[l], false);
+  cuda::rope(k.get(), num, 1, dih, d_pos, rope[l], false);
   if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(k.get(), num, dih);
   else cuda::fake_quant_fp4_pow2_rows(k.get(), num, dih);
-  store_entries(it, li.kv_source_slot, first_entry, num, k.get(), dih, false);
+  store(k.get(), dih, false);
   // latents, rotated at their entry positions
-  cuda::rope(latents.get(), num, 1, dh, d_pos.get(), rope[l], false);
-  if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(latents.get(), num, dh);
-  else cuda::fake_quant_fp4_e4m3_rows(latents.get(), num, dh);
-  store_entries(it, li.kv_source_slot, first_entry, num, latents.get(), dh, true);
+  cuda::rope(latents, num, 1, dh, d_pos, rope[l], false);
+  if (layout.dtype == kv_dtype::fp8) cuda::fake_quant_fp8_rows(latents, num, dh);
+  else cuda::fake_quant_fp4_e4m3_rows(latents, num, dh);
+  store(latents, dh, true);
 }
 
 // ---- indexer (indexer_layer.cpp) ------------------------------------------------------------
