@@ -7,7 +7,11 @@
 namespace cedar::cli::gpu_bench {
 namespace {
 
-const char* kernels_name(gpu_kernels k) { return k == gpu_kernels::fast ? "fast" : "exact"; }
+/// The kernel set of a CUDA run; the CPU backend has one ("cpu").
+const char* kernels_name(const options& o) {
+  if (o.device != device_kind::cuda) return "cpu";
+  return o.kernels == gpu_kernels::fast ? "fast" : "exact";
+}
 const char* kv_name(kv_dtype d) { return d == kv_dtype::fp8 ? "fp8" : "fp4"; }
 
 void write_prefill(net::json_writer& w, const prefill_result& p) {
@@ -34,7 +38,7 @@ bool write_json(const report& r, const std::string& path) {
   const options& o = r.opts;
   net::json_writer w;
   w.obj().kv("model", o.model).kv("seed", int64_t(o.seed)).kv("device", r.device)
-      .kv("gpu_kernels", kernels_name(o.kernels)).kv("kv_dtype", kv_name(o.kv)).kv("load_s", r.load_s);
+      .kv("gpu_kernels", kernels_name(o)).kv("kv_dtype", kv_name(o.kv)).kv("load_s", r.load_s);
   w.key("ceilings").obj().kv("device", r.ceil.device).kv("copy_gbps", r.ceil.copy_gbps)
       .kv("blas_tflops", r.ceil.blas_tflops).kv("blas_dtype", r.ceil.blas_dtype).kv("blas_shape", "8192x8192x8192")
       .end_obj();
@@ -77,7 +81,7 @@ void print_table(const report& r) {
   const options& o = r.opts;
   if (r.decode.empty() && r.prefill.empty() && r.truncation.empty() && r.prefix.empty() && r.generate.empty()) return;
   std::printf("model %s (seed %llu) on %s, kernels %s, KV %s, load %.1f s\n", o.model.c_str(),
-              (unsigned long long)o.seed, r.device.c_str(), kernels_name(o.kernels), kv_name(o.kv), r.load_s);
+              (unsigned long long)o.seed, r.device.c_str(), kernels_name(o), kv_name(o.kv), r.load_s);
   if (r.ceil.copy_gbps > 0)
     std::printf("ceilings: copy %.0f GB/s (1 GiB device to device), cuBLASLt %s 8192^3 %.0f TFLOP/s\n",
                 r.ceil.copy_gbps, r.ceil.blas_dtype.c_str(), r.ceil.blas_tflops);
