@@ -2,7 +2,8 @@
 # The model commands on the CPU backend: `cedar generate` is deterministic and chunking does not
 # change its tokens, and --prompt-ids runs (a..b) are the listed ids; `cedar logits` writes its header and every row, and its last row's argmax
 # is the token generate picks first; a checkpoint directory gives the same tokens as the preset
-# with the same seed, and a checkpoint that does not match its config is refused.
+# with the same seed, and a checkpoint that does not match its config is refused; kernel-lab
+# refuses options it does not take with its usage (exit 2) before it looks for a device.
 # usage: tests/integration/model_cli.sh path/to/cedar
 set -euo pipefail
 cedar="${1:?usage: model_cli.sh path/to/cedar}"
@@ -49,4 +50,14 @@ if "$cedar" generate --model "$tmp/ckpt" --prompt-ids "$ids" --max-tokens 2 2> "
   echo "a checkpoint that does not match its config was accepted"; exit 1
 fi
 grep -q "does not match" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+
+for bad in "--op moe --tile nope" "--op moe --tokens 0" "--op moe --tokens 64x" "--op prefill --tokens 64" "--op nope"; do
+  rc=0
+  # shellcheck disable=SC2086
+  "$cedar" kernel-lab $bad > /dev/null 2> "$tmp/err" || rc=$?
+  [[ $rc == 2 ]] && grep -q "usage: cedar kernel-lab" "$tmp/err" || { echo "kernel-lab $bad: exit $rc"; cat "$tmp/err"; exit 1; }
+done
+rc=0
+"$cedar" kernel-lab --op moe --tokens 64 --tile narrow > /dev/null 2> "$tmp/err" || rc=$?
+if [[ $rc == 2 ]]; then echo "kernel-lab --op moe --tokens 64 --tile narrow was refused"; cat "$tmp/err"; exit 1; fi
 echo "model_cli: ok"

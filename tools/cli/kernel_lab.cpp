@@ -1,4 +1,4 @@
-// `cedar kernel-lab --op NAME [--out FILE.json] [--quick]`: validates every variant of a CUDA
+// `cedar kernel-lab --op NAME [--out FILE.json] [--quick] [--tokens N] [--tile NAME]`: validates every variant of a CUDA
 // op against the CPU op and times it next to the H200's own ceilings measured in the same run
 // (device-to-device copy bandwidth, a cuBLASLt matrix product), then estimates the decode-step
 // HBM floor of bench-40L-E64 and how close the lab's kernels come to it.
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@ using lab::lab_case;
 struct options {
   std::string op, out;
   bool quick = false;
+  lab::moe_filter moe;  ///< --tokens, --tile: one case of --op moe (a single kernel to profile)
 };
 
 bool parse(int argc, char** argv, options& o) {
@@ -34,8 +36,19 @@ bool parse(int argc, char** argv, options& o) {
     if (a == "--quick") o.quick = true;
     else if (a == "--op" && i + 1 < argc) o.op = argv[++i];
     else if (a == "--out" && i + 1 < argc) o.out = argv[++i];
-    else return false;
+    else if (a == "--tokens" && i + 1 < argc) {
+      char* end = nullptr;
+      const long v = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || v < 1 || v > 65536) return false;
+      o.moe.tokens = int(v);
+    } else if (a == "--tile" && i + 1 < argc) {
+      o.moe.tile = argv[++i];
+      static const char* tiles[] = {"gemv", "narrow", "narrow16", "skinny", "wide"};
+      if (std::none_of(std::begin(tiles), std::end(tiles), [&](const char* t) { return o.moe.tile == t; }))
+        return false;
+    } else return false;
   }
+  if ((o.moe.tokens > 0 || !o.moe.tile.empty()) && o.op != "moe") return false;
   static const char* ops[] = {"linear_fp8", "linear_fp4", "moe", "prefill", "attention", "ceilings", "floor", "all"};
   return std::any_of(std::begin(ops), std::end(ops), [&](const char* n) { return o.op == n; });
 }
@@ -123,7 +136,12 @@ int kernel_lab_main(int argc, char** argv) {
   options o;
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr,
-                 "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|attention|ceilings|floor|all [--out FILE.json] [--quick]\n");
+                 "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|attention|ceilings|floor|all\n"
+                 "                        [--out FILE.json] [--quick]\n"
+                 "       --op moe only: [--tokens N] (1..65536: that token count only)\n"
+                 "                      [--tile gemv|narrow|narrow16|skinny|wide] (that tile only);\n"
+                 "       with both, one grouped kernel per matrix, e.g. for\n"
+                 "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n");
     return 2;
   }
 #ifndef CEDAR_HAVE_CUDA
@@ -153,7 +171,7 @@ int kernel_lab_main(int argc, char** argv) {
   auto add = [&](std::vector<lab_case> v) { cases.insert(cases.end(), v.begin(), v.end()); };
   if (o.op == "linear_fp8" || o.op == "all") add(lab::run_linear_cases(false, o.quick));
   if (o.op == "linear_fp4" || o.op == "all") add(lab::run_linear_cases(true, o.quick));
-  if (o.op == "moe" || o.op == "all") add(lab::run_moe_cases(o.quick));
+  if (o.op == "moe" || o.op == "all") add(lab::run_moe_cases(o.quick, o.moe));
   if (o.op == "prefill" || o.op == "all") add(lab::run_prefill_cases(o.quick));
   if (o.op == "attention" || o.op == "all") add(lab::run_attention_cases(o.quick));
 

@@ -30,8 +30,13 @@ constexpr double err_bound = 1.0 / 65536;
 
 /// GEMM cases of the real V4.1 shapes; quick keeps fewer row counts.
 std::vector<lab_case> run_linear_cases(bool fp4, bool quick);
-/// Grouped W4A8 expert GEMMs (64 experts, top-6) for 1, 16 and 8192 tokens.
-std::vector<lab_case> run_moe_cases(bool quick);
+/// --op moe narrowed to one token count and/or one tile (0 / empty: all).
+struct moe_filter {
+  int tokens = 0;
+  std::string tile;
+};
+/// Grouped W4A8 expert GEMMs (64 experts, top-6) for 1, 16, 64, 256 and 8192 tokens.
+std::vector<lab_case> run_moe_cases(bool quick, const moe_filter& filter = {});
 /// Decode attention and indexer at 8K context, batch 1/64/256, FP4 and FP8 KV: fused vs exact.
 std::vector<lab_case> run_attention_cases(bool quick);
 /// The fast kernel set's prefill path (fast::linear_fp8/fp4 at m = 8192 with its parts and

@@ -326,8 +326,8 @@ expert_bank make_bank(int n, int k, rng& r) {
   return b;
 }
 
-void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down, rng& r,
-                 std::vector<lab_case>& out) {
+void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down, rng& r, std::vector<lab_case>& out,
+                 const std::string& only_tile) {
   constexpr int experts = moe_experts, topk = 6, routings = 8;
   const int n = bank.hw[0].n, k = bank.hw[0].k;
   const std::vector<host_weight>& hw = bank.hw;
@@ -372,6 +372,7 @@ void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down,
         fast::tile_kind::wide}) {
     if ((t == fast::tile_kind::gemv || t == fast::tile_kind::narrow || t == fast::tile_kind::narrow16) && max_slots > 64) continue;
     if (t == fast::tile_kind::skinny && max_slots > 64) continue;
+    if (!only_tile.empty() && only_tile != fast::tile_name(t)) continue;
     auto fn = [&](int i) {
       const routing& rt = ro[i % routings];
       fast::grouped_fp4(xq.as<uint8_t>(), xs.as<float>(), rows_dev[i % routings]->as<int32_t>(),
@@ -655,16 +656,17 @@ std::vector<lab_case> run_linear_cases(bool fp4, bool quick) {
   return out;
 }
 
-std::vector<lab_case> run_moe_cases(bool quick) {
+std::vector<lab_case> run_moe_cases(bool quick, const moe_filter& filter) {
   std::vector<lab_case> out;
   rng r{42};
-  const std::vector<int> tokens = quick ? std::vector<int>{1, 8192} : std::vector<int>{1, 16, 64, 256, 8192};
+  std::vector<int> tokens = quick ? std::vector<int>{1, 8192} : std::vector<int>{1, 16, 64, 256, 8192};
+  if (filter.tokens > 0) tokens = {filter.tokens};
   {
     const expert_bank up = make_bank(4608, 5120, r);
-    for (int t : tokens) run_grouped("moe_up", up, t, false, r, out);
+    for (int t : tokens) run_grouped("moe_up", up, t, false, r, out, filter.tile);
   }
   const expert_bank down = make_bank(5120, 2304, r);
-  for (int t : tokens) run_grouped("moe_down", down, t, true, r, out);
+  for (int t : tokens) run_grouped("moe_down", down, t, true, r, out, filter.tile);
   return out;
 }
 
