@@ -23,7 +23,8 @@ namespace cedar::cuda::fast {
 
 /// Tile shapes of the tensor-core GEMM (rows of W x tokens per block):
 /// gemv (weight read straight into fragments, 128-wide K chunks summed by a second pass;
-/// m <= 8, or 16 at a cost), skinny 32x64 (m <= 64) and wide 128x128 (prefill), both pipelined.
+/// m <= 8, or 16 at a cost); pipelined: narrow 32x8 and narrow16 32x16 (weight streams for a
+/// few slots per expert), skinny 32x64 (m <= 64) and wide 128x128 (prefill).
 enum class tile_kind { gemv, narrow, narrow16, skinny, wide };
 const char* tile_name(tile_kind t);
 /// The tile the library picks for m rows.

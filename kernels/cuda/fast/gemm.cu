@@ -1,7 +1,8 @@
 // Tensor-core FP8 / W4A8 linear layers (fast_ops.hpp): activation quantization, a direct
 // kernel for decode (m <= 16: warps read the weight straight into mma fragments, one 128-wide
 // K chunk each, partials summed by a second pass), and a cp.async-pipelined tiled kernel
-// (narrow 32x8: a 4-stage weight stream for a few slots; skinny 32x64; wide 128x128 for prefill). Dense and grouped (MoE) calls share them.
+// (narrow 32x8 and 32x16: weight streams for a few slots; skinny 32x64; wide 128x128 for
+// prefill). Dense and grouped (MoE) calls share them.
 //
 // One summation order for every tile, so a row's bits never depend on m: K is cut into chunks of
 // 4 blocks of 32; a chunk's partial is 0 + sum of its blocks in ascending order (each block =

@@ -416,7 +416,7 @@ tuning& tuning_now() {
 
 namespace {
 
-bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0 && k <= 8192; }
+bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0; }
 
 template <class W>
 void prefill_linear(const float* x, int m, const W& w, float* y) {
@@ -529,16 +529,20 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   const int inter = cuda::detail::expert_inter(experts, num_experts, d);
   CEDAR_CUDA_REQUIRE(d % 32 == 0 && inter % 32 == 0, "fast moe_ffn: d and inter multiples of 32");
   const cpu::expert_weights* table = device_table(experts, num_experts);
+  // The grouped W4A8 kernels, on device-side groups: few slots per expert take the narrow
+  // weight stream where the shapes allow (2.4x the gemv tile on 64 experts x ~6 slots, `cedar
+  // kernel-lab --op moe`; 16 slots a pass past expert_narrow_max_rows tokens), else the gemv
+  // tile; then the skinny tile. Past those: the bf16 path.
   const tuning& tune = tuning_now();
-  const bool gemv = m <= tune.expert_gemv_max_rows && gemv_shape(inter, d) && gemv_shape(d, inter);
-  const bool tiled = !gemv && m <= tune.expert_tiled_max_rows && d % 256 == 0 && inter % 256 == 0;
-  // few slots per expert: the narrow weight stream where the shapes allow (2.4x the gemv tile
-  // on 64 experts x ~6 slots, `cedar kernel-lab --op moe`), 16 slots a pass past
-  // expert_narrow_max_rows tokens, else the gemv tile
-  const bool narrow_fits = d % 256 == 0 && inter % 256 == 0;
-  const tile_kind few = m <= tune.expert_narrow_max_rows ? tile_kind::narrow : tile_kind::narrow16;
-  const tile_kind tile = gemv ? (narrow_fits ? few : tile_kind::gemv) : tile_kind::skinny;
-  const bool grouped = gemv || tiled;  // the grouped W4A8 kernels, on device-side groups
+  const bool tiles_fit = d % 256 == 0 && inter % 256 == 0;
+  bool grouped = true;
+  tile_kind tile = tile_kind::skinny;
+  if (m <= tune.expert_gemv_max_rows && tiles_fit)
+    tile = m <= tune.expert_narrow_max_rows ? tile_kind::narrow : tile_kind::narrow16;
+  else if (m <= tune.expert_gemv_max_rows && gemv_shape(inter, d) && gemv_shape(d, inter))
+    tile = tile_kind::gemv;
+  else
+    grouped = m <= tune.expert_tiled_max_rows && tiles_fit;
   const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
   const int cap = chunk * topk;
   scratch<int32_t> slot_src(cap), slot_row(cap), iota(cap), slot_pos(cap);
