@@ -92,8 +92,11 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<con
         auto& st = self->state;
         if (st.draining) return submit_reply{0, int32_t(engine_errc::draining), "the engine is draining"};
         if (st.paused) {
+          // the sender first: making the promise moves it out of the current message, and a
+          // held submit without it would run with nowhere to send its tokens
+          caf::strong_actor_ptr sink = self->current_sender();
           auto rp = self->make_response_promise<submit_reply>();
-          st.held.push_back({std::move(msg), self->current_sender(), rp});
+          st.held.push_back({std::move(msg), std::move(sink), rp});
           return rp;
         }
         return do_submit(self, msg, self->current_sender());

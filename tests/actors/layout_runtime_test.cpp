@@ -256,6 +256,34 @@ TEST_CASE("runtime: 32 streaming sessions survive tp4 -> dep2 -> tp4 -> tp1 swit
   }
 }
 
+TEST_CASE("runtime: a submit held by a pending switch streams to its session") {
+  // A long prefill step is in flight when the switch arrives, so the switch waits for it and
+  // the submit that follows is held; once the switch runs, the held request must stream its
+  // tokens to the session that sent it (its sender was once lost with the promise).
+  engine_options o = options();
+  o.max_batched_tokens = 4096;
+  o.max_prefill_tokens_per_request = 4096;
+  rig r("tp2", o);
+  client& first = r.open(0);
+  r.turn(first, tokens_for(700, 3000), 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the 3000-token step is running
+  switch_result sw;
+  std::thread switcher([&] { sw = r.ask<switch_result>(r.rt, switch_layout{"tp1"}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the switch waits for that step
+  const bool held = r.ask<layout_status>(r.rt, layout_atom::value).switching;
+  client& second = r.open(0);
+  r.turn(second, tokens_for(701, 9), 4);
+  switcher.join();
+  CHECK_MESSAGE(sw.error_code < 0, sw.error_message);
+  REQUIRE(rig::wait(first, 30000));
+  REQUIRE(rig::wait(second, 30000));
+  CHECK(first.reasons[0] == "length");
+  CHECK(second.reasons[0] == "length");
+  CHECK(second.turns[0].size() == 4u);
+  const std::string when = held ? "while the switch waited (held)" : "outside the switch's wait";
+  MESSAGE("the second submit arrived " << when);
+}
+
 TEST_CASE("runtime: a shard killed mid-run is replaced and every request ends within 10 s") {
   for (const std::string layout : {"tp2", "dep2"}) {
     INFO(layout);
