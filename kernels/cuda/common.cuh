@@ -201,6 +201,8 @@ __device__ __forceinline__ float warp_dot(const float* a, const float* b, int n)
   const int lane = threadIdx.x & 31;
   const int n32 = n - n % 32;
   float acc = 0.0f;
+  // unrolled so that several loads are in flight (the adds keep their order)
+#pragma unroll 8
   for (int k = lane; k < n32; k += 32) acc = acc + a[k] * b[k];
   float s = warp_fold(acc);
   if (lane == 0)

@@ -19,7 +19,21 @@ __global__ void rmsnorm_kernel(const float* x, int m, int d, const float* w, flo
   float* yr = y + size_t(r) * d;
   const float mean_sq = warp_dot(xr, xr, d) / float(d);
   const float inv_rms = 1.0f / sqrtf(mean_sq + eps);
-  for (int i = threadIdx.x & 31; i < d; i += 32) yr[i] = (xr[i] * inv_rms) * w[i];
+  // U positions a lane at a time, loaded before any is stored (in place is allowed, so the
+  // compiler cannot hoist a load over a store): a row's loads are in flight together
+  constexpr int U = 8;
+  for (int i0 = threadIdx.x & 31; i0 < d; i0 += 32 * U) {
+    float xv[U], wv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + 32 * u;
+      xv[u] = i < d ? xr[i] : 0.0f;
+      wv[u] = i < d ? w[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + 32 * u < d) yr[i0 + 32 * u] = (xv[u] * inv_rms) * wv[u];
+  }
 }
 
 constexpr int max_rope_half = 128;
@@ -41,13 +55,29 @@ __global__ void rope_kernel(float* x, int num_heads, int head_dim, int rope_dim,
     sin_s[i] = inverse ? -float(sin(angle)) : float(sin(angle));
   }
   __syncthreads();
-  for (int job = threadIdx.x; job < num_heads * half; job += blockDim.x) {
-    const int h = job / half, i = job % half;
-    const float c = cos_s[i], s = sin_s[i];
-    float* v = x + (size_t(r) * num_heads + h) * head_dim + (head_dim - rope_dim);
-    const float a = v[2 * i], b = v[2 * i + 1];
-    v[2 * i] = a * c - b * s;
-    v[2 * i + 1] = a * s + b * c;
+  // U pairs a thread at a time, loaded before any is stored (one latency per U pairs)
+  constexpr int U = 4;
+  const int jobs = num_heads * half;
+  for (int j0 = threadIdx.x; j0 < jobs; j0 += blockDim.x * U) {
+    float a[U], b[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int job = j0 + u * int(blockDim.x);
+      if (job >= jobs) continue;
+      const int h = job / half, i = job % half;
+      const float* v = x + (size_t(r) * num_heads + h) * head_dim + (head_dim - rope_dim);
+      a[u] = v[2 * i], b[u] = v[2 * i + 1];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int job = j0 + u * int(blockDim.x);
+      if (job >= jobs) continue;
+      const int h = job / half, i = job % half;
+      const float c = cos_s[i], s = sin_s[i];
+      float* v = x + (size_t(r) * num_heads + h) * head_dim + (head_dim - rope_dim);
+      v[2 * i] = a[u] * c - b[u] * s;
+      v[2 * i + 1] = a[u] * s + b[u] * c;
+    }
   }
 }
 

@@ -9,44 +9,44 @@ namespace {
 
 enum class rule { fp8, fp4_pow2, fp4_e4m3 };
 
-__device__ __forceinline__ int group_of(rule r) { return r == rule::fp4_e4m3 ? 16 : 32; }
-
-/// Group g of row r: fake-quant in place (rec == nullptr), or pack into the record.
+/// One thread per value (a group's G values in G lanes of one warp; d % 32 == 0, so a warp
+/// never spans two rows): the group's max by shuffles (exact in any order), then each lane's
+/// value fake-quantized in place (rec == nullptr) or packed into the record, as the serial rule.
 template <rule R>
 __global__ void group_kernel(float* x, int m, int d, uint8_t* rec, size_t rec_bytes, bool pack) {
-  const int G = group_of(R);
+  constexpr int G = R == rule::fp4_e4m3 ? 16 : 32;
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  const int groups = d / G;
-  if (t >= (long long)m * groups) return;
-  const int r = int(t / groups), g = int(t % groups);
-  float* xg = x + size_t(r) * d + g * G;
+  if (t - threadIdx.x % 32 >= (long long)m * d) return;  // whole warps leave together
+  const int r = int(t / d), i = int(t % d), g = i / G, lane_in_group = i % G;
   uint8_t* rr = rec ? rec + size_t(r) * rec_bytes : nullptr;
-  const float amax = group_amax(xg, G);
+  const float v = x[t];
+  float amax = std_max(0.0f, fabsf(v));  // as group_amax: a NaN value does not count
+  for (int off = G / 2; off > 0; off /= 2) amax = std_max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
   if (R == rule::fp8) {
     const float s = fp8_group_scale(amax);
-    for (int i = 0; i < G; ++i) {
-      const float v = clampf(xg[i] / s, -448.0f, 448.0f);
-      if (pack) rr[g * G + i] = f32_to_e4m3(v);
-      else xg[i] = round_to_e4m3(v) * s;
+    const float q = clampf(v / s, -448.0f, 448.0f);
+    if (pack) {
+      rr[i] = f32_to_e4m3(q);
+      if (lane_in_group == 0) rr[d + g] = pow2_code(s);
+    } else {
+      x[t] = round_to_e4m3(q) * s;
     }
-    if (pack) rr[d + g] = pow2_code(s);
   } else {
     float s;
     if (R == rule::fp4_pow2) {
       s = fp4_pow2_scale(amax);
-      if (pack) rr[d / 2 + g] = pow2_code(s);
+      if (pack && lane_in_group == 0) rr[d / 2 + g] = pow2_code(s);
     } else {
       const uint8_t code = f32_to_e4m3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f);
       s = e4m3_to_f32(code);
-      if (pack) rr[d / 2 + g] = code;
+      if (pack && lane_in_group == 0) rr[d / 2 + g] = code;
     }
-    for (int i = 0; i < G; i += 2) {
-      const uint8_t c0 = f32_to_e2m1(xg[i] / s), c1 = f32_to_e2m1(xg[i + 1] / s);
-      if (pack) rr[(g * G + i) / 2] = uint8_t((c0 & 0xF) | ((c1 & 0xF) << 4));
-      else {
-        xg[i] = e2m1_to_f32(c0) * s;
-        xg[i + 1] = e2m1_to_f32(c1) * s;
-      }
+    const uint8_t c = f32_to_e2m1(v / s);
+    const uint8_t next = uint8_t(__shfl_down_sync(0xFFFFFFFFu, uint32_t(c), 1));
+    if (pack) {
+      if (i % 2 == 0) rr[i / 2] = uint8_t((c & 0xF) | ((next & 0xF) << 4));
+    } else {
+      x[t] = e2m1_to_f32(c) * s;
     }
   }
 }
@@ -73,9 +73,8 @@ __global__ void round_bf16_kernel(float* x, size_t n) {
 
 template <rule R>
 void run_groups(float* x, int m, int d, uint8_t* rec, size_t rec_bytes, bool pack) {
-  const int G = R == rule::fp4_e4m3 ? 16 : 32;
   CEDAR_CUDA_REQUIRE(d % 32 == 0, "record length is a multiple of 32");
-  const long long n = (long long)m * (d / G);
+  const long long n = (long long)m * d;
   if (n == 0) return;
   group_kernel<R><<<blocks_for(n, 256), 256, 0, stream()>>>(x, m, d, rec, rec_bytes, pack);
   CEDAR_CUDA_LAUNCHED();

@@ -346,27 +346,45 @@ constexpr int max_splits = 32;
 /// grid (rows, heads): out = sum_s O_s e^(m_s - M) / (e^(sink - M) + sum_s l_s e^(m_s - M)).
 __global__ void combine_kernel(const float* part_o, const float* part_ml, int splits, int heads, int dim,
                                const float* sink, float* out) {
-  __shared__ float weight[max_splits];
+  __shared__ float weight[max_splits], ell[max_splits];
   __shared__ float inv_denom;
   const int r = blockIdx.x, h = blockIdx.y;
   const float* ml = part_ml + std::size_t(r) * splits * heads * 2;
-  if (threadIdx.x == 0) {
-    float M = sink[h];
-    for (int s = 0; s < splits; ++s) M = fmaxf(M, ml[(std::size_t(s) * heads + h) * 2]);
-    float denom = expf(sink[h] - M);
-    for (int s = 0; s < splits; ++s) {
-      const float m = ml[(std::size_t(s) * heads + h) * 2], l = ml[(std::size_t(s) * heads + h) * 2 + 1];
+  if (threadIdx.x < 32) {  // lane s holds split s (splits <= 32); the max is exact in any order
+    const int s = threadIdx.x;
+    const float m = s < splits ? ml[(std::size_t(s) * heads + h) * 2] : neg_inf;
+    float M = fmaxf(sink[h], m);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (s < splits) {
       weight[s] = m == neg_inf ? 0.0f : expf(m - M);
-      denom += l * weight[s];
+      ell[s] = ml[(std::size_t(s) * heads + h) * 2 + 1];
     }
-    inv_denom = 1.0f / denom;
+    __syncwarp();
+    if (s == 0) {  // the denominator in split order
+      float denom = expf(sink[h] - M);
+      for (int t = 0; t < splits; ++t) denom += ell[t] * weight[t];
+      inv_denom = 1.0f / denom;
+    }
   }
   __syncthreads();
-  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < splits; ++s)
-      if (weight[s] != 0.0f) acc += weight[s] * part_o[((std::size_t(r) * splits + s) * heads + h) * dim + d];
-    out[(std::size_t(r) * heads + h) * dim + d] = acc * inv_denom;
+  // U dimensions a thread, every split's loads of them issued together (splits in order)
+  constexpr int U = 4;
+  for (int d0 = threadIdx.x; d0 < dim; d0 += blockDim.x * U) {
+    float acc[U] = {};
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+      const float w = weight[s];
+      if (w == 0.0f) continue;
+      const float* po = part_o + ((std::size_t(r) * splits + s) * heads + h) * dim;
+      float v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) v[u] = d0 + u * int(blockDim.x) < dim ? po[d0 + u * int(blockDim.x)] : 0.0f;
+#pragma unroll
+      for (int u = 0; u < U; ++u) acc[u] += w * v[u];
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (d0 + u * int(blockDim.x) < dim) out[(std::size_t(r) * heads + h) * dim + d0 + u * int(blockDim.x)] = acc[u] * inv_denom;
   }
 }
 

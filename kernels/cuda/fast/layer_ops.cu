@@ -78,17 +78,28 @@ __global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int 
   // adds the warps' sums in warp order: one barrier instead of one per dot
   __shared__ float warp_sums[slice / 32][R][n_mix + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  for (int o = 0; o <= n_mix; ++o) {
-    float w[HC];
+  // OB dots at a time, their weights loaded before the first is folded (one load latency per
+  // OB dots instead of one per dot)
+  constexpr int OB = HC + 1;
+  for (int o0 = 0; o0 <= n_mix; o0 += OB) {
+    float w[OB][HC];
 #pragma unroll
-    for (int j = 0; j < HC; ++j) w[j] = live && o < n_mix ? fn[size_t(o) * HC * d + size_t(j) * d + i] : 0.0f;
+    for (int u = 0; u < OB; ++u)
 #pragma unroll
-    for (int q = 0; q < R; ++q) {
-      float acc = 0.0f;
+      for (int j = 0; j < HC; ++j)
+        w[u][j] = live && o0 + u < n_mix ? fn[size_t(o0 + u) * HC * d + size_t(j) * d + i] : 0.0f;
 #pragma unroll
-      for (int j = 0; j < HC; ++j) acc += v[q][j] * (o < n_mix ? w[j] : v[q][j]);
-      for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-      if (lane == 0) warp_sums[warp][q][o] = acc;
+    for (int u = 0; u < OB; ++u) {
+      const int o = o0 + u;
+      if (o > n_mix) break;
+#pragma unroll
+      for (int q = 0; q < R; ++q) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HC; ++j) acc += v[q][j] * (o < n_mix ? w[u][j] : v[q][j]);
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) warp_sums[warp][q][o] = acc;
+      }
     }
   }
   __syncthreads();
@@ -154,6 +165,7 @@ __global__ void __launch_bounds__(slice) mix_finish(const float* X, int d, int s
   const int r = blockIdx.x;
   for (int o = threadIdx.x; o <= n_mix; o += blockDim.x) {
     float s = 0.0f;
+#pragma unroll 4
     for (int b = 0; b < slices; ++b) s += partials[(size_t(r) * slices + b) * (n_mix + 1) + o];
     mix[o] = s;
   }
@@ -196,15 +208,42 @@ __global__ void __launch_bounds__(slice) mix_finish(const float* X, int d, int s
   float cp[HC];
   for (int j = 0; j < HC; ++j) cp[j] = collapse_pre[r * HC + j];
   float* out = x_out + size_t(r) * d;
+  // U positions a thread at a time, loaded before any is stored: one load latency per U
+  constexpr int U = 4;
   float sq = 0.0f;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float s = 0.0f;
-    for (int j = 0; j < HC; ++j) s += cp[j] * xr[size_t(j) * d + i];
-    out[i] = s;
-    sq += s * s;
+  for (int i0 = threadIdx.x; i0 < d; i0 += blockDim.x * U) {
+    float xv[U][HC];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < HC; ++j) {
+        const int i = i0 + u * int(blockDim.x);
+        xv[u][j] = i < d ? xr[size_t(j) * d + i] : 0.0f;
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + u * int(blockDim.x);
+      if (i >= d) break;
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < HC; ++j) s += cp[j] * xv[u][j];
+      out[i] = s;
+      sq += s * s;
+    }
   }
   const float inv = 1.0f / sqrtf(block_sum(sq, red) / float(d) + norm_eps);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = (out[i] * inv) * norm_w[i];
+  for (int i0 = threadIdx.x; i0 < d; i0 += blockDim.x * U) {
+    float ov[U], wv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + u * int(blockDim.x);
+      ov[u] = i < d ? out[i] : 0.0f;
+      wv[u] = i < d ? norm_w[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * int(blockDim.x) < d) out[i0 + u * int(blockDim.x)] = (ov[u] * inv) * wv[u];
+  }
 }
 
 /// Rows per block of the kernels that read a weight once per R rows (the results do not depend
@@ -264,6 +303,8 @@ __global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y,
   if (e < n) {
     const uint16_t* g = gate + size_t(e) * k_in;
     float acc[R] = {};
+    // unrolled: several 16-byte gate loads in flight (the loop only loads and adds, in order)
+#pragma unroll 4
     for (int c = lane * 8; c < k_in; c += 256) {
       const uint4 w = *reinterpret_cast<const uint4*>(g + c);
       const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
@@ -293,13 +334,31 @@ __global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y,
   if (!last || int(threadIdx.x / 32) >= R || r >= m) return;
   __threadfence();
   const float* sr = s + size_t(r) * n;
+  // the first cached_q * 32 experts' scores stay in registers over the rounds, and the picked
+  // scores in shared memory: each round and the weights wait on no load (64 experts: none)
+  constexpr int cached_q = 4;
+  float raw[cached_q], biased[cached_q];
+#pragma unroll
+  for (int q = 0; q < cached_q; ++q) {
+    const int x = lane + 32 * q;
+    raw[q] = x < n ? sr[x] : 0.0f;
+    biased[q] = x < n ? raw[q] + bias[x] : 0.0f;
+  }
+  __shared__ float picked[route_warps][16];
+  float* picked_r = picked[threadIdx.x / 32];
   uint32_t taken = 0;  // lane-local bit q: expert lane + 32 q was taken (n <= 1024)
   float sum = 0.0f;
   int32_t* sel_r = sel + size_t(r) * topk;
   for (int t = 0; t < topk; ++t) {
     int best = -1;
     float best_v = 0.0f;
-    for (int q = 0; lane + 32 * q < n; ++q) {
+#pragma unroll
+    for (int q = 0; q < cached_q; ++q) {
+      const int x = lane + 32 * q;
+      if (x >= n || (taken >> q & 1)) continue;
+      if (best < 0 || biased[q] > best_v) best = x, best_v = biased[q];
+    }
+    for (int q = cached_q; lane + 32 * q < n; ++q) {
       const int x = lane + 32 * q;
       if (taken >> q & 1) continue;
       const float v = sr[x] + bias[x];
@@ -311,12 +370,18 @@ __global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y,
       if (ob >= 0 && (best < 0 || ov > best_v || (ov == best_v && ob < best))) best = ob, best_v = ov;
     }
     if (best % 32 == lane) taken |= 1u << (best / 32);
-    if (lane == 0) sel_r[t] = best;
-    sum += sr[best];
+    float mine = 0.0f;  // the picked expert's score, from the lane that holds it
+#pragma unroll
+    for (int q = 0; q < cached_q; ++q)
+      if (best / 32 == q) mine = raw[q];
+    if (best / 32 >= cached_q && best % 32 == lane) mine = sr[best];
+    const float score = __shfl_sync(0xffffffffu, mine, best % 32);
+    if (lane == 0) sel_r[t] = best, picked_r[t] = score;
+    sum += score;
   }
+  __syncwarp();
   if (lane == 0) {
-    for (int t = 0; t < topk; ++t)
-      weights[size_t(r) * topk + t] = sr[sel_r[t]] / (sum + 1e-20f) * route_scale;
+    for (int t = 0; t < topk; ++t) weights[size_t(r) * topk + t] = picked_r[t] / (sum + 1e-20f) * route_scale;
     if (r == r0) arrived[blockIdx.y] = 0;
   }
 }
