@@ -229,51 +229,90 @@ struct stage_layout {
   static constexpr int bytes = w_bytes + x_bytes + xs_bytes + ws_bytes;
 };
 
+/// The cp.async copies of one pipeline stage (weight rows, x codes and scales of the block's
+/// slots, weight scales), each thread's source rows resolved once per block (the slot -> x row
+/// lookups and the row arithmetic are not repeated per stage; with k % BK == 0, which the
+/// launch requires, every K piece is in range). load(k0, smem) issues a stage.
 template <class S, bool FP4>
-__device__ __forceinline__ void load_stage(const gemm_problem& p, const group_view& gv, int n0, int slot0,
-                                           int k0, uint8_t* smem) {
+struct stage_loader {
   using L = stage_layout<S, FP4>;
-  uint8_t* sw = smem;
-  uint8_t* sx = smem + L::w_bytes;
-  float* sxs = reinterpret_cast<float*>(sx + L::x_bytes);
-  uint8_t* sws = sx + L::x_bytes + L::xs_bytes;
-  const int tid = threadIdx.x;
-  // weight rows: BK (FP8) or BK/2 (FP4) bytes each, in 16-byte pieces
-  constexpr int w_row_bytes = FP4 ? S::BK / 2 : S::BK;
-  constexpr int w_pieces = w_row_bytes / 16;
-  const size_t w_gstride = FP4 ? p.k / 2 : p.k;
-  const int k0_bytes = FP4 ? k0 / 2 : k0;
-  for (int c = tid; c < S::BW * w_pieces; c += S::threads) {
-    const int r = c / w_pieces, piece = c % w_pieces;
-    const bool valid = k0_bytes + piece * 16 < int(w_gstride);
-    cp_async16(sw + r * L::w_stride + piece * 16, gv.w + size_t(n0 + r) * w_gstride + (valid ? k0_bytes + piece * 16 : 0),
-               valid);
+  static constexpr int w_row_bytes = FP4 ? S::BK / 2 : S::BK, w_pieces = w_row_bytes / 16;
+  static constexpr int x_pieces = S::BK / 16, xs_pieces = S::KB / 4, ws_pieces = S::KB / 4;
+  static constexpr int w_jobs = S::BW * w_pieces, x_jobs = S::BT * x_pieces, xs_jobs = S::BT * xs_pieces,
+                       ws_jobs = L::ws_rows * ws_pieces;
+  static constexpr int iters(int jobs) { return (jobs + S::threads - 1) / S::threads; }
+  static constexpr int w_n = iters(w_jobs), x_n = iters(x_jobs), xs_n = iters(xs_jobs), ws_n = iters(ws_jobs);
+
+  // 32-bit offsets from the four bases (a weight, x codes or scales stay far below 4 GB): half
+  // the registers of pointers
+  const uint8_t *w_base, *x_base, *ws_base;
+  const float* xs_base;
+  uint32_t w[w_n], x[x_n], xs[xs_n], ws[ws_n];
+  bool x_ok[x_n], xs_ok[xs_n];
+
+  __device__ __forceinline__ stage_loader(const gemm_problem& p, const group_view& gv, int n0, int slot0)
+      : w_base(gv.w), x_base(p.xq), ws_base(gv.ws), xs_base(p.xs) {
+    const int tid = threadIdx.x;
+    const uint32_t w_gstride = FP4 ? p.k / 2 : p.k;
+#pragma unroll
+    for (int i = 0; i < w_n; ++i) {
+      const int c = tid + i * S::threads, r = c / w_pieces, piece = c % w_pieces;
+      w[i] = uint32_t(n0 + r) * w_gstride + piece * 16;
+    }
+#pragma unroll
+    for (int i = 0; i < x_n; ++i) {
+      const int c = tid + i * S::threads, r = c / x_pieces, piece = c % x_pieces, s = slot0 + r;
+      x_ok[i] = c < x_jobs && s < gv.count;
+      x[i] = x_ok[i] ? uint32_t(x_row(p, gv.first + s)) * uint32_t(p.k) + piece * 16 : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < xs_n; ++i) {
+      const int c = tid + i * S::threads, r = c / xs_pieces, piece = c % xs_pieces, s = slot0 + r;
+      xs_ok[i] = c < xs_jobs && s < gv.count;
+      xs[i] = xs_ok[i] ? uint32_t(x_row(p, gv.first + s)) * uint32_t(p.k / 32) + piece * 4 : 0u;
+    }
+#pragma unroll
+    for (int i = 0; i < ws_n; ++i) {
+      const int c = tid + i * S::threads, r = c / ws_pieces, piece = c % ws_pieces;
+      const int row = FP4 ? n0 + r : n0 / 32 + r;
+      ws[i] = uint32_t(row) * uint32_t(p.k / 32) + piece * 4;
+    }
   }
-  constexpr int x_pieces = S::BK / 16;
-  for (int c = tid; c < S::BT * x_pieces; c += S::threads) {
-    const int r = c / x_pieces, piece = c % x_pieces;
-    const int s = slot0 + r;
-    const bool valid = s < gv.count && k0 + piece * 16 < p.k;
-    const uint8_t* src = valid ? p.xq + size_t(x_row(p, gv.first + s)) * p.k + k0 + piece * 16 : p.xq;
-    cp_async16(sx + r * L::x_stride + piece * 16, src, valid);
+
+  __device__ __forceinline__ void load(int k0, uint8_t* smem) const {
+    uint8_t* sw = smem;
+    uint8_t* sx = smem + L::w_bytes;
+    float* sxs = reinterpret_cast<float*>(sx + L::x_bytes);
+    uint8_t* sws = sx + L::x_bytes + L::xs_bytes;
+    const int tid = threadIdx.x;
+    const uint32_t k0_bytes = FP4 ? k0 / 2 : k0, kb0 = k0 / 32;
+#pragma unroll
+    for (int i = 0; i < w_n; ++i) {
+      const int c = tid + i * S::threads;
+      if (w_jobs % S::threads == 0 || c < w_jobs)
+        cp_async16(sw + (c / w_pieces) * L::w_stride + (c % w_pieces) * 16, w_base + (w[i] + k0_bytes), true);
+    }
+#pragma unroll
+    for (int i = 0; i < x_n; ++i) {
+      const int c = tid + i * S::threads;
+      if (x_jobs % S::threads == 0 || c < x_jobs)
+        cp_async16(sx + (c / x_pieces) * L::x_stride + (c % x_pieces) * 16, x_base + (x_ok[i] ? x[i] + k0 : 0u), x_ok[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < xs_n; ++i) {
+      const int c = tid + i * S::threads;
+      if (xs_jobs % S::threads == 0 || c < xs_jobs)
+        cp_async16(sxs + (c / xs_pieces) * S::KB + (c % xs_pieces) * 4, xs_base + (xs_ok[i] ? xs[i] + kb0 : 0u),
+                   xs_ok[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < ws_n; ++i) {
+      const int c = tid + i * S::threads;
+      if (ws_jobs % S::threads == 0 || c < ws_jobs)
+        cp_async4(sws + (c / ws_pieces) * S::KB + (c % ws_pieces) * 4, ws_base + (ws[i] + kb0), true);
+    }
   }
-  constexpr int xs_pieces = S::KB / 4;  // 4 floats per piece
-  for (int c = tid; c < S::BT * xs_pieces; c += S::threads) {
-    const int r = c / xs_pieces, piece = c % xs_pieces;
-    const int s = slot0 + r;
-    const bool valid = s < gv.count && k0 / 32 + piece * 4 < p.k / 32;
-    const float* src = valid ? p.xs + size_t(x_row(p, gv.first + s)) * (p.k / 32) + k0 / 32 + piece * 4 : p.xs;
-    cp_async16(sxs + r * S::KB + piece * 4, src, valid);
-  }
-  constexpr int ws_pieces = S::KB / 4;  // 4 codes per piece
-  for (int c = tid; c < L::ws_rows * ws_pieces; c += S::threads) {
-    const int r = c / ws_pieces, piece = c % ws_pieces;
-    const int row = FP4 ? n0 + r : n0 / 32 + r;
-    const bool valid = k0 / 32 + piece * 4 < p.k / 32;
-    const uint8_t* src = valid ? gv.ws + size_t(row) * (p.k / 32) + k0 / 32 + piece * 4 : gv.ws;
-    cp_async4(sws + r * S::KB + piece * 4, src, valid);
-  }
-}
+};
 
 /// grid (n / BW, ceil(max slots / BT), groups).
 template <class S, bool FP4>
@@ -285,20 +324,21 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
   if (slot0 >= gv.count) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tig = lane % 4;
   const int ww = warp % S::WW, wt = warp / S::WW;
-  const int k_tiles = (p.k + S::BK - 1) / S::BK;
-  const int k_blocks = p.k / 32;
+  const int k_tiles = p.k / S::BK;  // the launch requires k % BK == 0
 
+  static_assert(S::KB % chunk_blocks == 0, "a stage holds whole summation chunks");
   float total[S::MT][S::NT][4] = {}, part[S::MT][S::NT][4] = {};
+  const stage_loader<S, FP4> loader(p, gv, n0, slot0);
 #pragma unroll
   for (int s = 0; s < S::STAGES - 1; ++s) {
-    if (s < k_tiles) load_stage<S, FP4>(p, gv, n0, slot0, s * S::BK, smem + s * L::bytes);
+    if (s < k_tiles) loader.load(s * S::BK, smem + s * L::bytes);
     cp_async_commit();
   }
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<S::STAGES - 2>();
     __syncthreads();
     const int next = kt + S::STAGES - 1;
-    if (next < k_tiles) load_stage<S, FP4>(p, gv, n0, slot0, next * S::BK, smem + (next % S::STAGES) * L::bytes);
+    if (next < k_tiles) loader.load(next * S::BK, smem + (next % S::STAGES) * L::bytes);
     cp_async_commit();
     const uint8_t* st = smem + (kt % S::STAGES) * L::bytes;
     const uint8_t* sw = st;
@@ -306,9 +346,7 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
     const float* sxs = reinterpret_cast<const float*>(sxq + L::x_bytes);
     const uint8_t* sws = sxq + L::x_bytes + L::xs_bytes;
 #pragma unroll
-    for (int kb = 0; kb < S::KB; ++kb) {
-      const int kg = kt * S::KB + kb;
-      if (kg >= k_blocks) break;
+    for (int kb = 0; kb < S::KB; ++kb) {  // k % BK == 0: every K block of the stage is in range
       uint32_t a[S::MT][4], b[S::NT][2];
       float sw0[S::MT], sw1[S::MT], sx[S::NT][2];
 #pragma unroll
@@ -341,7 +379,7 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
           part[i][j][2] = fmaf(d[2], sw1[i] * sx[j][0], part[i][j][2]);
           part[i][j][3] = fmaf(d[3], sw1[i] * sx[j][1], part[i][j][3]);
         }
-      if ((kg + 1) % chunk_blocks == 0) {
+      if ((kb + 1) % chunk_blocks == 0) {  // a stage starts on a chunk boundary (KB % 4 == 0)
 #pragma unroll
         for (int i = 0; i < S::MT; ++i)
 #pragma unroll
