@@ -61,6 +61,38 @@ class scratch {
 
 inline unsigned blocks_for(long long n, int threads) { return unsigned((n + threads - 1) / threads); }
 
+// ---- programmatic dependent launch (sm_90) --------------------------------------------------
+
+/// Launches kernel on the stream so that it may start while the kernel before it finishes
+/// (programmatic stream serialization): its blocks run whatever reads only data no kernel
+/// writes (weights), then grid_dependency_wait(), before which they must neither read what
+/// earlier kernels write nor write anything at all.
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, Args... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr, cfg.numAttrs = 1;
+  CEDAR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, Params(args)...));
+}
+
+/// Waits until the kernels before this one in the stream have finished and their writes are
+/// visible (a no-op for a kernel launched the ordinary way).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/// Lets the next kernel of the stream, if launched with launch_dependent, start its blocks.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- formats (kernels/formats.cpp) --------------------------------------------------------
 
 __device__ __forceinline__ float bf16_to_f32(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }

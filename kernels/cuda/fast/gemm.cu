@@ -86,6 +86,8 @@ __device__ __forceinline__ void load_a(const uint8_t* w, size_t stride, int r, i
 /// One warp per group of 32, one lane per value: codes and the power-of-two scale, as
 /// fmt::quantize_fp8 (the group max is exact in any order).
 __global__ void quantize_kernel(const float* x, long long groups, uint8_t* codes, float* scales) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();  // the GEMM after it can start loading its weight
   const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (g >= groups) return;  // g is uniform across the warp
@@ -112,6 +114,9 @@ __global__ void __launch_bounds__(direct_warps * 32) direct_kernel(gemm_problem 
   const int lane = threadIdx.x % 32, g = lane / 4, tig = lane % 4;
   const int r0 = blockIdx.x * direct_warps * 16 + (threadIdx.x / 32) * 16;
   if (r0 >= p.n) return;  // n % 16 == 0: a warp's 16 rows are all in or all out
+  // launched as a dependent: a dense call loads its weight while the kernel before it (the
+  // activation's quantization) finishes; a grouped one first needs the groups it wrote
+  if (p.groups) cuda::detail::grid_dependency_wait();
   const int tile = blockIdx.z % token_tiles;
   const size_t total_slots = size_t(p.m);
   const uint8_t* w = p.w;
@@ -141,6 +146,8 @@ __global__ void __launch_bounds__(direct_warps * 32) direct_kernel(gemm_problem 
     sw0[i] = weight_scale<FP4>(ws, r0 + g, kb, p.k);
     sw1[i] = FP4 ? weight_scale<FP4>(ws, r0 + g + 8, kb, p.k) : sw0[i];
   }
+  cuda::detail::launch_dependents();
+  cuda::detail::grid_dependency_wait();
   int xrow_b[NT], xrow_c[NT][2];  // x rows of the slots this thread loads / outputs (-1: none)
 #pragma unroll
   for (int j = 0; j < NT; ++j) {
@@ -192,6 +199,7 @@ __global__ void __launch_bounds__(direct_warps * 32) direct_kernel(gemm_problem 
 
 /// y[s, n] = 0 + part[0, s, n] + part[1, s, n] + ... (ascending chunks).
 __global__ void chunk_sum_kernel(const float* part, int chunks, long long count, float* y) {
+  cuda::detail::grid_dependency_wait();
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= count) return;
   float s = 0.0f;
@@ -415,11 +423,10 @@ void launch_direct(const gemm_problem& p, int num_groups, int max_slots) {
   scratch<float> part(size_t(chunks) * total_slots * p.n);
   const dim3 grid((p.n + direct_warps * 16 - 1) / (direct_warps * 16), (chunks + direct_chunks<FP4> - 1) / direct_chunks<FP4>,
                   num_groups * token_tiles);
-  direct_kernel<FP4, NT><<<grid, direct_warps * 32, 0, stream()>>>(p, token_tiles, part.get());
-  CEDAR_CUDA_LAUNCHED();
+  cuda::detail::launch_dependent(direct_kernel<FP4, NT>, grid, dim3(direct_warps * 32), 0, p, token_tiles, part.get());
   const long long count = (long long)total_slots * p.n;
-  chunk_sum_kernel<<<cuda::detail::blocks_for(count, 256), 256, 0, stream()>>>(part.get(), chunks, count, p.y);
-  CEDAR_CUDA_LAUNCHED();
+  cuda::detail::launch_dependent(chunk_sum_kernel, dim3(cuda::detail::blocks_for(count, 256)), dim3(256), 0,
+                                 static_cast<const float*>(part.get()), chunks, count, p.y);
 }
 
 template <class S, bool FP4>
@@ -476,9 +483,8 @@ void quantize_rows_fp8(const float* x, int m, int k, uint8_t* codes, float* scal
   CEDAR_CUDA_REQUIRE(k % 32 == 0, "quantize_rows_fp8: k % 32 == 0");
   const long long groups = (long long)m * (k / 32);
   if (groups == 0) return;
-  detail::quantize_kernel<<<cuda::detail::blocks_for(groups * 32, 256), 256, 0, cuda::detail::stream()>>>(
-      x, groups, codes, scales);
-  CEDAR_CUDA_LAUNCHED();
+  cuda::detail::launch_dependent(detail::quantize_kernel, dim3(cuda::detail::blocks_for(groups * 32, 256)), dim3(256), 0,
+                                 x, groups, codes, scales);
 }
 
 void gemm_fp8(const uint8_t* xq, const float* xs, int m, const fp8_weight& w, float* y, tile_kind t) {

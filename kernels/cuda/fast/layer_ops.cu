@@ -208,8 +208,9 @@ __global__ void __launch_bounds__(slice) mix_finish(const float* X, int d, int s
   float cp[HC];
   for (int j = 0; j < HC; ++j) cp[j] = collapse_pre[r * HC + j];
   float* out = x_out + size_t(r) * d;
-  // U positions a thread at a time, loaded before any is stored: one load latency per U
-  constexpr int U = 4;
+  // U positions a thread at a time, loaded before any is stored: one load latency per U (a
+  // 5120-wide row takes two rounds)
+  constexpr int U = 10;
   float sq = 0.0f;
   for (int i0 = threadIdx.x; i0 < d; i0 += blockDim.x * U) {
     float xv[U][HC];
@@ -303,18 +304,29 @@ __global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y,
   if (e < n) {
     const uint16_t* g = gate + size_t(e) * k_in;
     float acc[R] = {};
-    // unrolled: several 16-byte gate loads in flight (the loop only loads and adds, in order)
-#pragma unroll 4
-    for (int c = lane * 8; c < k_in; c += 256) {
-      const uint4 w = *reinterpret_cast<const uint4*>(g + c);
-      const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+    // CB 16-byte gate pieces a lane at a time, loaded before the first is used (one DRAM
+    // latency per CB pieces); the adds keep their order
+    constexpr int CB = 8;
+    for (int c0 = lane * 8; c0 < k_in; c0 += 256 * CB) {
+      uint4 wv[CB];
 #pragma unroll
-      for (int q = 0; q < R; ++q) {
-        if (r0 + q >= m) break;
-        const float* yr = y + size_t(r0 + q) * k_in;
-        for (int h = 0; h < 4; ++h) {
-          acc[q] += yr[c + 2 * h] * __uint_as_float(ws[h] << 16);
-          acc[q] += yr[c + 2 * h + 1] * __uint_as_float(ws[h] & 0xffff0000u);
+      for (int u = 0; u < CB; ++u) {
+        const int c = c0 + 256 * u;
+        wv[u] = c < k_in ? *reinterpret_cast<const uint4*>(g + c) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < CB; ++u) {
+        const int c = c0 + 256 * u;
+        if (c >= k_in) break;
+        const uint32_t ws[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+#pragma unroll
+        for (int q = 0; q < R; ++q) {  // rows past m read row m - 1; their sums are never stored
+          const float* yr = y + size_t(min(r0 + q, m - 1)) * k_in;
+#pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            acc[q] += yr[c + 2 * h] * __uint_as_float(ws[h] << 16);
+            acc[q] += yr[c + 2 * h + 1] * __uint_as_float(ws[h] & 0xffff0000u);
+          }
         }
       }
     }
