@@ -305,8 +305,9 @@ __global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y,
     const uint16_t* g = gate + size_t(e) * k_in;
     float acc[R] = {};
     // CB 16-byte gate pieces a lane at a time, loaded before the first is used (one DRAM
-    // latency per CB pieces); the adds keep their order
-    constexpr int CB = 8;
+    // latency per CB pieces; fewer for more rows, which have loads of their own in flight and
+    // whose registers bound the blocks per SM); the adds keep their order
+    constexpr int CB = R >= 8 ? 1 : 8 / R;
     for (int c0 = lane * 8; c0 < k_in; c0 += 256 * CB) {
       uint4 wv[CB];
 #pragma unroll
