@@ -11,6 +11,9 @@ struct fp8_weight {
   int out = 0, in = 0;
   const uint8_t* data = nullptr;   // [out, in] e4m3
   const uint8_t* scale = nullptr;  // [ceil(out/32), ceil(in/32)] ue8m0
+  /// Optional: the same values as bf16 [out, in] (exact: e4m3 times a UE8M0 scale is a bf16
+  /// value), kept on the device by the GPU model so that many-row products skip dequantizing.
+  const uint16_t* bf16 = nullptr;
 };
 
 /// Routed-expert FP4 weight: W [out, in] packed E2M1 (low nibble = even column) with one

@@ -167,6 +167,10 @@ struct gpu_model::impl {
   /// CUDA graphs of decode steps (fast kernel set; $CEDAR_GPU_GRAPHS=0 turns them off):
   /// workspaces by row count, executable graphs by (rows, layer).
   bool graphs_enabled = false;
+  /// Fast kernel set, gpu_model's dense_bf16: every dense FP8 linear also kept as bf16
+  /// (fp8_weight::bf16), filled by keep_dense_bf16 after the upload.
+  bool dense_bf16 = false;
+  void keep_dense_bf16();
   mutable std::map<int, decode_workspace> workspaces;
   struct graph_entry {
     int eager_runs = 0;

@@ -21,7 +21,7 @@
 namespace cedar {
 
 gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv,
-                     const upload_progress_fn& progress, gpu_kernels kernels)
+                     const upload_progress_fn& progress, gpu_kernels kernels, bool dense_bf16)
     : impl_(std::make_unique<impl>()) {
   if (!cuda::available()) throw std::runtime_error("gpu_model: " + cuda::status());
   if (args.layers.size() != std::size_t(args.num_hidden_layers)) args.derive_layer_map();
@@ -33,6 +33,8 @@ gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights,
   impl_->kernels = kernels;
   const char* graphs = std::getenv("CEDAR_GPU_GRAPHS");
   impl_->graphs_enabled = kernels == gpu_kernels::fast && !(graphs && std::string(graphs) == "0");
+  if (dense_bf16 && kernels != gpu_kernels::fast) throw std::runtime_error("gpu_model: dense bf16 copies need the fast kernels");
+  impl_->dense_bf16 = dense_bf16;
   impl_->progress = &progress;
   {
     const model_detail::model_weights host = model_detail::bind_weights(args, std::move(weights));

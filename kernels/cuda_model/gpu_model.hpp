@@ -49,8 +49,12 @@ class gpu_model {
   /// Checks the tensors as cedar::model does (throws std::runtime_error naming the first bad
   /// one), then copies every weight to the device (the tensor_map may be an mmap of the
   /// safetensors files; it is not needed afterwards).
+  /// dense_bf16 (fast kernels only): every dense FP8 linear is also kept on the device as bf16
+  /// (twice those weights' bytes again), so that products of more rows than the GEMV takes skip
+  /// dequantizing the weight on every call; the same results.
   gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv = kv_dtype::fp4,
-            const upload_progress_fn& progress = {}, gpu_kernels kernels = gpu_kernels::exact);
+            const upload_progress_fn& progress = {}, gpu_kernels kernels = gpu_kernels::exact,
+            bool dense_bf16 = false);
   ~gpu_model();
 
   const model_args& args() const;

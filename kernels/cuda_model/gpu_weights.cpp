@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
 #include "kernels/parallel.hpp"
 
@@ -205,6 +206,28 @@ void gpu_model::impl::bind(const model_detail::model_weights& w) {
   place_all(img);
   allocations.push_back(img.stream(progress));
   bytes = img.tensor_bytes();
+  if (dense_bf16) keep_dense_bf16();
+}
+
+void gpu_model::impl::keep_dense_bf16() {
+  std::vector<fp8_weight*> dense;
+  for (dev_layer& d : layers) {
+    for (fp8_weight* w : {&d.wq_a, &d.wq_b, &d.wkv, &d.wo_b, &d.i_wq_b, &d.shared.w1, &d.shared.w3, &d.shared.w2})
+      if (w->data != nullptr) dense.push_back(w);
+  }
+  uint64_t total = 0;
+  for (const fp8_weight* w : dense) total += uint64_t(w->out) * w->in * sizeof(uint16_t);
+  if (total == 0) return;
+  auto* base = static_cast<uint16_t*>(cuda::device_alloc(total));
+  allocations.push_back(base);
+  uint16_t* at = base;
+  for (fp8_weight* w : dense) {
+    cuda::fast::detail::dequant_bf16(*w, at);
+    w->bf16 = at;
+    at += std::size_t(w->out) * w->in;
+  }
+  cuda::synchronize();
+  bytes += total;
 }
 
 }  // namespace cedar

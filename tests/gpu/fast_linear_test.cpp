@@ -107,6 +107,17 @@ TEST_CASE("fast linears: FP8, W4A8 and bf16 within 2^-16 of sum|xw| of the CPU o
             else fast::linear_fp8(xd.get() + std::size_t(m - 1) * s.k, 1, d8.view, y1.get());
             CHECK(ref::same_bits(y1.host().data(), got.data() + std::size_t(m - 1) * s.n, s.n));
           }
+          if (!fp4 && m > fast::tuning_now().gemv_max_rows) {
+            // a bf16 copy kept with the weight (fp8_weight::bf16) gives the same bits
+            dev<uint16_t> kept(std::size_t(s.n) * s.k);
+            fast::detail::dequant_bf16(d8.view, kept.get());
+            fp8_weight with = d8.view;
+            with.bf16 = kept.get();
+            dev<float> y2(std::size_t(m) * s.n);
+            fast::linear_fp8(xd.get(), m, with, y2.get());
+            CHECK_MESSAGE(ref::same_bits(y2.host().data(), got.data(), got.size()),
+                          (std::string("linear_fp8 with a kept bf16 copy m=") + std::to_string(m)));
+          }
         });
       }
     }

@@ -3,7 +3,8 @@
 # change its tokens, and --prompt-ids runs (a..b) are the listed ids; `cedar logits` writes its header and every row, and its last row's argmax
 # is the token generate picks first; a checkpoint directory gives the same tokens as the preset
 # with the same seed, and a checkpoint that does not match its config is refused; kernel-lab
-# refuses options it does not take with its usage (exit 2) before it looks for a device.
+# refuses options it does not take with its usage (exit 2) before it looks for a device, and the
+# GPU-only --gpu-dense-bf16 is refused on the CPU backend.
 # usage: tests/integration/model_cli.sh path/to/cedar
 set -euo pipefail
 cedar="${1:?usage: model_cli.sh path/to/cedar}"
@@ -60,4 +61,16 @@ done
 rc=0
 "$cedar" kernel-lab --op moe --tokens 64 --tile narrow > /dev/null 2> "$tmp/err" || rc=$?
 if [[ $rc == 2 ]]; then echo "kernel-lab --op moe --tokens 64 --tile narrow was refused"; cat "$tmp/err"; exit 1; fi
+# --gpu-dense-bf16 is a GPU option: with the CPU backend (or exact kernels) it is refused, not ignored
+for cmd in "generate --model micro --prompt-ids 5 --max-tokens 1 --gpu-dense-bf16" \
+           "gpu-bench --phases floor --gpu-dense-bf16" \
+           "gpu-bench --phases floor --device cuda --gpu-kernels exact --gpu-dense-bf16"; do
+  rc=0
+  # shellcheck disable=SC2086
+  "$cedar" $cmd > /dev/null 2> "$tmp/err" || rc=$?
+  [[ $rc == 2 ]] && grep -q "usage: cedar" "$tmp/err" || { echo "$cmd: exit $rc"; cat "$tmp/err"; exit 1; }
+done
+rc=0
+"$cedar" serve --model micro --port 0 --gpu-dense-bf16 > /dev/null 2> "$tmp/err" || rc=$?
+[[ $rc == 2 ]] && grep -q -- "--gpu-dense-bf16 needs --device cuda" "$tmp/err" || { echo "serve --gpu-dense-bf16 on the CPU: exit $rc"; cat "$tmp/err"; exit 1; }
 echo "model_cli: ok"

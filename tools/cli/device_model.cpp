@@ -65,7 +65,7 @@ class cpu_cli_model final : public cli_model {
 #ifdef CEDAR_HAVE_CUDA
 
 std::unique_ptr<gpu_model> upload(const model_args& args, std::shared_ptr<const tensor_map> weights, kv_dtype dtype,
-                                  gpu_kernels kernels, bool verbose) {
+                                  gpu_kernels kernels, bool dense_bf16, bool verbose) {
   const auto t0 = clock_type::now();
   tenths_printer print{"upload to the device"};
   std::optional<clock_type::time_point> first_copy;  // the host-side binding is done by then
@@ -73,7 +73,7 @@ std::unique_ptr<gpu_model> upload(const model_args& args, std::shared_ptr<const 
     if (!first_copy) first_copy = clock_type::now();
     if (verbose) print(done, total);
   };
-  auto m = std::make_unique<gpu_model>(args, std::move(weights), dtype, progress, kernels);
+  auto m = std::make_unique<gpu_model>(args, std::move(weights), dtype, progress, kernels, dense_bf16);
   const double s = seconds_since(t0);
   const double prepare_s = first_copy ? std::chrono::duration<double>(*first_copy - t0).count() : 0.0;
   const double copy_s = std::max(s - prepare_s, 1e-9);
@@ -162,7 +162,7 @@ std::shared_ptr<const tensor_map> load_weights(const std::string& dir_or_preset,
 }
 
 std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype,
-                                          device_kind device, gpu_kernels kernels, bool verbose,
+                                          device_kind device, gpu_kernels kernels, bool dense_bf16, bool verbose,
                                           std::string* error) {
   if (device == device_kind::cpu) {
     auto m = open_model(dir_or_preset, seed, dtype, error);
@@ -179,19 +179,19 @@ std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint
   auto weights = load_weights(dir_or_preset, *args, seed, verbose, error);
   if (!weights) return nullptr;
   try {
-    return std::make_unique<gpu_cli_model>(upload(*args, std::move(weights), dtype, kernels, verbose));
+    return std::make_unique<gpu_cli_model>(upload(*args, std::move(weights), dtype, kernels, dense_bf16, verbose));
   } catch (const std::exception& e) {
     *error = e.what();
     return nullptr;
   }
 #else
-  (void)kernels;
+  (void)kernels, (void)dense_bf16;
   return nullptr;
 #endif
 }
 
 std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::shared_ptr<const tensor_map> weights,
-                                                kv_dtype dtype, gpu_kernels kernels, bool verbose,
+                                                kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, bool verbose,
                                                 std::string* error) {
   if (std::string why = device_unavailable(device_kind::cuda); !why.empty()) {
     *error = why;
@@ -199,13 +199,14 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
   }
 #ifdef CEDAR_HAVE_CUDA
   try {
-    return std::make_unique<gpu_step_model>(upload(args, std::move(weights), dtype, kernels, verbose), verbose);
+    return std::make_unique<gpu_step_model>(upload(args, std::move(weights), dtype, kernels, dense_bf16, verbose),
+                                            verbose);
   } catch (const std::exception& e) {
     *error = e.what();
     return nullptr;
   }
 #else
-  (void)args, (void)weights, (void)dtype, (void)kernels, (void)verbose;
+  (void)args, (void)weights, (void)dtype, (void)kernels, (void)dense_bf16, (void)verbose;
   return nullptr;
 #endif
 }

@@ -51,9 +51,10 @@ class cli_model {
 
 /// Opens DIR or PRESET (as load_weights) on `device`. cuda: weights uploaded to the device
 /// (progress on stderr when verbose), KV in device memory. nullptr and *error on failure.
-/// `kernels` picks the GPU model's kernel set (ignored on the CPU).
+/// `kernels` picks the GPU model's kernel set and `dense_bf16` keeps bf16 copies of its dense
+/// linears (gpu_model; both ignored on the CPU).
 std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype,
-                                          device_kind device, gpu_kernels kernels, bool verbose,
+                                          device_kind device, gpu_kernels kernels, bool dense_bf16, bool verbose,
                                           std::string* error);
 
 /// The GPU model as a shard's step_model (actors/gpu_shard.hpp): weights uploaded from `weights`
@@ -61,7 +62,7 @@ std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint
 /// step runs gpu_model::forward on it. nullptr and *error when built without CUDA, with no
 /// device, or on bad weights.
 std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::shared_ptr<const tensor_map> weights,
-                                                kv_dtype dtype, gpu_kernels kernels, bool verbose,
+                                                kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, bool verbose,
                                                 std::string* error);
 
 /// The KV budget (pages, rings, tails) of a GPU shard, once the weights are on the device:

@@ -31,6 +31,7 @@ struct generate_args {
   cedar::kv_dtype kv = cedar::kv_dtype::fp4;
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
   cedar::gpu_kernels kernels = cedar::gpu_kernels::fast;
+  bool dense_bf16 = false;
 };
 
 void usage() {
@@ -38,11 +39,13 @@ void usage() {
                "usage: cedar generate [--model DIR|PRESET] [--seed S] (--prompt-ids 1,2,3 | --prompt TEXT)\n"
                "                      --max-tokens N [--chunk N] [--truncate on|off] [--kv-dtype fp4|fp8]\n"
                "                      [--ignore-eos] [--json] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
-               "                      [--progress]\n"
+               "                      [--gpu-dense-bf16] [--progress]\n"
                "                      [--max-prefill-s S]\n"
                "  greedy decoding on the CPU backend (default) or the GPU model (--device cuda: weights\n"
                "  and KV on the device; --gpu-kernels fast runs the tensor-core kernels, within stated bounds\n"
-               "  of the CPU model, exact gives the CPU's bits; default fast). Default model: preset '%s' with random\n"
+               "  of the CPU model, exact gives the CPU's bits; default fast; --gpu-dense-bf16 keeps bf16\n"
+               "  copies of the dense linears on the device, for faster many-row steps at twice their\n"
+               "  memory). Default model: preset '%s' with random\n"
                "  weights from seed %llu (--seed changes it). --truncate on runs the decoder's late\n"
                "  layers on the prompt's last window only (approximate, as in serving). --progress:\n"
                "  load progress and per-chunk / per-16-token times on stderr. --max-prefill-s S: stop\n"
@@ -57,6 +60,7 @@ bool parse(int argc, char** argv, generate_args& a) {
     if (k == "--json") { a.json = true; continue; }
     if (k == "--ignore-eos") { a.ignore_eos = true; continue; }
     if (k == "--progress") { a.progress = true; continue; }
+    if (k == "--gpu-dense-bf16") { a.dense_bf16 = true; continue; }
     if (i + 1 >= argc) return false;
     const std::string v = argv[++i];
     if (k == "--model") a.model = v;
@@ -73,6 +77,7 @@ bool parse(int argc, char** argv, generate_args& a) {
       a.kv = v == "fp4" ? cedar::kv_dtype::fp4 : cedar::kv_dtype::fp8;
     else return false;
   }
+  if (a.dense_bf16 && (a.device != cedar::cli::device_kind::cuda || a.kernels != cedar::gpu_kernels::fast)) return false;
   return a.max_tokens > 0 && a.chunk >= 0 && a.max_prefill_s >= 0 && !(a.max_prefill_s > 0 && a.truncate) &&
          (a.prompt_ids.empty() != a.prompt.empty());
 }
@@ -199,7 +204,7 @@ int generate_main(int argc, char** argv) {
     return 1;
   }
   const auto t_load = clock_type::now();
-  auto m = cedar::cli::open_cli_model(a.model, a.seed, a.kv, a.device, a.kernels, a.progress, &error);
+  auto m = cedar::cli::open_cli_model(a.model, a.seed, a.kv, a.device, a.kernels, a.dense_bf16, a.progress, &error);
   const double load_s = seconds_since(t_load);
   if (!m) {
     std::fprintf(stderr, "cedar: %s\n", error.c_str());

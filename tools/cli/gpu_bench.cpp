@@ -23,12 +23,14 @@ void usage() {
   std::fprintf(
       stderr,
       "usage: cedar gpu-bench [--model PRESET|DIR] [--seed S] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
+      "                       [--gpu-dense-bf16]\n"
       "                       [--kv-dtype fp4|fp8] [--phases floor,decode,prefill,truncation,prefix,generate]\n"
       "                       [--batch 1,64,256] [--context 8192] [--steps 16] [--warmup-steps 2]\n"
       "                       [--prefill 8192,32768] [--chunk N] [--prefix-tokens 32768] [--new-tokens 200]\n"
       "                       [--gen-prompt 32768] [--gen-tokens 256] [--truncate on|off] [--out FILE.json]\n"
       "                       [--progress]\n"
-      "  --gpu-kernels: the kernel set of --device cuda (default fast, as serving).\n"
+      "  --gpu-kernels: the kernel set of --device cuda (default fast, as serving). --gpu-dense-bf16:\n"
+      "    keep bf16 copies of the dense linears on the device (as cedar serve --gpu-dense-bf16).\n"
       "  decode: --steps timed calls per batch size on synthetic KV (random well-formed records,\n"
       "    --context tokens per request), against the step's HBM floor at the measured copy rate.\n"
       "  prefill: each --prefill prompt in --chunk calls (default: serving's --max-prefill-chunk on the\n"
@@ -66,6 +68,7 @@ bool parse(int argc, char** argv, options& o) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--progress") { o.progress = true; continue; }
+    if (k == "--gpu-dense-bf16") { o.dense_bf16 = true; continue; }
     if (i + 1 >= argc) return false;
     const std::string v = argv[++i];
     const long long n = std::atoll(v.c_str());
@@ -91,6 +94,7 @@ bool parse(int argc, char** argv, options& o) {
     else return false;
     if (!ok) return false;
   }
+  if (o.dense_bf16 && (o.device != device_kind::cuda || o.kernels != gpu_kernels::fast)) return false;
   if (o.chunk == 0)
     o.chunk = o.device == device_kind::cuda ? engine_options::gpu_step_tokens
                                             : engine_options{}.max_prefill_tokens_per_request;
@@ -108,7 +112,7 @@ std::unique_ptr<step_model> open_step_model(const options& o, std::string* error
   if (!args) return nullptr;
   auto weights = load_weights(o.model, *args, o.seed, o.progress, error);
   if (!weights) return nullptr;
-  return make_gpu_step_model(*args, std::move(weights), o.kv, o.kernels, o.progress, error);
+  return make_gpu_step_model(*args, std::move(weights), o.kv, o.kernels, o.dense_bf16, o.progress, error);
 }
 
 bool wants(const options& o, const char* phase) {

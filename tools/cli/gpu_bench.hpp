@@ -26,6 +26,7 @@ struct options {
   uint64_t seed = default_seed;
   device_kind device = device_kind::cpu;
   gpu_kernels kernels = gpu_kernels::fast;
+  bool dense_bf16 = false;  ///< --gpu-dense-bf16: the GPU model keeps bf16 copies of its dense linears
   kv_dtype kv = kv_dtype::fp4;
   /// Any of floor (the decode floor and FLOPs from the inventory alone: no model is loaded),
   /// decode, prefill, truncation, prefix, generate; they run in that order.

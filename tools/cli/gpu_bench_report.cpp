@@ -10,7 +10,8 @@ namespace {
 /// The kernel set of a CUDA run; the CPU backend has one ("cpu").
 const char* kernels_name(const options& o) {
   if (o.device != device_kind::cuda) return "cpu";
-  return o.kernels == gpu_kernels::fast ? "fast" : "exact";
+  if (o.kernels == gpu_kernels::exact) return "exact";
+  return o.dense_bf16 ? "fast, dense bf16 kept" : "fast";
 }
 const char* kv_name(kv_dtype d) { return d == kv_dtype::fp8 ? "fp8" : "fp4"; }
 

@@ -31,6 +31,7 @@ struct model_choice {
   std::string null_output;  ///< null model: this text (then EOS) instead of a repeated token
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
   cedar::gpu_kernels kernels = cedar::gpu_kernels::fast;
+  bool dense_bf16 = false;           ///< --gpu-dense-bf16
   double gpu_memory_fraction = 0.9;  ///< --device cuda: share of the free device memory for KV
   bool kv_budget_given = false;      ///< --kv-budget-bytes was on the command line
   cedar::engine_options options;
@@ -69,7 +70,7 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
     if (!weights) throw std::runtime_error(error);
     auto gpu = cedar::cli::make_gpu_step_model(*args, std::move(weights),
                                                c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4, c.kernels,
-                                               true, &error);
+                                               c.dense_bf16, true, &error);
     if (!gpu) throw std::runtime_error(error);
     cedar::engine_options options = c.options;
     const int64_t reserve = cedar::gpu_step_reserve_bytes(*args, options.max_batched_tokens);
@@ -84,9 +85,10 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
   std::string name = std::filesystem::path(c.model).filename().string();
   if (name.empty() || name.find(".json") != std::string::npos) name = "model";
   const bool cuda = c.device == cedar::cli::device_kind::cuda;
-  std::string layout = std::string(cuda ? (c.kernels == cedar::gpu_kernels::fast ? "cuda (fast kernels), "
-                                                                                 : "cuda (exact kernels), ")
-                                        : "") +
+  std::string layout = std::string(!cuda ? ""
+                                   : c.kernels == cedar::gpu_kernels::exact ? "cuda (exact kernels), "
+                                   : c.dense_bf16 ? "cuda (fast kernels, dense bf16 kept), "
+                                                  : "cuda (fast kernels), ") +
                        "KV " + (c.options.kv_fp8 ? "fp8" : "fp4") + ", " +
                        std::to_string(c.options.max_batched_tokens) + "-token steps, " +
                        std::to_string(args->num_hidden_layers) + " layers, hidden " +
@@ -113,6 +115,9 @@ void print_help(FILE* out) {
       "                                 --kv-budget-bytes, when given, sets it instead\n"
       "  --gpu-kernels exact|fast       --device cuda: fast runs the tensor-core kernels, within stated\n"
       "                                 bounds of the CPU model (default); exact gives the CPU's bits\n"
+      "  --gpu-dense-bf16               --device cuda, fast kernels: also keep the dense FP8 linears as\n"
+      "                                 bf16 on the device (twice their bytes again, taken from the KV),\n"
+      "                                 so steps of more than 32 rows skip dequantizing them each call\n"
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
       "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
@@ -185,6 +190,7 @@ int serve_main(int argc, char** argv) {
       else field = static_cast<std::remove_reference_t<decltype(field)>>(v);
     };
     if (flag == "--no-request-log") o.log_requests = false;
+    else if (flag == "--gpu-dense-bf16") engine.dense_bf16 = true;
     else if (flag == "--model") { if (next()) engine.model = value; }
     else if (flag == "--seed") number(engine.seed);
     else if (flag == "--device") {
@@ -237,6 +243,8 @@ int serve_main(int argc, char** argv) {
     } else errors.push_back("unknown option " + flag);
   }
   if (o.num_threads < 1) errors.push_back("--threads must be at least 1");
+  if (engine.dense_bf16 && (engine.device != cedar::cli::device_kind::cuda || engine.kernels != cedar::gpu_kernels::fast))
+    errors.push_back("--gpu-dense-bf16 needs --device cuda and --gpu-kernels fast");
   if (engine.device == cedar::cli::device_kind::cuda) {
     if (std::string why = cedar::cli::device_unavailable(engine.device); !why.empty()) errors.push_back(why);
     if (engine.model == "null") errors.push_back("--device cuda: the null model has no device");

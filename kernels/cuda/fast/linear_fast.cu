@@ -21,6 +21,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -420,10 +421,12 @@ bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0; }
 
 template <class W>
 void prefill_linear(const float* x, int m, const W& w, float* y) {
-  scratch<uint16_t> wb(size_t(w.out) * w.in), xb(size_t(m) * w.in);
-  dequant_bf16(w, wb.get());
+  const uint16_t* kept = nullptr;  // a bf16 copy the model keeps (fp8_weight::bf16)
+  if constexpr (std::is_same_v<W, fp8_weight>) kept = w.bf16;
+  scratch<uint16_t> wb(kept ? 0 : size_t(w.out) * w.in), xb(size_t(m) * w.in);
+  if (!kept) dequant_bf16(w, wb.get());
   fake_quant_bf16(x, w.in, nullptr, nullptr, m, w.in, xb.get());
-  gemm_bf16(xb.get(), w.in, m, wb.get(), w.in, w.out, w.in, y, w.out, false);
+  gemm_bf16(xb.get(), w.in, m, kept ? kept : wb.get(), w.in, w.out, w.in, y, w.out, false);
 }
 
 template <bool FP4, class W>
