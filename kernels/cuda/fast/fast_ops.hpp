@@ -74,6 +74,10 @@ void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows /*
 /// (1024) ms; so narrow up to 256 tokens, skinny to 512, then the bf16 path. Narrow's 16-slot
 /// pass (`--op moe`, up + down): 1.15 against 0.95 ms at 64 tokens (~6 slots per expert), 2.37
 /// against 2.78 ms at 256 (~24); the switch at 128 tokens (two 8-slot passes) is not swept.
+/// Those figures predate the tiles' once-per-block stage sources (f1315ea); after it (`--op
+/// moe`, up + down, us): 64 tokens narrow 596, narrow16 665, skinny 2,458; 256 tokens narrow
+/// 1,699, narrow16 1,351, skinny 2,497: the same order, so the same switches; 512 tokens and
+/// the bf16 path were not swept again.
 struct tuning {
   int gemv_max_rows = 32;           ///< FP8 / W4A8 linears: gemv tile
   int bf16_gemv_max_rows = 16;      ///< bf16 linears and wo_a: the bf16 GEMV
