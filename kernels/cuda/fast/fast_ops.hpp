@@ -76,7 +76,7 @@ void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows /*
 /// against 2.78 ms at 256 (~24); the switch at 128 tokens (two 8-slot passes) is not swept.
 /// Those figures predate the tiles' once-per-block stage sources (f1315ea); after it (`--op
 /// moe`, up + down, us): 64 tokens narrow 596, narrow16 665, skinny 2,458; 256 tokens narrow
-/// 1,699, narrow16 1,351, skinny 2,497: the same order, so the same switches; 512 tokens and
+/// 1,699, narrow16 1,350, skinny 2,497: the same order, so the same switches; 512 tokens and
 /// the bf16 path were not swept again.
 struct tuning {
   int gemv_max_rows = 32;           ///< FP8 / W4A8 linears: gemv tile
