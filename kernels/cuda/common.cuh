@@ -229,6 +229,26 @@ __device__ __forceinline__ float warp_fold(float v) {
 }
 
 /// dot(a, b) of length n in dot_order, by one whole warp; the result is returned to every lane.
+/// out[i] = (in[i] * inv) * w[i] for i = first, first + stride, ... below n (in == out allowed):
+/// U positions' loads are issued before any is stored, so a thread waits one memory latency per
+/// U positions (in place, the compiler could not hoist a load over a store itself).
+template <int U>
+__device__ __forceinline__ void scale_by_weight(const float* in, float* out, int n, int first, int stride, float inv,
+                                                const float* w) {
+  for (int i0 = first; i0 < n; i0 += stride * U) {
+    float xv[U], wv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int i = i0 + u * stride;
+      xv[u] = i < n ? in[i] : 0.0f;
+      wv[u] = i < n ? w[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (i0 + u * stride < n) out[i0 + u * stride] = (xv[u] * inv) * wv[u];
+  }
+}
+
 __device__ __forceinline__ float warp_dot(const float* a, const float* b, int n) {
   const int lane = threadIdx.x & 31;
   const int n32 = n - n % 32;

@@ -19,21 +19,7 @@ __global__ void rmsnorm_kernel(const float* x, int m, int d, const float* w, flo
   float* yr = y + size_t(r) * d;
   const float mean_sq = warp_dot(xr, xr, d) / float(d);
   const float inv_rms = 1.0f / sqrtf(mean_sq + eps);
-  // U positions a lane at a time, loaded before any is stored (in place is allowed, so the
-  // compiler cannot hoist a load over a store): a row's loads are in flight together
-  constexpr int U = 8;
-  for (int i0 = threadIdx.x & 31; i0 < d; i0 += 32 * U) {
-    float xv[U], wv[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = i0 + 32 * u;
-      xv[u] = i < d ? xr[i] : 0.0f;
-      wv[u] = i < d ? w[i] : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (i0 + 32 * u < d) yr[i0 + 32 * u] = (xv[u] * inv_rms) * wv[u];
-  }
+  scale_by_weight<8>(xr, yr, d, threadIdx.x & 31, 32, inv_rms, w);
 }
 
 constexpr int max_rope_half = 128;

@@ -233,18 +233,7 @@ __global__ void __launch_bounds__(slice) mix_finish(const float* X, int d, int s
     }
   }
   const float inv = 1.0f / sqrtf(block_sum(sq, red) / float(d) + norm_eps);
-  for (int i0 = threadIdx.x; i0 < d; i0 += blockDim.x * U) {
-    float ov[U], wv[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = i0 + u * int(blockDim.x);
-      ov[u] = i < d ? out[i] : 0.0f;
-      wv[u] = i < d ? norm_w[i] : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (i0 + u * int(blockDim.x) < d) out[i0 + u * int(blockDim.x)] = (ov[u] * inv) * wv[u];
-  }
+  cuda::detail::scale_by_weight<U>(out, out, d, threadIdx.x, blockDim.x, inv, norm_w);
 }
 
 /// Rows per block of the kernels that read a weight once per R rows (the results do not depend
