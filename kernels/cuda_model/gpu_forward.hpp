@@ -204,6 +204,8 @@ struct gpu_model::impl {
   void linear(const float* x, int m, const fp8_weight& w, float* y) const;
   void linear(const float* x, int m, const fp4_weight& w, float* y) const;
   void linear(const float* x, int m, const bf16_weight& w, float* y) const;
+  /// Two FP8 linears of one x (the fast set quantizes x once and runs one GEMV for both).
+  void linear_pair(const float* x, int m, const fp8_weight& a, float* ya, const fp8_weight& b, float* yb) const;
   /// The attention output projection (cuda::grouped_output's contract).
   void grouped_output(const float* o, int m, const dev_layer& w, float* out) const;
   /// The routed and shared experts (cuda::moe_ffn's contract; sel, weights on the device).

@@ -164,15 +164,13 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) co
   const int32_t* pos = b.d_positions.get();
 
   std::optional<phase_profile::scope> proj_time(std::in_place, profile, phase_profile::attn_proj);
-  dvec<float> qr(std::size_t(n) * a.q_lora_rank);
-  linear(x, n, w.wq_a, qr.get());
+  dvec<float> qr(std::size_t(n) * a.q_lora_rank), kv(std::size_t(n) * dh);
+  linear_pair(x, n, w.wq_a, qr.get(), w.wkv, kv.get());  // both read x
   cuda::rmsnorm(qr.get(), n, a.q_lora_rank, w.q_norm, eps, qr.get());
   dvec<float> q(std::size_t(n) * nh * dh);
   linear(qr.get(), n, w.wq_b, q.get());
   cuda::rope(q.get(), n, nh, dh, pos, rope[l], false);
 
-  dvec<float> kv(std::size_t(n) * dh);
-  linear(x, n, w.wkv, kv.get());
   cuda::rmsnorm(kv.get(), n, dh, w.kv_norm, eps, kv.get());
   cuda::rope(kv.get(), n, 1, dh, pos, rope[l], false);
   cuda::fake_quant_fp8_rows(kv.get(), n, dh);

@@ -13,6 +13,18 @@ void gpu_model::impl::linear(const float* x, int m, const fp8_weight& w, float* 
   else cuda::linear_fp8(x, m, w, y);
 }
 
+void gpu_model::impl::linear_pair(const float* x, int m, const fp8_weight& a, float* ya, const fp8_weight& b,
+                                  float* yb) const {
+  if (kernels == gpu_kernels::fast) {
+    const fp8_weight* w[2] = {&a, &b};
+    float* y[2] = {ya, yb};
+    cuda::fast::linear_fp8_set(x, m, 2, w, y);
+  } else {
+    cuda::linear_fp8(x, m, a, ya);
+    cuda::linear_fp8(x, m, b, yb);
+  }
+}
+
 void gpu_model::impl::linear(const float* x, int m, const fp4_weight& w, float* y) const {
   if (kernels == gpu_kernels::fast) cuda::fast::linear_fp4(x, m, w, y);
   else cuda::linear_fp4(x, m, w, y);

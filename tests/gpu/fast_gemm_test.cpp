@@ -147,3 +147,90 @@ TEST_CASE("fast grouped_fp4: each expert's slots equal gemm_fp4 on its rows, bit
     CHECK_MESSAGE(same, fast::tile_name(t));
   }
 }
+
+TEST_CASE("fast gemv_fp8_set: several weights of one x in one launch give each weight's own bits") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(33);
+  const int k = 512;
+  const int outs[] = {256, 48, 1280};  // member block counts 2, 1, 10: the column split is uneven
+  std::vector<op_reference::owned_fp8> hw;
+  std::vector<std::unique_ptr<dev_fp8>> dw;
+  for (int n : outs) hw.push_back(op_reference::random_fp8(rng, n, k));
+  for (const auto& w : hw) dw.push_back(std::make_unique<dev_fp8>(w));
+  for (int m : {1, 3, 12}) {  // the one- and two-slot-tile GEMVs
+    const std::vector<float> x = activations(rng, m, k);
+    dev<float> xd(x);
+    dev<uint8_t> xq(std::size_t(m) * k);
+    dev<float> xs(std::size_t(m) * (k / 32));
+    fast::quantize_rows_fp8(xd.get(), m, k, xq.get(), xs.get());
+    for (int count : {1, 2, 3}) {
+      std::vector<std::unique_ptr<dev<float>>> ys;
+      std::vector<const fp8_weight*> w;
+      std::vector<float*> y;
+      for (int i = 0; i < count; ++i) {
+        ys.push_back(std::make_unique<dev<float>>(std::size_t(m) * outs[i]));
+        w.push_back(&dw[i]->view);
+        y.push_back(ys.back()->get());
+      }
+      fast::gemv_fp8_set(xq.get(), xs.get(), m, count, w.data(), y.data());
+      // and through the linear op (x quantized inside)
+      std::vector<std::unique_ptr<dev<float>>> ls;
+      std::vector<float*> ly;
+      for (int i = 0; i < count; ++i) {
+        ls.push_back(std::make_unique<dev<float>>(std::size_t(m) * outs[i]));
+        ly.push_back(ls.back()->get());
+      }
+      fast::linear_fp8_set(xd.get(), m, count, w.data(), ly.data());
+      for (int i = 0; i < count; ++i) {
+        dev<float> alone(std::size_t(m) * outs[i]);
+        fast::gemm_fp8(xq.get(), xs.get(), m, dw[i]->view, alone.get(), fast::tile_kind::gemv);
+        const std::vector<float> want = alone.host(), got = ys[i]->host(), lin = ls[i]->host();
+        const std::string what = "m=" + std::to_string(m) + " count=" + std::to_string(count) + " member " + std::to_string(i);
+        CHECK_MESSAGE(op_reference::same_bits(want.data(), got.data(), want.size()), what);
+        const std::string via_linear = what + " (linear_fp8_set)";
+        CHECK_MESSAGE(op_reference::same_bits(want.data(), lin.data(), want.size()), via_linear);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast grouped_fp4_pair: two products of one x in one launch give grouped_fp4's bits, every tile") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(34);
+  const int n = 256, k = 512, experts = 4, tokens = 19;
+  std::vector<op_reference::owned_fp4> ha, hb;
+  std::vector<std::unique_ptr<dev_fp4>> da, db;
+  for (int e = 0; e < experts; ++e) ha.push_back(op_reference::random_fp4(rng, n, k)), hb.push_back(op_reference::random_fp4(rng, n, k));
+  for (int e = 0; e < experts; ++e) da.push_back(std::make_unique<dev_fp4>(ha[e])), db.push_back(std::make_unique<dev_fp4>(hb[e]));
+  std::vector<int32_t> slot_rows;
+  std::vector<fast::expert_group> ga, gb;
+  int max_slots = 0;
+  for (int e = 0; e < experts; ++e) {  // expert e takes the tokens t with t % experts != e
+    fast::expert_group a{da[e]->view.data, da[e]->view.scale, int(slot_rows.size()), 0};
+    for (int t = 0; t < tokens; ++t)
+      if (t % experts != e) slot_rows.push_back(t), ++a.num_slots;
+    fast::expert_group b = a;
+    b.w = db[e]->view.data, b.scale = db[e]->view.scale;
+    ga.push_back(a), gb.push_back(b);
+    max_slots = std::max(max_slots, a.num_slots);
+  }
+  const int slots = int(slot_rows.size());
+  const std::vector<float> x = activations(rng, tokens, k);
+  dev<float> xd(x);
+  dev<uint8_t> xq(std::size_t(tokens) * k);
+  dev<float> xs(std::size_t(tokens) * (k / 32));
+  fast::quantize_rows_fp8(xd.get(), tokens, k, xq.get(), xs.get());
+  dev<int32_t> rows_d(slot_rows);
+  dev<fast::expert_group> ga_d(ga), gb_d(gb);
+  for (fast::tile_kind t : tiles) {
+    dev<float> ya(std::size_t(slots) * n), yb(std::size_t(slots) * n), wa(std::size_t(slots) * n), wb(std::size_t(slots) * n);
+    fast::grouped_fp4_pair(xq.get(), xs.get(), rows_d.get(), ga_d.get(), gb_d.get(), experts, slots, max_slots, n, k,
+                           ya.get(), yb.get(), t);
+    fast::grouped_fp4(xq.get(), xs.get(), rows_d.get(), ga_d.get(), experts, slots, max_slots, n, k, wa.get(), t);
+    fast::grouped_fp4(xq.get(), xs.get(), rows_d.get(), gb_d.get(), experts, slots, max_slots, n, k, wb.get(), t);
+    const std::vector<float> got_a = ya.host(), got_b = yb.host(), want_a = wa.host(), want_b = wb.host();
+    CHECK_MESSAGE(op_reference::same_bits(want_a.data(), got_a.data(), want_a.size()), fast::tile_name(t));
+    CHECK_MESSAGE(op_reference::same_bits(want_b.data(), got_b.data(), want_b.size()), fast::tile_name(t));
+    CHECK_MESSAGE(!op_reference::same_bits(got_a.data(), got_b.data(), got_a.size()), "the two weights differ");
+  }
+}

@@ -23,7 +23,7 @@ namespace cedar::cuda::fast {
 
 /// Tile shapes of the tensor-core GEMM (rows of W x tokens per block):
 /// gemv (weight read straight into fragments, 128-wide K chunks summed by a second pass;
-/// m <= 8, or 16 at a cost); pipelined: narrow 32x8 and narrow16 32x16 (weight streams for a
+/// m <= 8, or 16 at a cost); pipelined: narrow 64x8 and narrow16 32x16 (weight streams for a
 /// few slots per expert), skinny 32x64 (m <= 64) and wide 128x128 (prefill).
 enum class tile_kind { gemv, narrow, narrow16, skinny, wide };
 const char* tile_name(tile_kind t);
@@ -37,6 +37,9 @@ void quantize_rows_fp8(const float* x, int m, int k, uint8_t* codes, float* scal
 /// Needs w.out % 128 == 0 and w.in % 256 == 0 (gemv: w.out % 16 == 0, w.in % 32 == 0). Every
 /// tile gives the same bits.
 void gemm_fp8(const uint8_t* xq, const float* xs, int m, const fp8_weight& w, float* y, tile_kind t);
+/// gemm_fp8 with the gemv tile for `count` (1 to 4) weights of one x (the same w->in): one GEMV
+/// launch and one chunk-sum launch for all of them; each y[i] gets the bits gemm_fp8 gives it.
+void gemv_fp8_set(const uint8_t* xq, const float* xs, int m, int count, const fp8_weight* const* w, float* const* y);
 /// As gemm_fp8 with a W4A8 weight (E2M1 turned into e4m3 in registers).
 void gemm_fp4(const uint8_t* xq, const float* xs, int m, const fp4_weight& w, float* y, tile_kind t);
 
@@ -55,6 +58,12 @@ void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows /*
                  const expert_group* groups, int num_groups, int total_slots, int max_slots, int n,
                  int k, float* y /*[total_slots, n]*/, tile_kind t);
 
+/// Two grouped products of one x and one slot table (an expert's w1 and w3): one launch of the
+/// tiled kernels (two with the gemv tile); each output gets the bits grouped_fp4 gives it.
+void grouped_fp4_pair(const uint8_t* xq, const float* xs, const int32_t* slot_rows, const expert_group* groups_a,
+                      const expert_group* groups_b, int num_groups, int total_slots, int max_slots, int n, int k,
+                      float* y_a, float* y_b, tile_kind t);
+
 // ---- the fast kernel set's ops (linear_fast.cu): the contracts of the cuda:: ops ---------------
 //
 // Few rows: the gemv tile (FP8, W4A8; experts grouped on the device) and a bf16 GEMV; many rows:
@@ -62,8 +71,8 @@ void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows /*
 // exact products as the CPU op summed in another order (linear_fast.cu says why). Rows below the
 // thresholds are batch-invariant (fixed summation order); the cuBLAS path is not (cuBLAS picks
 // its algorithm by m), and the experts there copy the per-expert counts to the host. Below the
-// bf16 threshold the experts run grouped on the device: the narrow weight stream (32 rows x 8
-// or 16 slots), then the skinny tile (same summation order).
+// bf16 threshold the experts run grouped on the device: the narrow weight stream (64 rows x 8
+// or 32 rows x 16 slots), then the skinny tile (same summation order).
 
 /// Row counts up to which the decode kernels run (inclusive); above: the bf16 GEMM path.
 /// Measured (`cedar kernel-lab --op prefill`, H200): attn.wo_b 5120x8192 FP8 gemv 43 / 85 / 167 us
@@ -93,6 +102,9 @@ tuning& tuning_now();
 
 void linear_fp8(const float* x, int m, const fp8_weight& w, float* y);
 void linear_fp4(const float* x, int m, const fp4_weight& w, float* y);
+/// `count` (1 to 4) FP8 linears of one x (the same in): y[i] = linear_fp8(x, m, *w[i]) bit for
+/// bit; on the gemv path x is quantized once and one GEMV serves them all.
+void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w, float* const* y);
 /// x fp32 (not rounded to bf16, as the CPU op), w bf16.
 void linear_bf16(const float* x, int m, const bf16_weight& w, float* y);
 void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out);

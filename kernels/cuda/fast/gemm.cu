@@ -1,7 +1,7 @@
 // Tensor-core FP8 / W4A8 linear layers (fast_ops.hpp): activation quantization, a direct
 // kernel for decode (m <= 16: warps read the weight straight into mma fragments, one 128-wide
 // K chunk each, partials summed by a second pass), and a cp.async-pipelined tiled kernel
-// (narrow 32x8 and 32x16: weight streams for a few slots; skinny 32x64; wide 128x128 for
+// (narrow 64x8 and 32x16: weight streams for a few slots; skinny 32x64; wide 128x128 for
 // prefill). Dense and grouped (MoE) calls share them.
 //
 // One summation order for every tile, so a row's bits never depend on m: K is cut into chunks of
@@ -34,19 +34,26 @@ struct gemm_problem {
   const expert_group* groups;  // [gridDim.z] or null (one group: all m slots, w/ws above)
   float* y;                // [slots, n]
   int m, n, k;
+  // a pair of grouped products of one x (the tiled kernels): blocks z >= split take
+  // groups2[z - split] and write y2
+  const expert_group* groups2 = nullptr;
+  float* y2 = nullptr;
+  int split = 0;
 };
 
-/// The group of blockIdx.z: weight pointers, first slot and slot count.
+/// The group of blockIdx.z: weight pointers, first slot, slot count and output.
 struct group_view {
   const uint8_t* w;
   const uint8_t* ws;
   int first, count;
+  float* y;
 };
 
 __device__ __forceinline__ group_view group_of(const gemm_problem& p) {
-  if (!p.groups) return {p.w, p.ws, 0, p.m};
-  const expert_group& g = p.groups[blockIdx.z];
-  return {g.w, g.scale, g.first_slot, g.num_slots};
+  if (!p.groups) return {p.w, p.ws, 0, p.m, p.y};
+  const bool second = p.groups2 != nullptr && int(blockIdx.z) >= p.split;
+  const expert_group& g = second ? p.groups2[blockIdx.z - p.split] : p.groups[blockIdx.z];
+  return {g.w, g.scale, g.first_slot, g.num_slots, second ? p.y2 : p.y};
 }
 
 __device__ __forceinline__ int x_row(const gemm_problem& p, int slot) { return p.rows ? p.rows[slot] : slot; }
@@ -106,62 +113,70 @@ constexpr int direct_warps = 8;
 template <bool FP4>
 constexpr int direct_chunks = FP4 ? 4 : 2;
 
-/// grid (n / 128, ceil(k / (128 * direct_chunks)), groups * token tiles): warp w computes rows
-/// 128 bx + 16 w for 8 * NT slots of its group, over chunks direct_chunks * by + c, each chunk's
-/// partial into part [chunks, total slots, n]. The weight goes straight into mma fragments.
-template <bool FP4, int NT>
-__global__ void __launch_bounds__(direct_warps * 32) direct_kernel(gemm_problem p, int token_tiles, float* part) {
-  const int lane = threadIdx.x % 32, g = lane / 4, tig = lane % 4;
-  const int r0 = blockIdx.x * direct_warps * 16 + (threadIdx.x / 32) * 16;
-  if (r0 >= p.n) return;  // n % 16 == 0: a warp's 16 rows are all in or all out
-  // launched as a dependent: a dense call loads its weight while the kernel before it (the
-  // activation's quantization) finishes; a grouped one first needs the groups it wrote
-  if (p.groups) cuda::detail::grid_dependency_wait();
-  const int tile = blockIdx.z % token_tiles;
-  const size_t total_slots = size_t(p.m);
-  const uint8_t* w = p.w;
-  const uint8_t* ws = p.ws;
-  const int32_t* rows = p.rows;
-  int count = p.m;
-  if (p.groups) {
-    const expert_group& eg = p.groups[blockIdx.z / token_tiles];
-    w = eg.w, ws = eg.scale, count = eg.num_slots;
-    rows = p.rows + eg.first_slot;
-    part += size_t(eg.first_slot) * p.n;
-  }
-  const int slot0 = tile * 8 * NT;
-  if (slot0 >= count) return;
-  const size_t wstride = FP4 ? p.k / 2 : p.k;
-  // every weight fragment of the warp's chunks is loaded before the first mma (bytes in
-  // flight); x, shared by the block's warps, is read from L1 as the mmas go
-  constexpr int cpw = direct_chunks<FP4>;
-  constexpr int nb = cpw * chunk_blocks;
-  const int k_blocks = p.k / 32;
+/// Up to max_set dense problems of one x (same xq, m and k) in one direct launch: block columns
+/// [end[i - 1], end[i]) compute problem i into part[i]; one chunk-sum launch then writes each y.
+/// A single call (dense or grouped) is a set of one, N = 1: its kernels take a parameter block
+/// of the old size (a set of four measured ~1.5 us slower per single call).
+constexpr int max_set = 4;
+template <int N>
+struct direct_set {
+  gemm_problem p[N];
+  float* part[N];
+  int end[N];  ///< block columns, cumulative
+  int count;
+};
+
+/// One warp's weight fragments for a K group (direct_chunks 128-wide chunks of its 16 rows):
+/// load() issues every load of the group at once (bytes in flight); direct_compute() runs the
+/// group's mmas.
+template <bool FP4>
+struct direct_frags {
+  static constexpr int cpw = direct_chunks<FP4>;
+  static constexpr int nb = cpw * chunk_blocks;
   uint32_t a[nb][4];
   float sw0[nb], sw1[nb];
+
+  __device__ __forceinline__ void load(const uint8_t* w, const uint8_t* ws, size_t wstride, int k, int r, int grp, int tig) {
+    const int k_blocks = k / 32;
 #pragma unroll
-  for (int i = 0; i < nb; ++i) {
-    const int kb = min(int(blockIdx.y) * nb + i, k_blocks - 1);  // past the end: loaded, never stored
-    load_a<FP4, true>(w, wstride, r0 + g, kb, tig, a[i]);
-    sw0[i] = weight_scale<FP4>(ws, r0 + g, kb, p.k);
-    sw1[i] = FP4 ? weight_scale<FP4>(ws, r0 + g + 8, kb, p.k) : sw0[i];
-  }
-  cuda::detail::launch_dependents();
-  cuda::detail::grid_dependency_wait();
-  int xrow_b[NT], xrow_c[NT][2];  // x rows of the slots this thread loads / outputs (-1: none)
-#pragma unroll
-  for (int j = 0; j < NT; ++j) {
-    const int s_b = slot0 + j * 8 + g;
-    xrow_b[j] = s_b < count ? (rows ? rows[s_b] : s_b) : -1;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int s_c = slot0 + j * 8 + tig * 2 + c;
-      xrow_c[j][c] = s_c < count ? (rows ? rows[s_c] : s_c) : -1;
+    for (int i = 0; i < nb; ++i) {
+      const int kb = min(grp * nb + i, k_blocks - 1);  // past the end: loaded, never stored
+      load_a<FP4, true>(w, wstride, r, kb, tig, a[i]);
+      sw0[i] = weight_scale<FP4>(ws, r, kb, k);
+      sw1[i] = FP4 ? weight_scale<FP4>(ws, r + 8, kb, k) : sw0[i];
     }
   }
+};
+
+/// The x side of a warp: the x rows of the slots a thread loads (b) and outputs (c), -1: none.
+template <int NT>
+struct direct_slots {
+  int b[NT], c[NT][2];
+  __device__ __forceinline__ direct_slots(const int32_t* rows, int slot0, int count, int g, int tig) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int s_b = slot0 + j * 8 + g;
+      b[j] = s_b < count ? (rows ? rows[s_b] : s_b) : -1;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int s_c = slot0 + j * 8 + tig * 2 + e;
+        c[j][e] = s_c < count ? (rows ? rows[s_c] : s_c) : -1;
+      }
+    }
+  }
+};
+
+/// The mmas of K group grp from fragments f, each chunk's partial into part [chunks, total
+/// slots, n] at rows r0 + g, r0 + g + 8.
+template <bool FP4, int NT>
+__device__ __forceinline__ void direct_compute(const direct_frags<FP4>& f, const direct_slots<NT>& xs_rows,
+                                               const gemm_problem& p, int grp, int slot0, int count, float* part,
+                                               size_t total_slots, int n, int r0, int g, int tig) {
+  constexpr int cpw = direct_chunks<FP4>;
+  const int k_blocks = p.k / 32;
 #pragma unroll
   for (int cc = 0; cc < cpw; ++cc) {
-    const int chunk = blockIdx.y * cpw + cc;
+    const int chunk = grp * cpw + cc;
     if (chunk * chunk_blocks >= k_blocks) break;
     float acc[NT][4] = {};
 #pragma unroll
@@ -171,40 +186,109 @@ __global__ void __launch_bounds__(direct_warps * 32) direct_kernel(gemm_problem 
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
         uint2 v = make_uint2(0, 0);
-        if (xrow_b[j] >= 0) v = *reinterpret_cast<const uint2*>(p.xq + size_t(xrow_b[j]) * p.k + kb * 32 + tig * 8);
+        if (xs_rows.b[j] >= 0) v = *reinterpret_cast<const uint2*>(p.xq + size_t(xs_rows.b[j]) * p.k + kb * 32 + tig * 8);
         const uint32_t bj[2] = {v.x, v.y};
         float sx[2];
 #pragma unroll
-        for (int c = 0; c < 2; ++c) sx[c] = xrow_c[j][c] >= 0 ? p.xs[size_t(xrow_c[j][c]) * (p.k / 32) + kb] : 0.0f;
+        for (int e = 0; e < 2; ++e) sx[e] = xs_rows.c[j][e] >= 0 ? p.xs[size_t(xs_rows.c[j][e]) * (p.k / 32) + kb] : 0.0f;
         float d[4];
-        mma_e4m3(d, a[i], bj);
-        acc[j][0] = fmaf(d[0], sw0[i] * sx[0], acc[j][0]);
-        acc[j][1] = fmaf(d[1], sw0[i] * sx[1], acc[j][1]);
-        acc[j][2] = fmaf(d[2], sw1[i] * sx[0], acc[j][2]);
-        acc[j][3] = fmaf(d[3], sw1[i] * sx[1], acc[j][3]);
+        mma_e4m3(d, f.a[i], bj);
+        acc[j][0] = fmaf(d[0], f.sw0[i] * sx[0], acc[j][0]);
+        acc[j][1] = fmaf(d[1], f.sw0[i] * sx[1], acc[j][1]);
+        acc[j][2] = fmaf(d[2], f.sw1[i] * sx[0], acc[j][2]);
+        acc[j][3] = fmaf(d[3], f.sw1[i] * sx[1], acc[j][3]);
       }
     }
-    float* pc = part + size_t(chunk) * total_slots * p.n;
+    float* pc = part + size_t(chunk) * total_slots * n;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int s = slot0 + j * 8 + tig * 2 + c;
+      for (int e = 0; e < 2; ++e) {
+        const int s = slot0 + j * 8 + tig * 2 + e;
         if (s >= count) continue;
-        pc[size_t(s) * p.n + r0 + g] = acc[j][c];
-        pc[size_t(s) * p.n + r0 + g + 8] = acc[j][2 + c];
+        pc[size_t(s) * n + r0 + g] = acc[j][e];
+        pc[size_t(s) * n + r0 + g + 8] = acc[j][2 + e];
       }
   }
 }
 
-/// y[s, n] = 0 + part[0, s, n] + part[1, s, n] + ... (ascending chunks).
-__global__ void chunk_sum_kernel(const float* part, int chunks, long long count, float* y) {
+/// grid (sum of n_i / 128, K groups, groups * token tiles): warp w computes rows 128 bx + 16 w
+/// of its member for 8 * NT slots of its group over K group by (direct_chunks chunks), each
+/// chunk's partial into part [chunks, total slots, n]. The weight goes straight into mma
+/// fragments. (Several K groups a warp, the next group's loads issued before the current
+/// group's mmas, on a grid of one wave, measured slower: wq_b 22.1 -> 24.6 us.)
+template <bool FP4, int NT, int N>
+__global__ void __launch_bounds__(direct_warps * 32) direct_kernel(const __grid_constant__ direct_set<N> set, int token_tiles) {
+  // the members differ in weight, n and partials only (one x: xq, xs, rows, groups, m, k); a
+  // set of one compiles without the member selection (its registers)
+  const gemm_problem& p = set.p[0];
+  const uint8_t* w = p.w;
+  const uint8_t* ws = p.ws;
+  float* part = set.part[0];
+  int n = p.n, bx = int(blockIdx.x);
+  if constexpr (N > 1) {
+    // selects over constant indices: the parameters are never indexed at run time (which
+    // would copy them to local memory)
+#pragma unroll
+    for (int i = 1; i < N; ++i)
+      if (i < set.count && int(blockIdx.x) >= set.end[i - 1])
+        w = set.p[i].w, ws = set.p[i].ws, part = set.part[i], n = set.p[i].n, bx = int(blockIdx.x) - set.end[i - 1];
+  }
+  const int lane = threadIdx.x % 32, g = lane / 4, tig = lane % 4;
+  const int r0 = bx * direct_warps * 16 + (threadIdx.x / 32) * 16;
+  if (r0 >= n) return;  // n % 16 == 0: a warp's 16 rows are all in or all out
+  // launched as a dependent: a dense call loads its weight while the kernel before it (the
+  // activation's quantization) finishes; a grouped one first needs the groups it wrote
+  if (p.groups) cuda::detail::grid_dependency_wait();
+  const int tile = blockIdx.z % token_tiles;
+  const size_t total_slots = size_t(p.m);
+  const int32_t* rows = p.rows;
+  int count = p.m;
+  if (p.groups) {
+    const expert_group& eg = p.groups[blockIdx.z / token_tiles];
+    w = eg.w, ws = eg.scale, count = eg.num_slots;
+    rows = p.rows + eg.first_slot;
+    part += size_t(eg.first_slot) * n;
+  }
+  const int slot0 = tile * 8 * NT;
+  if (slot0 >= count) return;
+  const size_t wstride = FP4 ? p.k / 2 : p.k;
+  // every weight fragment of the warp's K group is loaded before the first mma (bytes in
+  // flight); x, shared by the block's warps, is read from L1 as the mmas go
+  direct_frags<FP4> f;
+  f.load(w, ws, wstride, p.k, r0 + g, blockIdx.y, tig);
+  cuda::detail::launch_dependents();
+  cuda::detail::grid_dependency_wait();
+  const direct_slots<NT> xr(rows, slot0, count, g, tig);
+  direct_compute<FP4, NT>(f, xr, p, blockIdx.y, slot0, count, part, total_slots, n, r0, g, tig);
+}
+
+/// The chunk sums' view of a set: member i's partials, output and cumulative element count.
+template <int N>
+struct sum_set {
+  const float* part[N];
+  float* y[N];
+  long long end[N];
+  int count;
+};
+
+/// y_i[s, n] = 0 + part_i[0, s, n] + part_i[1, s, n] + ... (ascending chunks), for the
+/// members' elements one after another.
+template <int N>
+__global__ void chunk_sum_kernel(const __grid_constant__ sum_set<N> set, int chunks) {
   cuda::detail::grid_dependency_wait();
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (i >= count) return;
+  if (i >= set.end[set.count - 1]) return;
+  const float* part = set.part[0];
+  float* y = set.y[0];
+  long long j = i, count = set.end[0];
+#pragma unroll
+  for (int m = 1; m < N; ++m)
+    if (m < set.count && i >= set.end[m - 1])
+      part = set.part[m], y = set.y[m], j = i - set.end[m - 1], count = set.end[m] - set.end[m - 1];
   float s = 0.0f;
-  for (int c = 0; c < chunks; ++c) s = s + part[c * count + i];
-  y[i] = s;
+  for (int c = 0; c < chunks; ++c) s = s + part[c * count + j];
+  y[j] = s;
 }
 
 // ---- tiled kernel (skinny and wide) ------------------------------------------------------
@@ -218,7 +302,7 @@ struct tile_shape {
   static constexpr int threads = WW * WT * 32;
   static constexpr int KB = BK / 32;       ///< K blocks per stage
 };
-using narrow_shape = tile_shape<1, 1, 2, 1, 256, 4>;    // 32 x 8: a weight stream for few slots
+using narrow_shape = tile_shape<1, 1, 4, 1, 256, 4>;    // 64 x 8: a weight stream for few slots
 using narrow16_shape = tile_shape<1, 2, 2, 1, 256, 4>;  // 32 x 16
 using skinny_shape = tile_shape<1, 4, 2, 2, 256, 4>;  // 32 x 64
 using wide_shape = tile_shape<4, 4, 2, 4, 128, 4>;    // 128 x 128
@@ -407,7 +491,7 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
         const int s = slot0 + wt * S::NT * 8 + j * 8 + tig * 2 + c;
         if (s >= gv.count) continue;
         const int n = n0 + ww * S::MT * 16 + i * 16 + g;
-        float* yr = p.y + size_t(gv.first + s) * p.n;
+        float* yr = gv.y + size_t(gv.first + s) * p.n;
         yr[n] = total[i][j][c];
         yr[n + 8] = total[i][j][2 + c];
       }
@@ -415,18 +499,45 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
 
 // ---- launch ----------------------------------------------------------------------------------
 
-template <bool FP4, int NT>
-void launch_direct(const gemm_problem& p, int num_groups, int max_slots) {
+/// One direct launch and one chunk-sum launch for the `count` (<= N) problems of one x (all
+/// with the same xq, m and k; a grouped problem alone).
+template <bool FP4, int NT, int N>
+void launch_direct_n(const gemm_problem* ps, int count, int num_groups, int max_slots) {
   const int token_tiles = (max_slots + 8 * NT - 1) / (8 * NT);
-  const int chunks = (p.k + chunk_k - 1) / chunk_k;
-  const int total_slots = p.m;
-  scratch<float> part(size_t(chunks) * total_slots * p.n);
-  const dim3 grid((p.n + direct_warps * 16 - 1) / (direct_warps * 16), (chunks + direct_chunks<FP4> - 1) / direct_chunks<FP4>,
-                  num_groups * token_tiles);
-  cuda::detail::launch_dependent(direct_kernel<FP4, NT>, grid, dim3(direct_warps * 32), 0, p, token_tiles, part.get());
-  const long long count = (long long)total_slots * p.n;
-  cuda::detail::launch_dependent(chunk_sum_kernel, dim3(cuda::detail::blocks_for(count, 256)), dim3(256), 0,
-                                 static_cast<const float*>(part.get()), chunks, count, p.y);
+  const int k = ps[0].k, total_slots = ps[0].m;
+  const int chunks = (k + chunk_k - 1) / chunk_k;
+  size_t part_elems = 0;
+  for (int i = 0; i < count; ++i) part_elems += size_t(chunks) * total_slots * ps[i].n;
+  scratch<float> part(part_elems);
+  direct_set<N> blocks{};
+  sum_set<N> sums{};
+  blocks.count = sums.count = count;
+  size_t off = 0;
+  int cols = 0;
+  long long elems = 0;
+  for (int i = 0; i < count; ++i) {
+    blocks.p[i] = ps[i];
+    blocks.part[i] = part.get() + off;
+    sums.part[i] = blocks.part[i];
+    sums.y[i] = ps[i].y;
+    off += size_t(chunks) * total_slots * ps[i].n;
+    cols += (ps[i].n + direct_warps * 16 - 1) / (direct_warps * 16);
+    elems += (long long)total_slots * ps[i].n;
+    blocks.end[i] = cols;
+    sums.end[i] = elems;
+  }
+  const int k_groups = (chunks + direct_chunks<FP4> - 1) / direct_chunks<FP4>;
+  const dim3 grid(cols, k_groups, num_groups * token_tiles);
+  cuda::detail::launch_dependent(direct_kernel<FP4, NT, N>, grid, dim3(direct_warps * 32), 0, blocks, token_tiles);
+  cuda::detail::launch_dependent(chunk_sum_kernel<N>, dim3(cuda::detail::blocks_for(elems, 256)), dim3(256), 0, sums,
+                                 chunks);
+}
+
+template <bool FP4, int NT>
+void launch_direct(const gemm_problem* ps, int count, int num_groups, int max_slots) {
+  if constexpr (!FP4)  // sets are dense FP8 calls (gemv_fp8_set)
+    if (count > 1) return launch_direct_n<FP4, NT, max_set>(ps, count, num_groups, max_slots);
+  launch_direct_n<FP4, NT, 1>(ps, 1, num_groups, max_slots);
 }
 
 template <class S, bool FP4>
@@ -442,24 +553,34 @@ void launch_tiled(const gemm_problem& p, int num_groups, int max_slots) {
   CEDAR_CUDA_LAUNCHED();
 }
 
-template <bool FP4>
-void run(const gemm_problem& p, int num_groups, int max_slots, tile_kind t) {
+void require_shape(const gemm_problem& p, tile_kind t) {
   if (t == tile_kind::gemv)
     CEDAR_CUDA_REQUIRE(p.k % 32 == 0 && p.n % 16 == 0, "fast gemm (gemv): k % 32 == 0 and n % 16 == 0");
-  else if (t == tile_kind::narrow || t == tile_kind::narrow16)
-    CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 32 == 0, "fast gemm (narrow): k % 256 == 0 and n % 32 == 0");
+  else if (t == tile_kind::narrow)
+    CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 64 == 0, "fast gemm (narrow): k % 256 == 0 and n % 64 == 0");
+  else if (t == tile_kind::narrow16)
+    CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 32 == 0, "fast gemm (narrow16): k % 256 == 0 and n % 32 == 0");
   else
     CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 128 == 0, "fast gemm: k % 256 == 0 and n % 128 == 0");
+}
+
+/// The `count` problems of one x (count > 1: dense ones, the gemv tile) or one grouped problem
+/// (a pair when p.groups2 is set: 2 x num_groups blocks in z, the tiled kernels).
+template <bool FP4>
+void run(const gemm_problem* ps, int count, int num_groups, int max_slots, tile_kind t) {
+  for (int i = 0; i < count; ++i) require_shape(ps[i], t);
   if (max_slots <= 0) return;
+  const gemm_problem& p = ps[0];
+  const int z = p.groups2 ? 2 * num_groups : num_groups;
   switch (t) {
     case tile_kind::gemv:
-      if (max_slots <= 8) launch_direct<FP4, 1>(p, num_groups, max_slots);
-      else launch_direct<FP4, 2>(p, num_groups, max_slots);
+      if (max_slots <= 8) launch_direct<FP4, 1>(ps, count, num_groups, max_slots);
+      else launch_direct<FP4, 2>(ps, count, num_groups, max_slots);
       break;
-    case tile_kind::narrow: launch_tiled<narrow_shape, FP4>(p, num_groups, max_slots); break;
-    case tile_kind::narrow16: launch_tiled<narrow16_shape, FP4>(p, num_groups, max_slots); break;
-    case tile_kind::skinny: launch_tiled<skinny_shape, FP4>(p, num_groups, max_slots); break;
-    case tile_kind::wide: launch_tiled<wide_shape, FP4>(p, num_groups, max_slots); break;
+    case tile_kind::narrow: launch_tiled<narrow_shape, FP4>(p, z, max_slots); break;
+    case tile_kind::narrow16: launch_tiled<narrow16_shape, FP4>(p, z, max_slots); break;
+    case tile_kind::skinny: launch_tiled<skinny_shape, FP4>(p, z, max_slots); break;
+    case tile_kind::wide: launch_tiled<wide_shape, FP4>(p, z, max_slots); break;
   }
 }
 
@@ -488,17 +609,44 @@ void quantize_rows_fp8(const float* x, int m, int k, uint8_t* codes, float* scal
 }
 
 void gemm_fp8(const uint8_t* xq, const float* xs, int m, const fp8_weight& w, float* y, tile_kind t) {
-  detail::run<false>({w.data, w.scale, xq, xs, nullptr, nullptr, y, m, w.out, w.in}, 1, m, t);
+  const detail::gemm_problem p{w.data, w.scale, xq, xs, nullptr, nullptr, y, m, w.out, w.in};
+  detail::run<false>(&p, 1, 1, m, t);
+}
+
+void gemv_fp8_set(const uint8_t* xq, const float* xs, int m, int count, const fp8_weight* const* w, float* const* y) {
+  CEDAR_CUDA_REQUIRE(count >= 1 && count <= detail::max_set, "gemv_fp8_set: 1 to 4 weights");
+  detail::gemm_problem ps[detail::max_set];
+  for (int i = 0; i < count; ++i) {
+    CEDAR_CUDA_REQUIRE(w[i]->in == w[0]->in, "gemv_fp8_set: the weights take one x (same in)");
+    ps[i] = {w[i]->data, w[i]->scale, xq, xs, nullptr, nullptr, y[i], m, w[i]->out, w[i]->in};
+  }
+  detail::run<false>(ps, count, 1, m, tile_kind::gemv);
 }
 
 void gemm_fp4(const uint8_t* xq, const float* xs, int m, const fp4_weight& w, float* y, tile_kind t) {
-  detail::run<true>({w.data, w.scale, xq, xs, nullptr, nullptr, y, m, w.out, w.in}, 1, m, t);
+  const detail::gemm_problem p{w.data, w.scale, xq, xs, nullptr, nullptr, y, m, w.out, w.in};
+  detail::run<true>(&p, 1, 1, m, t);
 }
 
 void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows, const expert_group* groups,
                  int num_groups, int total_slots, int max_slots, int n, int k, float* y, tile_kind t) {
   CEDAR_CUDA_REQUIRE(slot_rows != nullptr, "grouped_fp4: slot_rows");
-  detail::run<true>({nullptr, nullptr, xq, xs, slot_rows, groups, y, total_slots, n, k}, num_groups, max_slots, t);
+  const detail::gemm_problem p{nullptr, nullptr, xq, xs, slot_rows, groups, y, total_slots, n, k};
+  detail::run<true>(&p, 1, num_groups, max_slots, t);
+}
+
+void grouped_fp4_pair(const uint8_t* xq, const float* xs, const int32_t* slot_rows, const expert_group* groups_a,
+                      const expert_group* groups_b, int num_groups, int total_slots, int max_slots, int n, int k,
+                      float* y_a, float* y_b, tile_kind t) {
+  if (t == tile_kind::gemv) {  // the direct kernel's partial buffers hold one grouped product
+    grouped_fp4(xq, xs, slot_rows, groups_a, num_groups, total_slots, max_slots, n, k, y_a, t);
+    grouped_fp4(xq, xs, slot_rows, groups_b, num_groups, total_slots, max_slots, n, k, y_b, t);
+    return;
+  }
+  CEDAR_CUDA_REQUIRE(slot_rows != nullptr, "grouped_fp4_pair: slot_rows");
+  detail::gemm_problem p{nullptr, nullptr, xq, xs, slot_rows, groups_a, y_a, total_slots, n, k};
+  p.groups2 = groups_b, p.y2 = y_b, p.split = num_groups;
+  detail::run<true>(&p, 1, num_groups, max_slots, t);
 }
 
 }  // namespace cedar::cuda::fast

@@ -163,10 +163,22 @@ __global__ void __launch_bounds__(slice) mix_finish(const float* X, int d, int s
   __shared__ float mix[n_mix + 1];
   __shared__ float red[slice / 32];
   const int r = blockIdx.x;
+  // up to max_slices partials a thread loaded before the first add (one load latency, not
+  // one per four slices), then added in slice order
+  constexpr int max_slices = 32;
   for (int o = threadIdx.x; o <= n_mix; o += blockDim.x) {
+    const float* pr = partials + size_t(r) * slices * (n_mix + 1) + o;
     float s = 0.0f;
-#pragma unroll 4
-    for (int b = 0; b < slices; ++b) s += partials[(size_t(r) * slices + b) * (n_mix + 1) + o];
+    if (slices <= max_slices) {
+      float v[max_slices];
+#pragma unroll
+      for (int b = 0; b < max_slices; ++b) v[b] = b < slices ? pr[size_t(b) * (n_mix + 1)] : 0.0f;
+#pragma unroll
+      for (int b = 0; b < max_slices; ++b)
+        if (b < slices) s += v[b];
+    } else {
+      for (int b = 0; b < slices; ++b) s += pr[size_t(b) * (n_mix + 1)];
+    }
     mix[o] = s;
   }
   __syncthreads();

@@ -463,6 +463,25 @@ void linear_fp8(const float* x, int m, const fp8_weight& w, float* y) { quantize
 
 void linear_fp4(const float* x, int m, const fp4_weight& w, float* y) { quantized_linear<true>(x, m, w, y); }
 
+void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w, float* const* y) {
+  CEDAR_CUDA_REQUIRE(count >= 1 && count <= 4, "linear_fp8_set: 1 to 4 weights");
+  if (m <= 0) return;
+  bool gemv = m <= tuning_now().gemv_max_rows;
+  for (int i = 0; i < count; ++i) {
+    CEDAR_CUDA_REQUIRE(w[i]->in == w[0]->in && w[i]->in % 32 == 0, "linear_fp8_set: one x, in a multiple of 32");
+    gemv = gemv && gemv_shape(w[i]->out, w[i]->in);
+  }
+  if (!gemv) {
+    for (int i = 0; i < count; ++i) prefill_linear(x, m, *w[i], y[i]);
+    return;
+  }
+  const int k = w[0]->in;
+  scratch<uint8_t> xq(size_t(m) * k);
+  scratch<float> xs(size_t(m) * (k / 32));
+  quantize_rows_fp8(x, m, k, xq.get(), xs.get());
+  gemv_fp8_set(xq.get(), xs.get(), m, count, w, y);
+}
+
 void linear_bf16(const float* x, int m, const bf16_weight& w, float* y) {
   if (m <= 0) return;
   if (m <= tuning_now().bf16_gemv_max_rows && gemv_bf16(x, w.in, m, w.data, w.out, w.in, y, w.out, 1, 0, 0, 0)) return;
@@ -487,12 +506,20 @@ void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, 
 
 namespace {
 
-/// The shared expert (FP8): the fast linears and the exact SwiGLU (no routing weight).
-void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, float limit, float* out) {
+/// The shared expert (FP8): the fast linears and the exact SwiGLU (no routing weight). w1 and
+/// w3 share one GEMV launch; xq / xs, when given, are y already quantized (the routed experts'
+/// codes), used when the gemv path takes the rows.
+void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, float limit, float* out,
+                   const uint8_t* xq = nullptr, const float* xs = nullptr) {
   const int inter = e.w1.out;
   scratch<float> g(size_t(m) * inter), u(size_t(m) * inter);
-  linear_fp8(y, m, e.w1, g.get());
-  linear_fp8(y, m, e.w3, u.get());
+  const fp8_weight* w13[2] = {&e.w1, &e.w3};
+  float* gu[2] = {g.get(), u.get()};
+  if (xq != nullptr && m <= tuning_now().gemv_max_rows && gemv_shape(e.w1.out, e.w1.in) &&
+      gemv_shape(e.w3.out, e.w3.in))
+    gemv_fp8_set(xq, xs, m, 2, w13, gu);
+  else
+    linear_fp8_set(y, m, 2, w13, gu);
   swiglu_kernel<<<blocks_for((long long)m * inter, 256), 256, 0, stream()>>>(g.get(), u.get(), m, inter, nullptr,
                                                                             nullptr, nullptr, limit);
   CEDAR_CUDA_LAUNCHED();
@@ -555,6 +582,10 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   int* total = counts.get() + num_experts;
   scratch<float> down(size_t(cap + 64) * d), shared_out(shared ? size_t(chunk) * d : 0);  // + padding rows
   std::vector<int> host_counts(num_experts);
+  // the grouped path's x codes (one pass: chunk == m), which the shared expert reuses
+  scratch<uint8_t> xq(grouped ? size_t(m) * d : 0);
+  scratch<float> xs(grouped ? size_t(m) * (d / 32) : 0);
+  bool quantized = false;
   for (int r0 = 0; r0 < m; r0 += chunk) {
     const int rows = std::min(chunk, m - r0), slots = rows * topk;
     const int32_t* sel_c = sel + size_t(r0) * topk;
@@ -566,13 +597,14 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
                                                       counts.get(), total);
       CEDAR_CUDA_LAUNCHED();
       if (grouped) {
-        scratch<uint8_t> xq(size_t(rows) * d), hq(size_t(slots) * inter);
-        scratch<float> xs(size_t(rows) * (d / 32)), hs(size_t(slots) * (inter / 32));
+        scratch<uint8_t> hq(size_t(slots) * inter);
+        scratch<float> hs(size_t(slots) * (inter / 32));
         scratch<float> g(size_t(slots) * inter), u(size_t(slots) * inter);
         const int busy = std::min(num_experts, slots);  // groups that can have slots (compacted)
         quantize_rows_fp8(y_c, rows, d, xq.get(), xs.get());
-        grouped_fp4(xq.get(), xs.get(), slot_row.get(), g1, busy, slots, rows, inter, d, g.get(), tile);
-        grouped_fp4(xq.get(), xs.get(), slot_row.get(), g3, busy, slots, rows, inter, d, u.get(), tile);
+        quantized = true;
+        grouped_fp4_pair(xq.get(), xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter, d, g.get(), u.get(),
+                         tile);
         swiglu_kernel<<<blocks_for((long long)slots * inter, 256), 256, 0, stream()>>>(
             g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit);
         CEDAR_CUDA_LAUNCHED();
@@ -615,7 +647,9 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         }
       }
     }
-    if (shared != nullptr) shared_expert(y_c, rows, *shared, limit, shared_out.get());
+    if (shared != nullptr)
+      shared_expert(y_c, rows, *shared, limit, shared_out.get(), quantized ? xq.get() : nullptr,
+                    quantized ? xs.get() : nullptr);
     if (inter > 0) {
       combine_kernel<<<blocks_for((long long)rows * d, 256), 256, 0, stream()>>>(
           down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, rows, topk, d, out + size_t(r0) * d);
