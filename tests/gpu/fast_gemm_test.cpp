@@ -17,7 +17,7 @@ namespace fast = cuda::fast;
 
 constexpr double bound = 1.0 / 65536;
 const fast::tile_kind tiles[] = {fast::tile_kind::gemv, fast::tile_kind::narrow, fast::tile_kind::narrow16,
-                                 fast::tile_kind::skinny,
+                                 fast::tile_kind::narrow32, fast::tile_kind::skinny,
                                  fast::tile_kind::wide};
 
 /// s[r, n] = sum_k |xq[r, k]| |w[n, k]| (w dequantized [n, k]).

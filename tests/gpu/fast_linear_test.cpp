@@ -193,9 +193,9 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
   const auto s1 = ref::random_fp8(rng, inter, d), s3 = ref::random_fp8(rng, inter, d), s2 = ref::random_fp8(rng, d, inter);
   dev_fp8 g1(s1), g3(s3), g2(s2);
   const cpu::shared_expert_weights shared{s1.view, s3.view, s2.view}, gshared{g1.view, g3.view, g2.view};
-  // m = 150 runs the grouped skinny tile on the "decode" thresholds (between the gemv and the
-  // bf16 path), the bf16 path on the "prefill" ones
-  for (int m : {1, 20, 150}) {
+  // on the "decode" thresholds m = 20 and 150 run the grouped narrow16 tile, 200 narrow32 (and
+  // m = 1 narrow); the "prefill" ones run the bf16 path
+  for (int m : {1, 20, 150, 200}) {
     const auto y = activations(rng, m, d);
     std::vector<int32_t> sel(std::size_t(m) * topk);
     std::vector<float> wts(sel.size());

@@ -23,9 +23,9 @@ namespace cedar::cuda::fast {
 
 /// Tile shapes of the tensor-core GEMM (rows of W x tokens per block):
 /// gemv (weight read straight into fragments, 128-wide K chunks summed by a second pass;
-/// m <= 8, or 16 at a cost); pipelined: narrow 64x8 and narrow16 32x16 (weight streams for a
+/// m <= 8, or 16 at a cost); pipelined: narrow 64x8, narrow16 32x16 and narrow32 64x32 (weight streams for a
 /// few slots per expert), skinny 32x64 (m <= 64) and wide 128x128 (prefill).
-enum class tile_kind { gemv, narrow, narrow16, skinny, wide };
+enum class tile_kind { gemv, narrow, narrow16, narrow32, skinny, wide };
 const char* tile_name(tile_kind t);
 /// The tile the library picks for m rows.
 tile_kind pick_tile(int m);
@@ -85,17 +85,23 @@ void grouped_fp4_pair(const uint8_t* xq, const float* xs, const int32_t* slot_ro
 /// against 2.78 ms at 256 (~24); the switch at 128 tokens (two 8-slot passes) is not swept.
 /// Those figures predate the tiles' once-per-block stage sources (f1315ea); after it (`--op
 /// moe`, up + down, us): 64 tokens narrow 596, narrow16 665, skinny 2,458; 256 tokens narrow
-/// 1,699, narrow16 1,350, skinny 2,497: the same order, so the same switches; 512 tokens and
-/// the bf16 path were not swept again.
+/// 1,699, narrow16 1,350, skinny 2,497. With the 64-row narrow tile and narrow32 (64 rows x 32
+/// slots, `--op moe --tokens N --tile T`, up + down, us): 128 tokens narrow 944, narrow16 766,
+/// narrow32 950; 160: 1,124 / 932 / 952; 192: 1,290 / 1,108 / 954; 256: 1,646 / 1,364 / 998;
+/// narrow32 against skinny at 384 / 512: 1,646 / 1,901 against 2,533 / 2,567; narrow against
+/// narrow16 at 64 / 80 / 96 / 112 tokens: 558 / 650 / 752 / 850 against 668 / 672 / 686 / 732.
+/// So narrow up to 80 tokens, narrow16 to 160, narrow32 to 512 (the skinny tile is left to the
+/// lab); the bf16 path past 512 was not swept against narrow32.
 struct tuning {
   int gemv_max_rows = 32;           ///< FP8 / W4A8 linears: gemv tile
   int bf16_gemv_max_rows = 16;      ///< bf16 linears and wo_a: the bf16 GEMV
-  int expert_gemv_max_rows = 256;   ///< routed experts (tokens): the grouped narrow stream
+  int expert_gemv_max_rows = 512;   ///< routed experts (tokens): the grouped narrow streams
                                     ///< (the gemv tile where d or inter is not a multiple of 256)
   int expert_tiled_max_rows = 512;  ///< above that: the grouped W4A8 skinny tile, all on the
                                     ///< device (no dequant pass, no host round trip); above: bf16
-  int expert_narrow_max_rows = 128;  ///< within expert_gemv_max_rows: 8 slots a narrow pass up
-                                     ///< to here, then 16 (last: brace-initialized tunings keep it)
+  int expert_narrow_max_rows = 80;  ///< within expert_gemv_max_rows: 8 slots a narrow pass up
+                                    ///< to here, then 16 (last: brace-initialized tunings keep it)
+  int expert_narrow16_max_rows = 160;  ///< then 32 slots a pass (narrow32)
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

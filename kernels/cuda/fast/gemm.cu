@@ -1,7 +1,7 @@
 // Tensor-core FP8 / W4A8 linear layers (fast_ops.hpp): activation quantization, a direct
 // kernel for decode (m <= 16: warps read the weight straight into mma fragments, one 128-wide
 // K chunk each, partials summed by a second pass), and a cp.async-pipelined tiled kernel
-// (narrow 64x8 and 32x16: weight streams for a few slots; skinny 32x64; wide 128x128 for
+// (narrow 64x8, 32x16 and 64x32: weight streams for a few slots; skinny 32x64; wide 128x128 for
 // prefill). Dense and grouped (MoE) calls share them.
 //
 // One summation order for every tile, so a row's bits never depend on m: K is cut into chunks of
@@ -304,6 +304,7 @@ struct tile_shape {
 };
 using narrow_shape = tile_shape<1, 1, 4, 1, 256, 4>;    // 64 x 8: a weight stream for few slots
 using narrow16_shape = tile_shape<1, 2, 2, 1, 256, 4>;  // 32 x 16
+using narrow32_shape = tile_shape<1, 4, 4, 1, 256, 3>;  // 64 x 32 (3 stages: 60 KB of shared memory)
 using skinny_shape = tile_shape<1, 4, 2, 2, 256, 4>;  // 32 x 64
 using wide_shape = tile_shape<4, 4, 2, 4, 128, 4>;    // 128 x 128
 
@@ -556,8 +557,8 @@ void launch_tiled(const gemm_problem& p, int num_groups, int max_slots) {
 void require_shape(const gemm_problem& p, tile_kind t) {
   if (t == tile_kind::gemv)
     CEDAR_CUDA_REQUIRE(p.k % 32 == 0 && p.n % 16 == 0, "fast gemm (gemv): k % 32 == 0 and n % 16 == 0");
-  else if (t == tile_kind::narrow)
-    CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 64 == 0, "fast gemm (narrow): k % 256 == 0 and n % 64 == 0");
+  else if (t == tile_kind::narrow || t == tile_kind::narrow32)
+    CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 64 == 0, "fast gemm (narrow, narrow32): k % 256 == 0 and n % 64 == 0");
   else if (t == tile_kind::narrow16)
     CEDAR_CUDA_REQUIRE(p.k % 256 == 0 && p.n % 32 == 0, "fast gemm (narrow16): k % 256 == 0 and n % 32 == 0");
   else
@@ -579,6 +580,7 @@ void run(const gemm_problem* ps, int count, int num_groups, int max_slots, tile_
       break;
     case tile_kind::narrow: launch_tiled<narrow_shape, FP4>(p, z, max_slots); break;
     case tile_kind::narrow16: launch_tiled<narrow16_shape, FP4>(p, z, max_slots); break;
+    case tile_kind::narrow32: launch_tiled<narrow32_shape, FP4>(p, z, max_slots); break;
     case tile_kind::skinny: launch_tiled<skinny_shape, FP4>(p, z, max_slots); break;
     case tile_kind::wide: launch_tiled<wide_shape, FP4>(p, z, max_slots); break;
   }
@@ -592,6 +594,7 @@ const char* tile_name(tile_kind t) {
     case tile_kind::gemv: return "gemv";
     case tile_kind::narrow: return "narrow";
     case tile_kind::narrow16: return "narrow16";
+    case tile_kind::narrow32: return "narrow32";
     case tile_kind::skinny: return "skinny";
     case tile_kind::wide: return "wide";
   }

@@ -4,8 +4,7 @@
 // Decode (few rows): the gemv tile of gemm.cu (FP8/W4A8, activations quantized to e4m3 codes),
 // the experts grouped on the device (no host round trip), and a bandwidth-bound bf16 GEMV. The
 // experts up to tuning::expert_gemv_max_rows tokens stream each busy expert's FP4 weight through
-// gemm.cu's narrow tile (once per 8 of its slots), then up to expert_tiled_max_rows through the
-// skinny tile (once per 64).
+// gemm.cu's narrow tiles (once per 8, 16 or 32 of its slots, by token count).
 // Prefill (many rows): weights dequantized into a bf16 scratch and a cuBLAS bf16 GEMM with fp32
 // accumulation and output. That computes the CPU op's products exactly: an e4m3 code (4
 // significant bits, ulp >= 2^-9) or an E2M1 value (2 bits) times a UE8M0 scale >= 2^-124 is a
@@ -559,16 +558,18 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   const int inter = cuda::detail::expert_inter(experts, num_experts, d);
   CEDAR_CUDA_REQUIRE(d % 32 == 0 && inter % 32 == 0, "fast moe_ffn: d and inter multiples of 32");
   const cpu::expert_weights* table = device_table(experts, num_experts);
-  // The grouped W4A8 kernels, on device-side groups: few slots per expert take the narrow
-  // weight stream where the shapes allow (2.4x the gemv tile on 64 experts x ~6 slots, `cedar
-  // kernel-lab --op moe`; 16 slots a pass past expert_narrow_max_rows tokens), else the gemv
-  // tile; then the skinny tile. Past those: the bf16 path.
+  // The grouped W4A8 kernels, on device-side groups: the narrow weight streams where the shapes
+  // allow (2.4x the gemv tile on 64 experts x ~6 slots, `cedar kernel-lab --op moe`; 16 slots a
+  // pass past expert_narrow_max_rows tokens, 32 past expert_narrow16_max_rows), else the gemv
+  // tile; then the skinny tile (when the thresholds leave it rows). Past those: the bf16 path.
   const tuning& tune = tuning_now();
   const bool tiles_fit = d % 256 == 0 && inter % 256 == 0;
   bool grouped = true;
   tile_kind tile = tile_kind::skinny;
   if (m <= tune.expert_gemv_max_rows && tiles_fit)
-    tile = m <= tune.expert_narrow_max_rows ? tile_kind::narrow : tile_kind::narrow16;
+    tile = m <= tune.expert_narrow_max_rows     ? tile_kind::narrow
+           : m <= tune.expert_narrow16_max_rows ? tile_kind::narrow16
+                                                : tile_kind::narrow32;
   else if (m <= tune.expert_gemv_max_rows && gemv_shape(inter, d) && gemv_shape(d, inter))
     tile = tile_kind::gemv;
   else
