@@ -51,7 +51,8 @@ class gpu_model {
   /// safetensors files; it is not needed afterwards).
   /// dense_bf16 (fast kernels only): every dense FP8 linear is also kept on the device as bf16
   /// (twice those weights' bytes again), so that products of more rows than the GEMV takes skip
-  /// dequantizing the weight on every call; the same results.
+  /// dequantizing the weight on every call (cuBLAS on the copy; without it the large weights
+  /// take the narrow32 tile up to 64 rows: results within the same bounds, other bits).
   gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv = kv_dtype::fp4,
             const upload_progress_fn& progress = {}, gpu_kernels kernels = gpu_kernels::exact,
             bool dense_bf16 = false);

@@ -149,6 +149,40 @@ TEST_CASE("fast linears: FP8, W4A8 and bf16 within 2^-16 of sum|xw| of the CPU o
   }
 }
 
+TEST_CASE("fast linears past the gemv rows: the narrow32 tile for large weights, bounded and batch-invariant") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(64);
+  const int n = 384, k = 1024;
+  const auto w8 = ref::random_fp8(rng, n, k);
+  const auto w4 = ref::random_fp4(rng, n, k);
+  const dev_fp8 d8(w8);
+  const dev_fp4 d4(w4);
+  const fast::tuning saved = fast::tuning_now();
+  fast::tuning_now().fp8_narrow_min_weight = 0;  // this small weight takes the tile too
+  for (int m : {40, 64}) {
+    REQUIRE(m > fast::tuning_now().gemv_max_rows);
+    REQUIRE(m <= fast::tuning_now().fp8_narrow_max_rows);
+    const std::vector<float> x = activations(rng, m, k);
+    dev<float> xd(x);
+    for (bool fp4 : {false, true}) {
+      std::vector<float> ref_y(std::size_t(m) * n);
+      if (fp4) cpu::linear_fp4(x.data(), m, w4.view, ref_y.data());
+      else cpu::linear_fp8(x.data(), m, w8.view, ref_y.data());
+      const auto sabs = abs_products(x, m, k, fp4 ? ref::dequant(w4.view) : ref::dequant(w8.view), n, true);
+      dev<float> y(std::size_t(m) * n), y1(n);
+      if (fp4) fast::linear_fp4(xd.get(), m, d4.view, y.get());
+      else fast::linear_fp8(xd.get(), m, d8.view, y.get());
+      const auto got = y.host();
+      check_bound(std::string(fp4 ? "linear_fp4" : "linear_fp8") + " narrow32 m=" + std::to_string(m), got, ref_y, sabs);
+      // the last row alone (the gemv tile) gives the same bits
+      if (fp4) fast::linear_fp4(xd.get() + std::size_t(m - 1) * k, 1, d4.view, y1.get());
+      else fast::linear_fp8(xd.get() + std::size_t(m - 1) * k, 1, d8.view, y1.get());
+      CHECK(ref::same_bits(y1.host().data(), got.data() + std::size_t(m - 1) * n, n));
+    }
+  }
+  fast::tuning_now() = saved;
+}
+
 TEST_CASE("fast grouped_output: within 2^-8 of the CPU op's largest output, decode and prefill paths") {
   if (!have_gpu()) return;
   std::mt19937_64 rng(62);

@@ -102,6 +102,13 @@ struct tuning {
   int expert_narrow_max_rows = 80;  ///< within expert_gemv_max_rows: 8 slots a narrow pass up
                                     ///< to here, then 16 (last: brace-initialized tunings keep it)
   int expert_narrow16_max_rows = 160;  ///< then 32 slots a pass (narrow32)
+  /// Dense FP8 / W4A8 linears past gemv_max_rows up to fp8_narrow_max_rows rows whose weight
+  /// has at least fp8_narrow_min_weight elements (and no bf16 copy kept): the narrow32 tile, one
+  /// weight pass per 32 rows, in place of the per-call bf16 dequantization. `--op linear_fp8` at
+  /// m = 64 (us): narrow32 wq_b 42.9, wo_b 57.1, shared.w1 23.4, shared.w2 18.1 against the bf16
+  /// path's 84 for wo_b; the small wq_a / wkv did no better than the other paths, so they stay.
+  int fp8_narrow_max_rows = 64;
+  long long fp8_narrow_min_weight = 8ll << 20;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

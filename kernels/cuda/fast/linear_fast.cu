@@ -432,12 +432,19 @@ template <bool FP4, class W>
 void quantized_linear(const float* x, int m, const W& w, float* y) {
   CEDAR_CUDA_REQUIRE(w.in % 32 == 0, "fast linear: in is a multiple of 32");
   if (m <= 0) return;
-  if (m <= tuning_now().gemv_max_rows && gemv_shape(w.out, w.in)) {
+  const tuning& tune = tuning_now();
+  const bool gemv = m <= tune.gemv_max_rows && gemv_shape(w.out, w.in);
+  bool kept = false;  // a bf16 copy the model keeps: its GEMM beats the tile
+  if constexpr (!FP4) kept = w.bf16 != nullptr;
+  const bool tiled = !gemv && !kept && m <= tune.fp8_narrow_max_rows &&
+                     (long long)w.out * w.in >= tune.fp8_narrow_min_weight && w.out % 64 == 0 && w.in % 256 == 0;
+  if (gemv || tiled) {
+    const tile_kind t = gemv ? tile_kind::gemv : tile_kind::narrow32;
     scratch<uint8_t> xq(size_t(m) * w.in);
     scratch<float> xs(size_t(m) * (w.in / 32));
     quantize_rows_fp8(x, m, w.in, xq.get(), xs.get());
-    if constexpr (FP4) gemm_fp4(xq.get(), xs.get(), m, w, y, tile_kind::gemv);
-    else gemm_fp8(xq.get(), xs.get(), m, w, y, tile_kind::gemv);
+    if constexpr (FP4) gemm_fp4(xq.get(), xs.get(), m, w, y, t);
+    else gemm_fp8(xq.get(), xs.get(), m, w, y, t);
     return;
   }
   prefill_linear(x, m, w, y);
@@ -471,7 +478,7 @@ void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w
     gemv = gemv && gemv_shape(w[i]->out, w[i]->in);
   }
   if (!gemv) {
-    for (int i = 0; i < count; ++i) prefill_linear(x, m, *w[i], y[i]);
+    for (int i = 0; i < count; ++i) linear_fp8(x, m, *w[i], y[i]);
     return;
   }
   const int k = w[0]->in;
