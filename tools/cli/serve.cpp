@@ -117,7 +117,7 @@ void print_help(FILE* out) {
       "                                 bounds of the CPU model (default); exact gives the CPU's bits\n"
       "  --gpu-dense-bf16               --device cuda, fast kernels: also keep the dense FP8 linears as\n"
       "                                 bf16 on the device (twice their bytes again, taken from the KV),\n"
-      "                                 so steps of more than 32 rows skip dequantizing them each call\n"
+      "                                 so steps of more than 64 rows skip dequantizing them each call\n"
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
       "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
