@@ -49,6 +49,17 @@ void check_bound(const std::string& what, const std::vector<float>& gpu, const s
   CHECK_MESSAGE(worst <= bound, what);
 }
 
+/// x [m, k] on the device with its FP8 codes and scales (fast::quantize_rows_fp8).
+struct quantized_x {
+  dev<float> x;
+  dev<uint8_t> q;
+  dev<float> s;
+  quantized_x(const std::vector<float>& host, int m, int k)
+      : x(host), q(std::size_t(m) * k), s(std::size_t(m) * (k / 32)) {
+    fast::quantize_rows_fp8(x.get(), m, k, q.get(), s.get());
+  }
+};
+
 }  // namespace
 
 TEST_CASE("fast gemm: every tile within 2^-16 of the CPU op, all tiles give the same bits") {
@@ -112,18 +123,16 @@ TEST_CASE("fast grouped_fp4: each expert's slots equal gemm_fp4 on its rows, bit
     groups.push_back(g);
   }
   const int slots = int(slot_rows.size());
-  const std::vector<float> x = activations(rng, tokens, k);
-  dev<float> xd(x);
-  dev<uint8_t> xq(std::size_t(tokens) * k);
-  dev<float> xs(std::size_t(tokens) * (k / 32));
-  fast::quantize_rows_fp8(xd.get(), tokens, k, xq.get(), xs.get());
-  const std::vector<uint8_t> xq_host = xq.host();
-  const std::vector<float> xs_host = xs.host();
+  const quantized_x qx(activations(rng, tokens, k), tokens, k);
+  const uint8_t* xq = qx.q.get();
+  const float* xs = qx.s.get();
+  const std::vector<uint8_t> xq_host = qx.q.host();
+  const std::vector<float> xs_host = qx.s.host();
   dev<int32_t> rows_d(slot_rows);
   dev<fast::expert_group> groups_d(groups);
   for (fast::tile_kind t : tiles) {
     dev<float> y(std::size_t(slots) * n);
-    fast::grouped_fp4(xq.get(), xs.get(), rows_d.get(), groups_d.get(), experts, slots, max_slots, n, k, y.get(), t);
+    fast::grouped_fp4(xq, xs, rows_d.get(), groups_d.get(), experts, slots, max_slots, n, k, y.get(), t);
     const std::vector<float> got = y.host();
     bool same = true;
     for (int e = 0; e < experts; ++e) {
@@ -158,11 +167,7 @@ TEST_CASE("fast gemv_fp8_set: several weights of one x in one launch give each w
   for (int n : outs) hw.push_back(op_reference::random_fp8(rng, n, k));
   for (const auto& w : hw) dw.push_back(std::make_unique<dev_fp8>(w));
   for (int m : {1, 3, 12}) {  // the one- and two-slot-tile GEMVs
-    const std::vector<float> x = activations(rng, m, k);
-    dev<float> xd(x);
-    dev<uint8_t> xq(std::size_t(m) * k);
-    dev<float> xs(std::size_t(m) * (k / 32));
-    fast::quantize_rows_fp8(xd.get(), m, k, xq.get(), xs.get());
+    const quantized_x qx(activations(rng, m, k), m, k);
     for (int count : {1, 2, 3}) {
       std::vector<std::unique_ptr<dev<float>>> ys;
       std::vector<const fp8_weight*> w;
@@ -172,7 +177,7 @@ TEST_CASE("fast gemv_fp8_set: several weights of one x in one launch give each w
         w.push_back(&dw[i]->view);
         y.push_back(ys.back()->get());
       }
-      fast::gemv_fp8_set(xq.get(), xs.get(), m, count, w.data(), y.data());
+      fast::gemv_fp8_set(qx.q.get(), qx.s.get(), m, count, w.data(), y.data());
       // and through the linear op (x quantized inside)
       std::vector<std::unique_ptr<dev<float>>> ls;
       std::vector<float*> ly;
@@ -180,10 +185,10 @@ TEST_CASE("fast gemv_fp8_set: several weights of one x in one launch give each w
         ls.push_back(std::make_unique<dev<float>>(std::size_t(m) * outs[i]));
         ly.push_back(ls.back()->get());
       }
-      fast::linear_fp8_set(xd.get(), m, count, w.data(), ly.data());
+      fast::linear_fp8_set(qx.x.get(), m, count, w.data(), ly.data());
       for (int i = 0; i < count; ++i) {
         dev<float> alone(std::size_t(m) * outs[i]);
-        fast::gemm_fp8(xq.get(), xs.get(), m, dw[i]->view, alone.get(), fast::tile_kind::gemv);
+        fast::gemm_fp8(qx.q.get(), qx.s.get(), m, dw[i]->view, alone.get(), fast::tile_kind::gemv);
         const std::vector<float> want = alone.host(), got = ys[i]->host(), lin = ls[i]->host();
         const std::string what = "m=" + std::to_string(m) + " count=" + std::to_string(count) + " member " + std::to_string(i);
         CHECK_MESSAGE(op_reference::same_bits(want.data(), got.data(), want.size()), what);
@@ -215,19 +220,17 @@ TEST_CASE("fast grouped_fp4_pair: two products of one x in one launch give group
     max_slots = std::max(max_slots, a.num_slots);
   }
   const int slots = int(slot_rows.size());
-  const std::vector<float> x = activations(rng, tokens, k);
-  dev<float> xd(x);
-  dev<uint8_t> xq(std::size_t(tokens) * k);
-  dev<float> xs(std::size_t(tokens) * (k / 32));
-  fast::quantize_rows_fp8(xd.get(), tokens, k, xq.get(), xs.get());
+  const quantized_x qx(activations(rng, tokens, k), tokens, k);
+  const uint8_t* xq = qx.q.get();
+  const float* xs = qx.s.get();
   dev<int32_t> rows_d(slot_rows);
   dev<fast::expert_group> ga_d(ga), gb_d(gb);
   for (fast::tile_kind t : tiles) {
     dev<float> ya(std::size_t(slots) * n), yb(std::size_t(slots) * n), wa(std::size_t(slots) * n), wb(std::size_t(slots) * n);
-    fast::grouped_fp4_pair(xq.get(), xs.get(), rows_d.get(), ga_d.get(), gb_d.get(), experts, slots, max_slots, n, k,
+    fast::grouped_fp4_pair(xq, xs, rows_d.get(), ga_d.get(), gb_d.get(), experts, slots, max_slots, n, k,
                            ya.get(), yb.get(), t);
-    fast::grouped_fp4(xq.get(), xs.get(), rows_d.get(), ga_d.get(), experts, slots, max_slots, n, k, wa.get(), t);
-    fast::grouped_fp4(xq.get(), xs.get(), rows_d.get(), gb_d.get(), experts, slots, max_slots, n, k, wb.get(), t);
+    fast::grouped_fp4(xq, xs, rows_d.get(), ga_d.get(), experts, slots, max_slots, n, k, wa.get(), t);
+    fast::grouped_fp4(xq, xs, rows_d.get(), gb_d.get(), experts, slots, max_slots, n, k, wb.get(), t);
     const std::vector<float> got_a = ya.host(), got_b = yb.host(), want_a = wa.host(), want_b = wb.host();
     CHECK_MESSAGE(op_reference::same_bits(want_a.data(), got_a.data(), want_a.size()), fast::tile_name(t));
     CHECK_MESSAGE(op_reference::same_bits(want_b.data(), got_b.data(), want_b.size()), fast::tile_name(t));
