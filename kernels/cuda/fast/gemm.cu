@@ -536,7 +536,7 @@ void launch_direct_n(const gemm_problem* ps, int count, int num_groups, int max_
 
 template <bool FP4, int NT>
 void launch_direct(const gemm_problem* ps, int count, int num_groups, int max_slots) {
-  if constexpr (!FP4)  // sets are dense FP8 calls (gemv_fp8_set)
+  if constexpr (!FP4)  // sets are dense FP8 calls (gemv_fp8_set; run() checks)
     if (count > 1) return launch_direct_n<FP4, NT, max_set>(ps, count, num_groups, max_slots);
   launch_direct_n<FP4, NT, 1>(ps, 1, num_groups, max_slots);
 }
@@ -569,6 +569,8 @@ void require_shape(const gemm_problem& p, tile_kind t) {
 /// (a pair when p.groups2 is set: 2 x num_groups blocks in z, the tiled kernels).
 template <bool FP4>
 void run(const gemm_problem* ps, int count, int num_groups, int max_slots, tile_kind t) {
+  CEDAR_CUDA_REQUIRE(count == 1 || (!FP4 && t == tile_kind::gemv && !ps[0].groups),
+                     "fast gemm: a set of several weights is dense FP8 on the gemv tile");
   for (int i = 0; i < count; ++i) require_shape(ps[i], t);
   if (max_slots <= 0) return;
   const gemm_problem& p = ps[0];
