@@ -228,7 +228,6 @@ __device__ __forceinline__ float warp_fold(float v) {
   return v;
 }
 
-/// dot(a, b) of length n in dot_order, by one whole warp; the result is returned to every lane.
 /// out[i] = (in[i] * inv) * w[i] for i = first, first + stride, ... below n (in == out allowed):
 /// U positions' loads are issued before any is stored, so a thread waits one memory latency per
 /// U positions (in place, the compiler could not hoist a load over a store itself).
@@ -249,6 +248,7 @@ __device__ __forceinline__ void scale_by_weight(const float* in, float* out, int
   }
 }
 
+/// dot(a, b) of length n in dot_order, by one whole warp; the result is returned to every lane.
 __device__ __forceinline__ float warp_dot(const float* a, const float* b, int n) {
   const int lane = threadIdx.x & 31;
   const int n32 = n - n % 32;

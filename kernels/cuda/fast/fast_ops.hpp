@@ -116,8 +116,10 @@ tuning& tuning_now();
 void linear_fp8(const float* x, int m, const fp8_weight& w, float* y);
 void linear_fp4(const float* x, int m, const fp4_weight& w, float* y);
 /// `count` (1 to 4) FP8 linears of one x (the same in): y[i] = linear_fp8(x, m, *w[i]) bit for
-/// bit; on the gemv path x is quantized once and one GEMV serves them all.
-void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w, float* const* y);
+/// bit; on the gemv path x is quantized once (or xq / xs, x's codes and scales from
+/// quantize_rows_fp8, are used when given) and one GEMV serves them all.
+void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w, float* const* y,
+                    const uint8_t* xq = nullptr, const float* xs = nullptr);
 /// x fp32 (not rounded to bf16, as the CPU op), w bf16.
 void linear_bf16(const float* x, int m, const bf16_weight& w, float* y);
 void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out);

@@ -469,7 +469,8 @@ void linear_fp8(const float* x, int m, const fp8_weight& w, float* y) { quantize
 
 void linear_fp4(const float* x, int m, const fp4_weight& w, float* y) { quantized_linear<true>(x, m, w, y); }
 
-void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w, float* const* y) {
+void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w, float* const* y,
+                    const uint8_t* xq, const float* xs) {
   CEDAR_CUDA_REQUIRE(count >= 1 && count <= 4, "linear_fp8_set: 1 to 4 weights");
   if (m <= 0) return;
   bool gemv = m <= tuning_now().gemv_max_rows;
@@ -481,11 +482,12 @@ void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w
     for (int i = 0; i < count; ++i) linear_fp8(x, m, *w[i], y[i]);
     return;
   }
+  if (xq != nullptr) return gemv_fp8_set(xq, xs, m, count, w, y);
   const int k = w[0]->in;
-  scratch<uint8_t> xq(size_t(m) * k);
-  scratch<float> xs(size_t(m) * (k / 32));
-  quantize_rows_fp8(x, m, k, xq.get(), xs.get());
-  gemv_fp8_set(xq.get(), xs.get(), m, count, w, y);
+  scratch<uint8_t> q(size_t(m) * k);
+  scratch<float> s(size_t(m) * (k / 32));
+  quantize_rows_fp8(x, m, k, q.get(), s.get());
+  gemv_fp8_set(q.get(), s.get(), m, count, w, y);
 }
 
 void linear_bf16(const float* x, int m, const bf16_weight& w, float* y) {
@@ -514,18 +516,14 @@ namespace {
 
 /// The shared expert (FP8): the fast linears and the exact SwiGLU (no routing weight). w1 and
 /// w3 share one GEMV launch; xq / xs, when given, are y already quantized (the routed experts'
-/// codes), used when the gemv path takes the rows.
+/// codes).
 void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, float limit, float* out,
                    const uint8_t* xq = nullptr, const float* xs = nullptr) {
   const int inter = e.w1.out;
   scratch<float> g(size_t(m) * inter), u(size_t(m) * inter);
   const fp8_weight* w13[2] = {&e.w1, &e.w3};
   float* gu[2] = {g.get(), u.get()};
-  if (xq != nullptr && m <= tuning_now().gemv_max_rows && gemv_shape(e.w1.out, e.w1.in) &&
-      gemv_shape(e.w3.out, e.w3.in))
-    gemv_fp8_set(xq, xs, m, 2, w13, gu);
-  else
-    linear_fp8_set(y, m, 2, w13, gu);
+  linear_fp8_set(y, m, 2, w13, gu, xq, xs);
   swiglu_kernel<<<blocks_for((long long)m * inter, 256), 256, 0, stream()>>>(g.get(), u.get(), m, inter, nullptr,
                                                                             nullptr, nullptr, limit);
   CEDAR_CUDA_LAUNCHED();
