@@ -56,6 +56,20 @@ void check_boundary(int m, int d, bool with_post) {
   check_close("hc_boundary post" + tag, dpost.host().data(), post.data(), post.size(), reorder_bound);
   check_close("hc_boundary comb" + tag, dcomb.host().data(), comb.data(), comb.size(), reorder_bound);
   check_close("hc_boundary x" + tag, dx.host().data(), c.data(), c.size(), reorder_bound);
+  if (m == 1) return;
+  // batch invariance: the last row alone gets the bits it got in the batch
+  const auto row = [&](const std::vector<float>& v, std::size_t width) {
+    return std::vector<float>(v.end() - std::ptrdiff_t(width), v.end());
+  };
+  dev<float> aX(row(X, std::size_t(hc) * d)), af(row(f, d)), apost(row(post0, hc)), acomb(row(comb0, hc * hc)),
+      acpre(row(cpre, hc)), apre(hc), ax(d);
+  cuda::fast::hc_boundary(aX.get(), 1, hc, d, with_post ? af.get() : nullptr, apost.get(), acomb.get(), p, apre.get(),
+                          acpre.get(), dnorm.get(), ax.get());
+  const std::string alone = "hc_boundary: the last row alone gives its bits" + tag;
+  CHECK_MESSAGE(ref::same_bits(ax.host().data(), dx.host().data() + std::size_t(m - 1) * d, d), alone);
+  CHECK_MESSAGE(ref::same_bits(apre.host().data(), dpre.host().data() + std::size_t(m - 1) * hc, hc), alone);
+  CHECK_MESSAGE(ref::same_bits(acomb.host().data(), dcomb.host().data() + std::size_t(m - 1) * hc * hc, hc * hc),
+                alone);
 }
 
 }  // namespace
@@ -76,7 +90,7 @@ TEST_CASE("fast hc_boundary: HCPost, HCMix (Sinkhorn), collapse and RMSNorm as t
 
 TEST_CASE("fast moe_route: the CPU's experts, weights within 1e-5") {
   if (!have_gpu()) return;
-  for (const int m : {1, 37, 149, 299, 2047}) {  // rows per block 1, 1, 2, 4, 8 (64 experts: 8 columns)
+  for (const int m : {1, 37, 149, 299, 2047}) {  // the logits by the bf16 GEMV up to 64 rows, then the split GEMM
     std::mt19937_64 rng(401 + m);
     const int d = 512, num_experts = 64, topk = 6;
     const auto y = activations(rng, m, d);
@@ -94,6 +108,16 @@ TEST_CASE("fast moe_route: the CPU's experts, weights within 1e-5") {
       check_equal("fast moe_route experts m=" + std::to_string(m), dsel.host(), sel);
       check_close("fast moe_route weights m=" + std::to_string(m), dwts.host().data(), wts.data(), wts.size(),
                   reorder_bound);
+    }
+    if (m > 1 && m <= 64) {  // decode sizes: the last row alone gets the bits it got in the batch
+      dev<int32_t> asel(topk);
+      dev<float> awts(topk);
+      cuda::fast::moe_route(dy.get() + std::size_t(m - 1) * d, 1, dgate.view, dbias.get(), topk, 1.5f, asel.get(),
+                            awts.get());
+      const std::string alone = "fast moe_route: the last row alone, m=" + std::to_string(m);
+      const std::vector<int32_t> batch_sel = dsel.host();
+      CHECK_MESSAGE(asel.host() == std::vector<int32_t>(batch_sel.end() - topk, batch_sel.end()), alone);
+      CHECK_MESSAGE(ref::same_bits(awts.host().data(), dwts.host().data() + std::size_t(m - 1) * topk, topk), alone);
     }
   }
 }

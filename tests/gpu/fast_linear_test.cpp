@@ -122,7 +122,7 @@ TEST_CASE("fast linears: FP8, W4A8 and bf16 within 2^-16 of sum|xw| of the CPU o
       }
     }
   }
-  for (const shape s : {shape{1000, 264}, shape{128, 260}}) {
+  for (const shape s : {shape{2048, 264}, shape{1000, 264}, shape{128, 260}}) {  // column and split GEMV modes
     const auto wb = ref::random_bf16(rng, s.n, s.k, 0.1f);
     const dev_bf16 db(wb);
     const auto wd = ref::dequant(wb.view);

@@ -1,14 +1,17 @@
 // Fused mHC boundary and MoE router of the fast kernel set (layer_ops.hpp).
 //
-// hc_boundary: launch 1 cuts each row's d positions into blocks of 256; a block applies the
-// previous sublayer's HCPost to its slice of the hc copies, writes them back, and leaves its
-// share of the HCMix dots (and of the sum of squares) in a partials buffer (warp folds, then
-// the warps' sums in order). Launch 2, one block per row, adds the partials in slice order,
-// finishes pre/post/comb (Sinkhorn by one warp, a lane per comb entry, while hc * hc <= 32)
-// and writes the normalized collapsed input of the next sublayer.
-// moe_route: one warp per (expert, group of up to 8 rows) dot; the last block of a row group to
-// finish (a per-group arrival counter, reset by that block) picks each row's top-k with warp
-// argmax rounds.
+// hc_boundary: launch 1 cuts each row's d positions into slices of 256; a block applies the
+// previous sublayer's HCPost to its slice of the hc copies, writes them back, writes the slice
+// of the collapsed next input (with the pre the collapse takes, known before the boundary), and
+// leaves its share of the HCMix dots, of the residual's sum of squares and of the collapsed
+// input's sum of squares in a partials buffer (warp folds, then the warps' sums in order).
+// Launch 2 spreads a row over blocks: each adds the collapsed sums of squares in slice order
+// (every block the same sum) and normalizes its span of the input, while one more block per row
+// adds the mix partials and finishes pre/post/comb (Sinkhorn by one warp, a lane per comb
+// entry, while hc * hc <= 32). A row's bits do not depend on m.
+// moe_route: the gate logits by the bf16 GEMV (split over the warps of a block per expert) or,
+// past the decode sizes, the split bf16 GEMM of linear_fast.cu; then one warp per row turns them
+// into scores and picks the top-k with warp argmax rounds.
 // greedy_rows: one block per row, argmax and the log-sum-exp by block reductions.
 #include <algorithm>
 
@@ -47,8 +50,9 @@ __device__ float block_sum(float v, float* shared /*[slice / 32]*/) {
 template <int HC, int R>
 __global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int d, const float* f, const float* post,
                                                            const float* comb, const float* fn,
-                                                           float* partials /*[m, slices, n_mix + 1]*/) {
-  constexpr int n_mix = HC * HC + 2 * HC;
+                                                           const float* collapse_pre, float* x_out,
+                                                           float* partials /*[m, slices, n_mix + 2]*/) {
+  constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
   const int r0 = blockIdx.y * R, i = blockIdx.x * slice + threadIdx.x;
   const bool live = i < d;
   float v[R][HC];
@@ -74,9 +78,22 @@ __global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int 
       for (int k = 0; k < HC; ++k) xr[size_t(k) * d + i] = v[q][k] = out[k];
     }
   }
-  // each warp folds its 32 positions of every dot (and of the sum of squares); the block then
+  // the collapsed input of the next sublayer (hc_collapse's operations) and its square
+  float sq[R];
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    const int r = r0 + q;
+    float c = 0.0f;
+    if (live && r < m) {
+#pragma unroll
+      for (int j = 0; j < HC; ++j) c += collapse_pre[r * HC + j] * v[q][j];
+      x_out[size_t(r) * d + i] = c;
+    }
+    sq[q] = c * c;
+  }
+  // each warp folds its 32 positions of every dot (and of the sums of squares); the block then
   // adds the warps' sums in warp order: one barrier instead of one per dot
-  __shared__ float warp_sums[slice / 32][R][n_mix + 1];
+  __shared__ float warp_sums[slice / 32][R][n_part];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
   // OB dots at a time, their weights loaded before the first is folded (one load latency per
   // OB dots instead of one per dot)
@@ -102,13 +119,19 @@ __global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int 
       }
     }
   }
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    float acc = sq[q];
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) warp_sums[warp][q][n_mix + 1] = acc;
+  }
   __syncthreads();
-  for (int t = threadIdx.x; t < R * (n_mix + 1); t += blockDim.x) {
-    const int q = t / (n_mix + 1), o = t % (n_mix + 1);
+  for (int t = threadIdx.x; t < R * n_part; t += blockDim.x) {
+    const int q = t / n_part, o = t % n_part;
     if (r0 + q >= m) continue;
     float acc = 0.0f;
     for (int w = 0; w < slice / 32; ++w) acc += warp_sums[w][q][o];
-    partials[(size_t(r0 + q) * gridDim.x + blockIdx.x) * (n_mix + 1) + o] = acc;
+    partials[(size_t(r0 + q) * gridDim.x + blockIdx.x) * n_part + o] = acc;
   }
 }
 
@@ -154,33 +177,54 @@ __device__ void sinkhorn_warp(const float* mix, int d, int r, const float* scale
   if (live) comb[size_t(r) * HC * HC + q] = c;
 }
 
-template <int HC>
-__global__ void __launch_bounds__(slice) mix_finish(const float* X, int d, int slices, const float* partials,
-                                                    const float* scale, const float* base, int iters, float hc_eps,
-                                                    float norm_eps, float* pre, float* post, float* comb,
-                                                    const float* collapse_pre, const float* norm_w, float* x_out) {
-  constexpr int n_mix = HC * HC + 2 * HC;
-  __shared__ float mix[n_mix + 1];
-  __shared__ float red[slice / 32];
-  const int r = blockIdx.x;
-  // up to max_slices partials a thread loaded before the first add (one load latency, not
-  // one per four slices), then added in slice order
+/// The sum over slices (in slice order) of partial o of row r; a thread's loads are all issued
+/// before the first add (one load latency, not one per slice).
+template <int NP>
+__device__ __forceinline__ float sum_slices(const float* partials, int r, int slices, int o) {
+  const float* pr = partials + size_t(r) * slices * NP + o;
   constexpr int max_slices = 32;
-  for (int o = threadIdx.x; o <= n_mix; o += blockDim.x) {
-    const float* pr = partials + size_t(r) * slices * (n_mix + 1) + o;
-    float s = 0.0f;
-    if (slices <= max_slices) {
-      float v[max_slices];
+  float s = 0.0f;
+  if (slices <= max_slices) {
+    float v[max_slices];
 #pragma unroll
-      for (int b = 0; b < max_slices; ++b) v[b] = b < slices ? pr[size_t(b) * (n_mix + 1)] : 0.0f;
+    for (int b = 0; b < max_slices; ++b) v[b] = b < slices ? pr[size_t(b) * NP] : 0.0f;
 #pragma unroll
-      for (int b = 0; b < max_slices; ++b)
-        if (b < slices) s += v[b];
-    } else {
-      for (int b = 0; b < slices; ++b) s += pr[size_t(b) * (n_mix + 1)];
-    }
-    mix[o] = s;
+    for (int b = 0; b < max_slices; ++b)
+      if (b < slices) s += v[b];
+  } else {
+    for (int b = 0; b < slices; ++b) s += pr[size_t(b) * NP];
   }
+  return s;
+}
+
+/// Positions of x_out a block of launch 2 normalizes (slice threads, finish_u each).
+constexpr int finish_u = 4;
+constexpr int finish_span = slice * finish_u;
+
+/// grid (m, spans + 1): block y < spans scales positions [finish_span y, +finish_span) of row x
+/// by its RMS and the norm weight; block y == spans finishes pre, post and comb of row x.
+template <int HC>
+__global__ void __launch_bounds__(slice) mix_finish(int d, int slices, const float* partials, const float* scale,
+                                                    const float* base, int iters, float hc_eps, float norm_eps,
+                                                    float* pre, float* post, float* comb, const float* norm_w,
+                                                    float* x_out) {
+  constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
+  const int r = blockIdx.x, spans = int(gridDim.y) - 1;
+  if (int(blockIdx.y) < spans) {
+    __shared__ float inv_s;
+    if (threadIdx.x < 32) {  // lane 0's sum is the one used: every lane adds in slice order
+      const float sq = sum_slices<n_part>(partials, r, slices, n_mix + 1);
+      if (threadIdx.x == 0) inv_s = 1.0f / sqrtf(sq / float(d) + norm_eps);
+    }
+    __syncthreads();
+    float* out = x_out + size_t(r) * d;
+    const int first = blockIdx.y * finish_span;
+    cuda::detail::scale_by_weight<finish_u>(out + first, out + first, min(finish_span, d - first), threadIdx.x,
+                                            blockDim.x, inv_s, norm_w + first);
+    return;
+  }
+  __shared__ float mix[n_mix + 1];
+  for (int o = threadIdx.x; o <= n_mix; o += blockDim.x) mix[o] = sum_slices<n_part>(partials, r, slices, o);
   __syncthreads();
   if constexpr (HC * HC <= 32) {
     if (threadIdx.x < 32) sinkhorn_warp<HC>(mix, d, r, scale, base, iters, hc_eps, norm_eps, pre, post, comb);
@@ -215,43 +259,12 @@ __global__ void __launch_bounds__(slice) mix_finish(const float* X, int d, int s
     }
     for (int q = 0; q < HC * HC; ++q) comb[size_t(r) * HC * HC + q] = c[q];
   }
-  // collapse with the given pre, then RMSNorm
-  const float* xr = X + size_t(r) * HC * d;
-  float cp[HC];
-  for (int j = 0; j < HC; ++j) cp[j] = collapse_pre[r * HC + j];
-  float* out = x_out + size_t(r) * d;
-  // U positions a thread at a time, loaded before any is stored: one load latency per U (a
-  // 5120-wide row takes two rounds)
-  constexpr int U = 10;
-  float sq = 0.0f;
-  for (int i0 = threadIdx.x; i0 < d; i0 += blockDim.x * U) {
-    float xv[U][HC];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int j = 0; j < HC; ++j) {
-        const int i = i0 + u * int(blockDim.x);
-        xv[u][j] = i < d ? xr[size_t(j) * d + i] : 0.0f;
-      }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = i0 + u * int(blockDim.x);
-      if (i >= d) break;
-      float s = 0.0f;
-#pragma unroll
-      for (int j = 0; j < HC; ++j) s += cp[j] * xv[u][j];
-      out[i] = s;
-      sq += s * s;
-    }
-  }
-  const float inv = 1.0f / sqrtf(block_sum(sq, red) / float(d) + norm_eps);
-  cuda::detail::scale_by_weight<U>(out, out, d, threadIdx.x, blockDim.x, inv, norm_w);
 }
 
 /// Rows per block of the kernels that read a weight once per R rows (the results do not depend
 /// on R): the most rows, up to 8, that still leave `min_blocks` blocks of `columns` columns, so
-/// a decode batch is spread over the SMs (64 rows at R = 8 made 160 HCMix blocks and 64 router
-/// blocks on 132 SMs) and prefill reads each weight once per 8 rows.
+/// a decode batch is spread over the SMs (64 rows at R = 8 made 160 HCMix blocks on 132 SMs)
+/// and prefill reads each weight once per 8 rows.
 int rows_per_block(int m, int columns) {
   constexpr int min_blocks = 512;
   for (int r = 8; r > 1; r /= 2)
@@ -261,8 +274,9 @@ int rows_per_block(int m, int columns) {
 
 template <int HC, int R>
 void launch_post_mix(float* X, int m, int d, const float* f, const float* post, const float* comb, const float* fn,
-                     int slices, float* partials) {
-  post_mix_partials<HC, R><<<dim3(slices, (m + R - 1) / R), slice, 0, stream()>>>(X, m, d, f, post, comb, fn, partials);
+                     const float* collapse_pre, float* x_out, int slices, float* partials) {
+  post_mix_partials<HC, R>
+      <<<dim3(slices, (m + R - 1) / R), slice, 0, stream()>>>(X, m, d, f, post, comb, fn, collapse_pre, x_out, partials);
 }
 
 template <int HC>
@@ -270,16 +284,21 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
               float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out) {
   constexpr int n_mix = HC * HC + 2 * HC;
   const int slices = (d + slice - 1) / slice;
-  scratch<float> partials(size_t(m) * slices * (n_mix + 1));
+  scratch<float> partials(size_t(m) * slices * (n_mix + 2));
+  const auto launch = [&](auto kernel) {
+    kernel(X, m, d, f, post, comb, p.fn, collapse_pre, x_out, slices, partials.get());
+  };
   switch (rows_per_block(m, slices)) {
-    case 8: launch_post_mix<HC, 8>(X, m, d, f, post, comb, p.fn, slices, partials.get()); break;
-    case 4: launch_post_mix<HC, 4>(X, m, d, f, post, comb, p.fn, slices, partials.get()); break;
-    case 2: launch_post_mix<HC, 2>(X, m, d, f, post, comb, p.fn, slices, partials.get()); break;
-    default: launch_post_mix<HC, 1>(X, m, d, f, post, comb, p.fn, slices, partials.get()); break;
+    case 8: launch(launch_post_mix<HC, 8>); break;
+    case 4: launch(launch_post_mix<HC, 4>); break;
+    case 2: launch(launch_post_mix<HC, 2>); break;
+    default: launch(launch_post_mix<HC, 1>); break;
   }
   CEDAR_CUDA_LAUNCHED();
-  mix_finish<HC><<<m, slice, 0, stream()>>>(X, d, slices, partials.get(), p.scale, p.base, p.sinkhorn_iters,
-                                            p.hc_eps, p.norm_eps, pre_out, post, comb, collapse_pre, norm_w, x_out);
+  const int spans = (d + finish_span - 1) / finish_span;
+  mix_finish<HC><<<dim3(m, spans + 1), slice, 0, stream()>>>(d, slices, partials.get(), p.scale, p.base,
+                                                             p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre_out, post,
+                                                             comb, norm_w, x_out);
   CEDAR_CUDA_LAUNCHED();
 }
 
@@ -287,67 +306,22 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
 
 constexpr int route_warps = 8;
 constexpr int max_route_experts = 1024;
+/// Rows up to which the gate logits come from the bf16 GEMV (a row's bits whatever the batch, as
+/// far as decode steps run under graphs); above, from the split bf16 GEMM (tensor cores).
+constexpr int route_gemv_max_rows = 64;
 
 __device__ __forceinline__ float softplus_fast(float x) { return x > 20.0f ? x : log1p_f(exp_f(x)); }
 
-/// grid (ceil(n / 8), ceil(m / R)): warp w of block (x, y) scores expert 8 x + w for rows
-/// [R y, R y + R) (each gate element read once per R rows); the last block of a row group to
-/// finish picks each row's top-k, one warp per row.
-template <int R>
-__global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y, int m, int k_in, const uint16_t* gate,
-                                                                  int n, const float* bias, int topk,
-                                                                  float route_scale, float* s /*[m, n]*/,
-                                                                  unsigned* arrived /*[row groups]*/, int32_t* sel,
-                                                                  float* weights) {
-  static_assert(R <= route_warps, "one warp per row picks the top-k");
-  const int r0 = blockIdx.y * R, lane = threadIdx.x & 31;
-  const int e = blockIdx.x * route_warps + threadIdx.x / 32;
-  if (e < n) {
-    const uint16_t* g = gate + size_t(e) * k_in;
-    float acc[R] = {};
-    // CB 16-byte gate pieces a lane at a time, loaded before the first is used (one DRAM
-    // latency per CB pieces; fewer for more rows, which have loads of their own in flight and
-    // whose registers bound the blocks per SM); the adds keep their order
-    constexpr int CB = R >= 8 ? 1 : 8 / R;
-    for (int c0 = lane * 8; c0 < k_in; c0 += 256 * CB) {
-      uint4 wv[CB];
-#pragma unroll
-      for (int u = 0; u < CB; ++u) {
-        const int c = c0 + 256 * u;
-        wv[u] = c < k_in ? *reinterpret_cast<const uint4*>(g + c) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < CB; ++u) {
-        const int c = c0 + 256 * u;
-        if (c >= k_in) break;
-        const uint32_t ws[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
-#pragma unroll
-        for (int q = 0; q < R; ++q) {  // rows past m read row m - 1; their sums are never stored
-          const float* yr = y + size_t(min(r0 + q, m - 1)) * k_in;
-#pragma unroll
-          for (int h = 0; h < 4; ++h) {
-            acc[q] += yr[c + 2 * h] * __uint_as_float(ws[h] << 16);
-            acc[q] += yr[c + 2 * h + 1] * __uint_as_float(ws[h] & 0xffff0000u);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < R; ++q) {
-      float a = acc[q];
-      for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0 && r0 + q < m) s[size_t(r0 + q) * n + e] = sqrtf(softplus_fast(a));
-    }
-  }
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&arrived[blockIdx.y], 1u) == gridDim.x - 1;
-  __syncthreads();
-  const int r = r0 + int(threadIdx.x / 32);
-  if (!last || int(threadIdx.x / 32) >= R || r >= m) return;
-  __threadfence();
-  const float* sr = s + size_t(r) * n;
+/// grid ceil(m / 8): warp w of block x picks the experts of row 8 x + w from its gate logits
+/// s [m, n], which it turns into scores sqrt(softplus(.)) in place first.
+__global__ void __launch_bounds__(route_warps * 32) route_pick_kernel(float* s, int m, int n, const float* bias,
+                                                                      int topk, float route_scale, int32_t* sel,
+                                                                      float* weights) {
+  const int lane = threadIdx.x & 31, r = blockIdx.x * route_warps + int(threadIdx.x / 32);
+  if (r >= m) return;  // r is uniform across the warp
+  float* sr = s + size_t(r) * n;
+  for (int x = lane; x < n; x += 32) sr[x] = sqrtf(softplus_fast(sr[x]));
+  __syncwarp();
   // the first cached_q * 32 experts' scores stay in registers over the rounds, and the picked
   // scores in shared memory: each round and the weights wait on no load (64 experts: none)
   constexpr int cached_q = 4;
@@ -394,10 +368,8 @@ __global__ void __launch_bounds__(route_warps * 32) route_kernel(const float* y,
     sum += score;
   }
   __syncwarp();
-  if (lane == 0) {
+  if (lane == 0)
     for (int t = 0; t < topk; ++t) weights[size_t(r) * topk + t] = picked_r[t] / (sum + 1e-20f) * route_scale;
-    if (r == r0) arrived[blockIdx.y] = 0;
-  }
 }
 
 // ---- Engram ----
@@ -524,25 +496,14 @@ void moe_route(const float* y, int m, const bf16_weight& gate, const float* bias
                int32_t* sel, float* weights) {
   CEDAR_CUDA_REQUIRE(gate.out <= max_route_experts && topk >= 1 && topk <= 16 && topk <= gate.out,
                      "moe_route: at most 1024 experts, top-k 1..16");
-  CEDAR_CUDA_REQUIRE(gate.in % 8 == 0, "moe_route: gate.in % 8 == 0");
   if (m <= 0) return;
-  const int columns = (gate.out + route_warps - 1) / route_warps;
-  const int R = rows_per_block(m, columns), groups = (m + R - 1) / R;
   scratch<float> s(size_t(m) * gate.out);
-  scratch<unsigned> arrived(groups);
-  CEDAR_CUDA_CHECK(cudaMemsetAsync(arrived.get(), 0, sizeof(unsigned) * groups, stream()));
-  const dim3 grid(columns, groups);
   const auto* g = reinterpret_cast<const uint16_t*>(gate.data);
-  const auto launch = [&](auto kernel) {
-    kernel<<<grid, route_warps * 32, 0, stream()>>>(y, m, gate.in, g, gate.out, bias, topk, route_scale, s.get(),
-                                                    arrived.get(), sel, weights);
-  };
-  switch (R) {
-    case 8: launch(route_kernel<8>); break;
-    case 4: launch(route_kernel<4>); break;
-    case 2: launch(route_kernel<2>); break;
-    default: launch(route_kernel<1>); break;
-  }
+  if (m > route_gemv_max_rows ||
+      !fast::detail::gemv_bf16(y, gate.in, m, g, gate.out, gate.in, s.get(), gate.out, 1, 0, 0, 0))
+    linear_bf16(y, m, gate, s.get());
+  route_pick_kernel<<<(m + route_warps - 1) / route_warps, route_warps * 32, 0, stream()>>>(
+      s.get(), m, gate.out, bias, topk, route_scale, sel, weights);
   CEDAR_CUDA_LAUNCHED();
 }
 

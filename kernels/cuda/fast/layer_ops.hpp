@@ -1,6 +1,6 @@
 // Fused per-layer steps of the fast kernel set: the mHC boundary between two sublayers (HCPost
 // of the one before, HCMix with Sinkhorn of the next, HCCollapse and RMSNorm) in two launches,
-// and the MoE router (gate product, sqrt-softplus, bias, top-k, weights) in one. Same
+// and the MoE router (gate product, then sqrt-softplus, bias, top-k, weights) in two. Same
 // semantics as the exact ops of kernels/cuda (cuda_ops.hpp: hc_post, hc_mix, hc_collapse,
 // rmsnorm, moe_route); sums run in another order, so results agree within fp32 rounding, and a
 // router tie closer than that may pick another expert. Also the Engram step, a row gather and
@@ -34,7 +34,7 @@ void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post /*[
                  float* comb /*[m, hc, hc]*/, const hc_mix_params& mix, float* pre_out /*[m, hc]*/,
                  const float* collapse_pre, const float* norm_w /*[d]*/, float* x_out);
 
-/// cuda::moe_route in one launch: s = sqrt(softplus(y gate^T)), top-k of s + bias (ties to the
+/// cuda::moe_route in two launches: s = sqrt(softplus(y gate^T)), top-k of s + bias (ties to the
 /// lowest expert), weights = s[sel] / sum * route_scale. gate.out <= 1024, topk <= 16.
 void moe_route(const float* y /*[m, gate.in]*/, int m, const bf16_weight& gate, const float* bias, int topk,
                float route_scale, int32_t* sel /*[m, topk]*/, float* weights /*[m, topk]*/);

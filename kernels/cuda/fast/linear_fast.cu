@@ -144,17 +144,21 @@ __global__ void split3_kernel(const float* x, int ldx, int m, int k, uint16_t* o
 
 constexpr int gemv_warps = 8;
 
-/// grid (ceil(m / R), ceil(n / 8), groups): warp w computes column 8 by + w for rows R bx ..
-/// (+R), group bz: y[r, c] = sum_k x[r, k] w[c, k], fp32 products (as the CPU's) summed by
-/// lane (k in 8-wide pieces, lane l takes pieces l, l + 32, ...) then by the shuffle fold.
-/// A row's bits do not depend on R or m. Needs k % 8 == 0 and 16-byte aligned rows.
-template <int R>
+/// Column mode, grid (ceil(m / R), ceil(n / 8), groups): warp w computes column 8 by + w for
+/// rows R bx .. (+R), group bz: y[r, c] = sum_k x[r, k] w[c, k], fp32 products (as the CPU's)
+/// summed by lane (k in 8-wide pieces, lane l takes pieces l, l + 32, ...) then by the shuffle
+/// fold. Split mode (Split, for weights of few columns, which would leave most SMs idle), grid
+/// (ceil(m / R), n, groups): block by computes column by, its warp w the w-th eighth of the
+/// pieces as above, and the warps' sums are added in warp order. The mode is chosen by n and
+/// groups only, so a row's bits do not depend on R or m. Needs k % 8 == 0 and 16-byte aligned
+/// rows.
+template <int R, bool Split>
 __global__ void __launch_bounds__(gemv_warps * 32)
     gemv_bf16_kernel(const float* x, int ldx, long long x_group, int m, const uint16_t* w, long long w_group,
                      int n, int k, float* y, int ldy, long long y_group) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int col = blockIdx.y * gemv_warps + warp;
-  if (col >= n) return;
+  const int col = Split ? int(blockIdx.y) : int(blockIdx.y) * gemv_warps + warp;
+  if (!Split && col >= n) return;
   x += blockIdx.z * x_group, w += blockIdx.z * w_group, y += blockIdx.z * y_group;
   const int r0 = blockIdx.x * R;
   const uint4* wr = reinterpret_cast<const uint4*>(w + size_t(col) * k);
@@ -162,8 +166,10 @@ __global__ void __launch_bounds__(gemv_warps * 32)
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
   const int pieces = k / 8;
+  const int share = Split ? (pieces + gemv_warps - 1) / gemv_warps : pieces;
+  const int p0 = Split ? warp * share : 0, p1 = min(pieces, p0 + share);
 #pragma unroll 4
-  for (int c = lane; c < pieces; c += 32) {
+  for (int c = p0 + lane; c < p1; c += 32) {
     const uint4 v = __ldg(wr + c);
     const uint32_t words[4] = {v.x, v.y, v.z, v.w};
     float wf[8];
@@ -184,19 +190,38 @@ __global__ void __launch_bounds__(gemv_warps * 32)
     }
   }
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    float s = acc[r];
-    for (int off = 16; off >= 1; off /= 2) s = s + __shfl_xor_sync(0xFFFFFFFFu, s, off);
-    if (lane == 0 && r0 + r < m) y[size_t(r0 + r) * ldy + col] = s;
+  for (int r = 0; r < R; ++r)
+    for (int off = 16; off >= 1; off /= 2) acc[r] = acc[r] + __shfl_xor_sync(0xFFFFFFFFu, acc[r], off);
+  if constexpr (Split) {
+    __shared__ float sums[gemv_warps][R];
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) sums[warp][r] = acc[r];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      acc[r] = 0.0f;
+      for (int v = 0; v < gemv_warps; ++v) acc[r] = acc[r] + sums[v][r];
+    }
   }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (lane == 0 && r0 + r < m) y[size_t(r0 + r) * ldy + col] = acc[r];
 }
+
+/// Split mode for weights whose column blocks would not cover the SMs (layer_ops' router gate
+/// of 64 experts, the indexer's head weights: 8 and 4 blocks a row).
+bool gemv_split(int n, int groups) { return (long long)((n + gemv_warps - 1) / gemv_warps) * groups < 132; }
 
 template <int R>
 void launch_gemv_r(const float* x, int ldx, long long xg, int m, const uint16_t* w, long long wg, int n, int k,
                    float* y, int ldy, long long yg, int groups) {
-  const dim3 grid((m + R - 1) / R, (n + gemv_warps - 1) / gemv_warps, groups);
+  const bool split = gemv_split(n, groups);
+  const dim3 grid((m + R - 1) / R, split ? n : (n + gemv_warps - 1) / gemv_warps, groups);
   CEDAR_CUDA_REQUIRE(grid.y <= 65535, "gemv_bf16: at most 524280 columns");
-  gemv_bf16_kernel<R><<<grid, gemv_warps * 32, 0, stream()>>>(x, ldx, xg, m, w, wg, n, k, y, ldy, yg);
+  if (split) gemv_bf16_kernel<R, true><<<grid, gemv_warps * 32, 0, stream()>>>(x, ldx, xg, m, w, wg, n, k, y, ldy, yg);
+  else gemv_bf16_kernel<R, false><<<grid, gemv_warps * 32, 0, stream()>>>(x, ldx, xg, m, w, wg, n, k, y, ldy, yg);
   CEDAR_CUDA_LAUNCHED();
 }
 
