@@ -60,13 +60,14 @@ using namespace detail;
 
 void compress_ratio2_rows(const float* x, int m, const bf16_weight& wkv, const bf16_weight& wgate, const float* norm,
                           float eps, const int32_t* merge_rows, float* const* merge_tails, int num_merge,
-                          const int32_t* save_rows, float* const* save_tails, int num_save, float* latents) {
+                          const int32_t* save_rows, float* const* save_tails, int num_save, float* latents,
+                          bf16_linear_fn linear) {
   CEDAR_CUDA_REQUIRE(wkv.out == wgate.out && wkv.in == wgate.in, "wkv and wgate shapes agree");
   if (m <= 0) return;
   const int d = wkv.out;
   scratch<float> a(size_t(m) * d), g(size_t(m) * d);
-  linear_bf16(x, m, wkv, a.get());
-  linear_bf16(x, m, wgate, g.get());
+  linear(x, m, wkv, a.get());
+  linear(x, m, wgate, g.get());
   if (num_merge > 0) {
     merge_rows_kernel<<<blocks_for((long long)num_merge * d, 256), 256, 0, stream()>>>(a.get(), g.get(), d, merge_rows,
                                                                                       merge_tails, num_merge, latents);
@@ -82,14 +83,14 @@ void compress_ratio2_rows(const float* x, int m, const bf16_weight& wkv, const b
 
 int compress_ratio2(const float* x, int m, int64_t first_pos, const bf16_weight& wkv,
                     const bf16_weight& wgate, const float* norm, float eps, float* tail,
-                    float* latents) {
+                    float* latents, bf16_linear_fn linear) {
   CEDAR_CUDA_REQUIRE(wkv.out == wgate.out && wkv.in == wgate.in, "wkv and wgate shapes agree");
   CEDAR_CUDA_REQUIRE(first_pos >= 0 && m >= 0, "positions are non-negative");
   if (m == 0) return 0;
   const int d = wkv.out;
   scratch<float> a(size_t(m) * d), g(size_t(m) * d);
-  linear_bf16(x, m, wkv, a.get());
-  linear_bf16(x, m, wgate, g.get());
+  linear(x, m, wkv, a.get());
+  linear(x, m, wgate, g.get());
   const int t0 = first_pos % 2 == 1 ? 0 : 1;
   const int num_latents = t0 < m ? (m - t0 + 1) / 2 : 0;
   if (num_latents > 0) {
@@ -107,8 +108,8 @@ int compress_ratio2(const float* x, int m, int64_t first_pos, const bf16_weight&
 }
 
 void compress_ratio1(const float* x, int m, const bf16_weight& wkv, const float* norm, float eps,
-                     float* latents) {
-  linear_bf16(x, m, wkv, latents);
+                     float* latents, bf16_linear_fn linear) {
+  linear(x, m, wkv, latents);
   rmsnorm(latents, m, wkv.out, norm, eps, latents);
 }
 

@@ -97,12 +97,15 @@ void sparse_attention(const float* q, int m, int num_heads, int dim, const float
                       const int32_t* idx, int num_idx, const float* sink, float scale, float* out);
 void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a,
                     const fp8_weight& wo_b, float* out);
+/// The bf16 linear layer the compressor's projections run: linear_bf16 above (exact), or the
+/// fast kernel set's (kernels/cuda/fast/fast_ops.hpp).
+using bf16_linear_fn = void (*)(const float* x, int m, const bf16_weight& w, float* y);
 /// tail: device [2, d]. Returns the number of latents (known on the host from first_pos, m).
 int compress_ratio2(const float* x, int m, int64_t first_pos, const bf16_weight& wkv,
                     const bf16_weight& wgate, const float* norm, float eps, float* tail,
-                    float* latents);
+                    float* latents, bf16_linear_fn linear = linear_bf16);
 void compress_ratio1(const float* x, int m, const bf16_weight& wkv, const float* norm, float eps,
-                     float* latents);
+                     float* latents, bf16_linear_fn linear = linear_bf16);
 /// compress_ratio2 for m one-row items side by side (decode): row merge_rows[i] (an odd
 /// position) completes its pair with the even token parked in merge_tails[i] (device [2, d]),
 /// giving latent i; row save_rows[j] (an even position) is parked in save_tails[j]. Device
@@ -110,7 +113,7 @@ void compress_ratio1(const float* x, int m, const bf16_weight& wkv, const float*
 void compress_ratio2_rows(const float* x, int m, const bf16_weight& wkv, const bf16_weight& wgate,
                           const float* norm, float eps, const int32_t* merge_rows, float* const* merge_tails,
                           int num_merge, const int32_t* save_rows, float* const* save_tails, int num_save,
-                          float* latents);
+                          float* latents, bf16_linear_fn linear = linear_bf16);
 void index_scores(const float* q, const float* w, int m, int heads, int dim, const float* keys,
                   int num_keys, const int32_t* num_visible, float* scores);
 void topk_indices(const float* scores, int m, int n, int k, int32_t* out);

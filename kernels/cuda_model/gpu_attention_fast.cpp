@@ -193,10 +193,11 @@ bool gpu_model::impl::compressor_rows(int l, gbatch& b, const float* x) const {
     const dvec<int32_t> d_rows(rows), d_save(save_rows);
     const dvec<float*> d_tails(tails), d_save_tails(save_tails);
     cuda::compress_ratio2_rows(x, b.num_rows, w.c_wkv, w.c_wgate, w.c_norm, eps, d_rows.get(), d_tails.get(), num,
-                               d_save.get(), d_save_tails.get(), int(save_rows.size()), latents.get());
+                               d_save.get(), d_save_tails.get(), int(save_rows.size()), latents.get(),
+                               bf16_linear());
   } else {
     for (int e = 0; e < num; ++e) CEDAR_OP_CHECK(rows[e] == e, "one-row items cover the rows in order");
-    cuda::compress_ratio1(x, num, w.c_wkv, w.c_norm, eps, latents.get());
+    cuda::compress_ratio1(x, num, w.c_wkv, w.c_norm, eps, latents.get(), bf16_linear());
   }
   if (num == 0) return true;
   const kv_source_layout& src = layout.sources.at(li.kv_source_slot);

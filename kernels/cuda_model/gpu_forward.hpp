@@ -204,6 +204,8 @@ struct gpu_model::impl {
   void linear(const float* x, int m, const fp8_weight& w, float* y) const;
   void linear(const float* x, int m, const fp4_weight& w, float* y) const;
   void linear(const float* x, int m, const bf16_weight& w, float* y) const;
+  /// The bf16 linear of the kernel set, for ops that take it as a parameter (the compressor).
+  cuda::bf16_linear_fn bf16_linear() const;
   /// Two FP8 linears of one x (the fast set quantizes x once and runs one GEMV for both).
   void linear_pair(const float* x, int m, const fp8_weight& a, float* ya, const fp8_weight& b, float* yb) const;
   /// The attention output projection (cuda::grouped_output's contract).

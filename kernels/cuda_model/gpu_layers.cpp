@@ -30,10 +30,10 @@ void gpu_model::impl::compressor(int l, gitem& it, const float* x) const {
   int64_t first_entry = 0;
   if (ratio == 2) {
     float* tail = it.kv->tails + std::size_t(model_detail::tail_index(layout, li.kv_source_slot)) * 2 * dh;
-    num = cuda::compress_ratio2(x, T, p0, w.c_wkv, w.c_wgate, w.c_norm, eps, tail, latents.get());
+    num = cuda::compress_ratio2(x, T, p0, w.c_wkv, w.c_wgate, w.c_norm, eps, tail, latents.get(), bf16_linear());
     first_entry = p0 / 2;
   } else {
-    cuda::compress_ratio1(x, T, w.c_wkv, w.c_norm, eps, latents.get());
+    cuda::compress_ratio1(x, T, w.c_wkv, w.c_norm, eps, latents.get(), bf16_linear());
     num = T;
     first_entry = p0;
   }

@@ -35,6 +35,10 @@ void gpu_model::impl::linear(const float* x, int m, const bf16_weight& w, float*
   else cuda::linear_bf16(x, m, w, y);
 }
 
+cuda::bf16_linear_fn gpu_model::impl::bf16_linear() const {
+  return kernels == gpu_kernels::fast ? cuda::fast::linear_bf16 : cuda::linear_bf16;
+}
+
 void gpu_model::impl::grouped_output(const float* o, int m, const dev_layer& w, float* out) const {
   if (kernels == gpu_kernels::fast) cuda::fast::grouped_output(o, m, args.o_groups, w.wo_a, w.wo_b, out);
   else cuda::grouped_output(o, m, args.o_groups, w.wo_a, w.wo_b, out);
