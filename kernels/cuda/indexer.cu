@@ -58,6 +58,7 @@ __global__ void topk_kernel(const float* scores, int n, int k, int32_t* out) {
   __shared__ unsigned long long prefix_shared;
   __shared__ int remaining_shared;
   __shared__ int written_shared;
+  __shared__ bool done_shared;
   const float* s = scores + size_t(blockIdx.x) * n;
   int32_t* o = out + size_t(blockIdx.x) * k;
 
@@ -91,13 +92,16 @@ __global__ void topk_kernel(const float* scores, int n, int k, int32_t* out) {
         }
         remaining_shared = remaining - above;
         prefix_shared = prefix | (static_cast<unsigned long long>(b) << shift);
+        done_shared = remaining - above == hist[b];  // the whole bucket is taken
       }
       __syncthreads();
       prefix = prefix_shared;
       mask |= 255ull << shift;
+      if (done_shared) break;  // uniform: read after the barrier, written before the next one
     }
   }
-  // prefix is now the key of the take-th best entry: exactly `take` keys are >= it.
+  // prefix is now the key of the take-th best entry, or (a pass took its whole bucket) that
+  // bucket's lowest key with the bits below zero: either way exactly `take` keys are >= it.
   if (threadIdx.x == 0) written_shared = 0;
   __syncthreads();
   if (take > 0) {
