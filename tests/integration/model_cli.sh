@@ -52,7 +52,8 @@ if "$cedar" generate --model "$tmp/ckpt" --prompt-ids "$ids" --max-tokens 2 2> "
 fi
 grep -q "does not match" "$tmp/err" || { cat "$tmp/err"; exit 1; }
 
-for bad in "--op moe --tile nope" "--op moe --tokens 0" "--op moe --tokens 64x" "--op prefill --tokens 64" "--op nope"; do
+for bad in "--op moe --tile nope" "--op moe --tokens 0" "--op moe --tokens 64x" "--op prefill --tokens 64" "--op nope" \
+           "--op linear_fp8 --shape nope" "--op linear_fp4 --shape attn.wq_b" "--op moe --shape attn.wq_b"; do
   rc=0
   # shellcheck disable=SC2086
   "$cedar" kernel-lab $bad > /dev/null 2> "$tmp/err" || rc=$?

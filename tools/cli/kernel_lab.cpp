@@ -28,6 +28,7 @@ struct options {
   std::string op, out;
   bool quick = false;
   lab::moe_filter moe;  ///< --tokens, --tile: one case of --op moe (a single kernel to profile)
+  std::string shape;    ///< --shape: one weight of --op linear_fp8 / linear_fp4
 };
 
 bool parse(int argc, char** argv, options& o) {
@@ -46,9 +47,18 @@ bool parse(int argc, char** argv, options& o) {
       static const char* tiles[] = {"gemv", "narrow", "narrow16", "narrow32", "skinny", "wide"};
       if (std::none_of(std::begin(tiles), std::end(tiles), [&](const char* t) { return o.moe.tile == t; }))
         return false;
+    } else if (a == "--shape" && i + 1 < argc) {
+      o.shape = argv[++i];
     } else return false;
   }
   if ((o.moe.tokens > 0 || !o.moe.tile.empty()) && o.op != "moe") return false;
+  if (!o.shape.empty()) {
+    const auto named = [&](const auto& shapes) {
+      return std::any_of(std::begin(shapes), std::end(shapes), [&](const lab::linear_shape& s) { return o.shape == s.name; });
+    };
+    if (!(o.op == "linear_fp8" && named(lab::fp8_shapes)) && !(o.op == "linear_fp4" && named(lab::fp4_shapes)))
+      return false;
+  }
   static const char* ops[] = {"linear_fp8", "linear_fp4", "moe", "prefill", "attention", "ceilings", "floor", "all"};
   return std::any_of(std::begin(ops), std::end(ops), [&](const char* n) { return o.op == n; });
 }
@@ -141,7 +151,9 @@ int kernel_lab_main(int argc, char** argv) {
                  "       --op moe only: [--tokens N] (1..65536: that token count only)\n"
                  "                      [--tile gemv|narrow|narrow16|narrow32|skinny|wide] (that tile only);\n"
                  "       with both, one grouped kernel per matrix, e.g. for\n"
-                 "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n");
+                 "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n"
+                 "       --op linear_fp8|linear_fp4 only: [--shape NAME] (that weight only: attn.wq_a, attn.wq_b,\n"
+                 "                      attn.wkv, attn.wo_b, shared.w1, shared.w2, square; expert.w13, expert.w2)\n");
     return 2;
   }
 #ifndef CEDAR_HAVE_CUDA
@@ -169,8 +181,8 @@ int kernel_lab_main(int argc, char** argv) {
               ceil.device.c_str(), ceil.copy_gbps, ceil.blas_dtype.c_str(), ceil.blas_tflops);
   std::vector<lab_case> cases;
   auto add = [&](std::vector<lab_case> v) { cases.insert(cases.end(), v.begin(), v.end()); };
-  if (o.op == "linear_fp8" || o.op == "all") add(lab::run_linear_cases(false, o.quick));
-  if (o.op == "linear_fp4" || o.op == "all") add(lab::run_linear_cases(true, o.quick));
+  if (o.op == "linear_fp8" || o.op == "all") add(lab::run_linear_cases(false, o.quick, o.shape));
+  if (o.op == "linear_fp4" || o.op == "all") add(lab::run_linear_cases(true, o.quick, o.shape));
   if (o.op == "moe" || o.op == "all") add(lab::run_moe_cases(o.quick, o.moe));
   if (o.op == "prefill" || o.op == "all") add(lab::run_prefill_cases(o.quick));
   if (o.op == "attention" || o.op == "all") add(lab::run_attention_cases(o.quick));

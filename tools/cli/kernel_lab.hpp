@@ -28,8 +28,20 @@ struct lab_case {
 /// |y - y_cpu| <= err_bound * sum_k |xq_k w_k| (2^-16) for every checked output of a fast variant.
 constexpr double err_bound = 1.0 / 65536;
 
+/// A weight of the linear cases: its name in the model, out x in.
+struct linear_shape {
+  const char* name;
+  int n, k;
+};
+inline constexpr linear_shape fp8_shapes[] = {{"attn.wq_a", 1280, 5120}, {"attn.wq_b", 32768, 1280},
+                                              {"attn.wkv", 512, 5120},   {"attn.wo_b", 5120, 8192},
+                                              {"shared.w1", 2304, 5120}, {"shared.w2", 5120, 2304},
+                                              {"square", 5120, 5120}};
+inline constexpr linear_shape fp4_shapes[] = {{"expert.w13", 4608, 5120}, {"expert.w2", 5120, 2304}};
+
 /// GEMM cases of the real V4.1 shapes; quick keeps fewer row counts.
-std::vector<lab_case> run_linear_cases(bool fp4, bool quick);
+/// shape: that weight only (its name in the lab's table, e.g. attn.wq_b), or every weight.
+std::vector<lab_case> run_linear_cases(bool fp4, bool quick, const std::string& shape = {});
 /// --op moe narrowed to one token count and/or one tile (0 / empty: all).
 struct moe_filter {
   int tokens = 0;

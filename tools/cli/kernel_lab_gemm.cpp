@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <string_view>
 
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/fast/fast_ops.hpp"
@@ -186,10 +187,6 @@ constexpr std::size_t l2_defeat_bytes = 256u << 20;
 
 // ---- dense linear layers ---------------------------------------------------------------------
 
-struct linear_shape {
-  const char* name;
-  int n, k;
-};
 
 void run_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vector<lab_case>& out) {
   const host_weight hw = random_weight(s.n, s.k, fp4, r);
@@ -637,21 +634,17 @@ void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
 
 }  // namespace
 
-std::vector<lab_case> run_linear_cases(bool fp4, bool quick) {
-  static const linear_shape fp8_shapes[] = {{"attn.wq_a", 1280, 5120},   {"attn.wq_b", 32768, 1280},
-                                            {"attn.wkv", 512, 5120},     {"attn.wo_b", 5120, 8192},
-                                            {"shared.w1", 2304, 5120},   {"shared.w2", 5120, 2304},
-                                            {"square", 5120, 5120}};
-  static const linear_shape fp4_shapes[] = {{"expert.w13", 4608, 5120}, {"expert.w2", 5120, 2304}};
+std::vector<lab_case> run_linear_cases(bool fp4, bool quick, const std::string& shape) {
   std::vector<int> ms = quick ? std::vector<int>{1, 64, 8192} : std::vector<int>{1, 8, 16, 64, 8192};
   std::vector<lab_case> out;
   rng r{fp4 ? 41u : 40u};
-  if (fp4)
-    for (const linear_shape& s : fp4_shapes)
-      for (int m : ms) run_linear(s, m, true, r, out);
-  else
-    for (const linear_shape& s : fp8_shapes)
-      for (int m : ms) run_linear(s, m, false, r, out);
+  const auto run = [&](const auto& shapes) {
+    for (const linear_shape& s : shapes)
+      if (shape.empty() || shape == s.name)
+        for (int m : ms) run_linear(s, m, fp4, r, out);
+  };
+  if (fp4) run(fp4_shapes);
+  else run(fp8_shapes);
   return out;
 }
 
@@ -670,14 +663,11 @@ std::vector<lab_case> run_moe_cases(bool quick, const moe_filter& filter) {
 }
 
 std::vector<lab_case> run_prefill_cases(bool quick) {
-  static const linear_shape fp8_shapes[] = {{"attn.wq_a", 1280, 5120},   {"attn.wq_b", 32768, 1280},
-                                            {"attn.wkv", 512, 5120},     {"attn.wo_b", 5120, 8192},
-                                            {"shared.w1", 2304, 5120},   {"shared.w2", 5120, 2304}};
-  static const linear_shape fp4_shapes[] = {{"expert.w13", 4608, 5120}, {"expert.w2", 5120, 2304}};
   std::vector<lab_case> out;
   rng r{43};
   const std::vector<int> sweep = quick ? std::vector<int>{64, 128} : std::vector<int>{16, 32, 64, 128, 256};
-  for (const linear_shape& s : fp8_shapes) run_prefill_linear(s, 8192, false, r, out);
+  for (const linear_shape& s : fp8_shapes)
+    if (std::string_view(s.name) != "square") run_prefill_linear(s, 8192, false, r, out);
   for (const linear_shape& s : fp4_shapes) run_prefill_linear(s, 8192, true, r, out);
   for (int m : sweep) {
     run_prefill_linear(fp8_shapes[3], m, false, r, out);
