@@ -183,6 +183,35 @@ TEST_CASE("fast linears past the gemv rows: the narrow32 tile for large weights,
   fast::tuning_now() = saved;
 }
 
+TEST_CASE("fast linears at up to 8 rows: wide weights through the narrow tile give the gemv tile's bits") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(65);
+  const int n = 384, k = 1024;
+  const auto w8 = ref::random_fp8(rng, n, k);
+  const auto w4 = ref::random_fp4(rng, n, k);
+  const dev_fp8 d8(w8);
+  const dev_fp4 d4(w4);
+  REQUIRE(n < fast::tuning_now().dense_stream_min_out);  // the default: the gemv tile
+  for (int m : {1, 5, 8}) {
+    const std::vector<float> x = activations(rng, m, k);
+    dev<float> xd(x);
+    for (bool fp4 : {false, true}) {
+      dev<float> by_gemv(std::size_t(m) * n), by_narrow(std::size_t(m) * n);
+      const auto run = [&](float* y) {
+        if (fp4) fast::linear_fp4(xd.get(), m, d4.view, y);
+        else fast::linear_fp8(xd.get(), m, d8.view, y);
+      };
+      run(by_gemv.get());
+      const fast::tuning saved = fast::tuning_now();
+      fast::tuning_now().dense_stream_min_out = 64;  // this weight takes the narrow tile
+      run(by_narrow.get());
+      fast::tuning_now() = saved;
+      const std::string what = std::string(fp4 ? "linear_fp4" : "linear_fp8") + " narrow = gemv, m=" + std::to_string(m);
+      CHECK_MESSAGE(ref::same_bits(by_narrow.host().data(), by_gemv.host().data(), std::size_t(m) * n), what);
+    }
+  }
+}
+
 TEST_CASE("fast grouped_output: within 2^-8 of the CPU op's largest output, decode and prefill paths") {
   if (!have_gpu()) return;
   std::mt19937_64 rng(62);

@@ -109,6 +109,12 @@ struct tuning {
   /// path's 84 for wo_b; the small wq_a / wkv did no better than the other paths, so they stay.
   int fp8_narrow_max_rows = 64;
   long long fp8_narrow_min_weight = 8ll << 20;
+  /// Dense FP8 / W4A8 linears at up to 8 rows (one pass of the narrow tile) with at least this
+  /// many outputs (80 blocks of 64 rows): the narrow tile in place of the gemv tile (the same
+  /// bits). `--op linear_fp8 --quick` at m = 1 (us, gemv -> narrow): wq_b 22.0 -> 15.7,
+  /// shared.w2 9.2 -> 8.1, 5120 x 5120 16.0 -> 15.2, wo_b 22.9 -> 22.6; below, wq_a (1280 outputs)
+  /// 7.6 -> 14.6 and shared.w1 (2304) 9.3 -> 14.9, too few blocks.
+  int dense_stream_min_out = 5120;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

@@ -463,8 +463,9 @@ void quantized_linear(const float* x, int m, const W& w, float* y) {
   if constexpr (!FP4) kept = w.bf16 != nullptr;
   const bool tiled = !gemv && !kept && m <= tune.fp8_narrow_max_rows &&
                      (long long)w.out * w.in >= tune.fp8_narrow_min_weight && w.out % 64 == 0 && w.in % 256 == 0;
-  if (gemv || tiled) {
-    const tile_kind t = gemv ? tile_kind::gemv : tile_kind::narrow32;
+  const bool stream = m <= 8 && w.out >= tune.dense_stream_min_out && w.out % 64 == 0 && w.in % 256 == 0;
+  if (gemv || tiled || stream) {
+    const tile_kind t = stream ? tile_kind::narrow : gemv ? tile_kind::gemv : tile_kind::narrow32;
     scratch<uint8_t> xq(size_t(m) * w.in);
     scratch<float> xs(size_t(m) * (w.in / 32));
     quantize_rows_fp8(x, m, w.in, xq.get(), xs.get());
