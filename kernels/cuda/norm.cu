@@ -23,18 +23,21 @@ __global__ void rmsnorm_kernel(const float* x, int m, int d, const float* w, flo
 }
 
 constexpr int max_rope_half = 128;
+constexpr int rope_heads = 8;  ///< heads per block
 struct rope_table {
   double freqs[max_rope_half];
 };
 
-/// One block per row; cos and sin of each pair in double, rounded once (as the CPU), computed
-/// once per row into shared memory and applied to every head.
+/// grid (rows, ceil(num_heads / rope_heads)): block (r, g) rotates heads [rope_heads g, +rope_heads)
+/// of row r (a decode row's 64 query heads are 8 blocks, not one); cos and sin of each pair in
+/// double, rounded once (as the CPU), computed per block into shared memory.
 __global__ void rope_kernel(float* x, int num_heads, int head_dim, int rope_dim,
                             const int32_t* positions, rope_table t, bool inverse) {
   __shared__ float cos_s[max_rope_half], sin_s[max_rope_half];
   const int r = blockIdx.x;
   const int half = rope_dim / 2;
   const double pos = double(positions[r]);
+  const int h0 = blockIdx.y * rope_heads, heads = min(rope_heads, num_heads - h0);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const double angle = pos * t.freqs[i];
     cos_s[i] = float(cos(angle));
@@ -43,14 +46,14 @@ __global__ void rope_kernel(float* x, int num_heads, int head_dim, int rope_dim,
   __syncthreads();
   // U pairs a thread at a time, loaded before any is stored (one latency per U pairs)
   constexpr int U = 4;
-  const int jobs = num_heads * half;
+  const int jobs = heads * half;
   for (int j0 = threadIdx.x; j0 < jobs; j0 += blockDim.x * U) {
     float a[U], b[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int job = j0 + u * int(blockDim.x);
       if (job >= jobs) continue;
-      const int h = job / half, i = job % half;
+      const int h = h0 + job / half, i = job % half;
       const float* v = x + (size_t(r) * num_heads + h) * head_dim + (head_dim - rope_dim);
       a[u] = v[2 * i], b[u] = v[2 * i + 1];
     }
@@ -58,7 +61,7 @@ __global__ void rope_kernel(float* x, int num_heads, int head_dim, int rope_dim,
     for (int u = 0; u < U; ++u) {
       const int job = j0 + u * int(blockDim.x);
       if (job >= jobs) continue;
-      const int h = job / half, i = job % half;
+      const int h = h0 + job / half, i = job % half;
       const float c = cos_s[i], s = sin_s[i];
       float* v = x + (size_t(r) * num_heads + h) * head_dim + (head_dim - rope_dim);
       v[2 * i] = a[u] * c - b[u] * s;
@@ -178,7 +181,9 @@ void rope(float* x, int m, int num_heads, int head_dim, const int32_t* positions
   if (m <= 0) return;
   rope_table t{};
   frequencies(p, t.freqs);
-  rope_kernel<<<m, 256, 0, stream()>>>(x, num_heads, head_dim, p.rope_dim, positions, t, inverse);
+  const dim3 grid(unsigned(m), unsigned((num_heads + rope_heads - 1) / rope_heads));
+  CEDAR_CUDA_REQUIRE(grid.y <= 65535, "rope: at most 524280 heads");
+  rope_kernel<<<grid, 256, 0, stream()>>>(x, num_heads, head_dim, p.rope_dim, positions, t, inverse);
   CEDAR_CUDA_LAUNCHED();
 }
 
