@@ -45,6 +45,69 @@ __device__ float block_sum(float v, float* shared /*[slice / 32]*/) {
   return s;
 }
 
+/// One step of the transposing warp fold: values [0, 2S) of a lane become S sums, each its value
+/// plus the partner's (lane ^ S), the lower half kept where bit S of the lane is clear.
+template <int S>
+__device__ __forceinline__ void fold_half(float (&val)[32], int lane) {
+  const bool upper = (lane & S) != 0;
+#pragma unroll
+  for (int j = 0; j < S; ++j) {
+    const float lo = val[j], hi = val[j + S];
+    const float send = upper ? lo : hi, keep = upper ? hi : lo;
+    val[j] = keep + __shfl_xor_sync(0xffffffffu, send, S);
+  }
+}
+
+/// Group GRP of a lane's R * n_part sums in post_mix_partials (sums g = o R + q, 32 a group):
+/// computes them, folds them over the warp transposing (below) and stores lane l's, sum
+/// 32 GRP + l, in sums [R][n_part]; then the next group. A template per group, so that every
+/// index into the 32 values is a constant (registers, not local memory).
+template <int HC, int R, int GRP>
+struct mix_group {
+  static constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
+  static_assert(32 % R == 0, "a 32-sum group holds whole dots (all R rows of an o)");
+  static constexpr int per_group = 32 / R, groups = (n_part + per_group - 1) / per_group;
+
+  __device__ __forceinline__ static void run(const float (&v)[R][HC], const float (&sq)[R], bool live, const float* fn,
+                                             int d, int i, int lane, float (*sums)[n_part]) {
+    if constexpr (GRP < groups) {
+      float val[32];
+#pragma unroll
+      for (int u = 0; u < per_group; ++u) {
+        constexpr int o0 = GRP * per_group;
+        const int o = o0 + u;  // dot o: the mix weights, then the two sums of squares
+        float w[HC];
+#pragma unroll
+        for (int j = 0; j < HC; ++j) w[j] = live && o < n_mix ? fn[size_t(o) * HC * d + size_t(j) * d + i] : 0.0f;
+#pragma unroll
+        for (int q = 0; q < R; ++q) {
+          float acc = 0.0f;
+          if (o < n_mix) {
+#pragma unroll
+            for (int j = 0; j < HC; ++j) acc += v[q][j] * w[j];
+          } else if (o == n_mix) {
+#pragma unroll
+            for (int j = 0; j < HC; ++j) acc += v[q][j] * v[q][j];
+          } else if (o == n_mix + 1) {
+            acc = sq[q];
+          }
+          val[u * R + q] = acc;
+        }
+      }
+      // at offset s a lane keeps half of its values (the upper half when its bit s is set) and
+      // adds its partner's copy of them: 31 shuffles for 32 sums, and lane l ends with sum l
+      fold_half<16>(val, lane);
+      fold_half<8>(val, lane);
+      fold_half<4>(val, lane);
+      fold_half<2>(val, lane);
+      fold_half<1>(val, lane);
+      const int g = GRP * 32 + lane, o = g / R, q = g % R;
+      if (o < n_part) sums[q][o] = val[0];
+      mix_group<HC, R, GRP + 1>::run(v, sq, live, fn, d, i, lane, sums);
+    }
+  }
+};
+
 /// grid (slices, ceil(m / R)): block (x, y) takes positions [256 x, 256 x + 256) of rows
 /// [R y, R y + R), so each HCMix weight it reads serves R rows. A row's sums do not depend on R.
 template <int HC, int R>
@@ -92,39 +155,14 @@ __global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int 
     sq[q] = c * c;
   }
   // each warp folds its 32 positions of every dot (and of the sums of squares); the block then
-  // adds the warps' sums in warp order: one barrier instead of one per dot
+  // adds the warps' sums in warp order: one barrier instead of one per dot. The R * n_part
+  // sums of a lane go 32 at a time (o-major: sum g = o R + q) through a transposing fold: at
+  // offset s a lane keeps half of its values and adds its partner's, so 32 sums take 31
+  // shuffles, not 160, and lane l ends with sum l of the 32. The pairs added are the xor fold's
+  // (every lane of that fold holds the same value), so the bits are the fold's.
   __shared__ float warp_sums[slice / 32][R][n_part];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  // OB dots at a time, their weights loaded before the first is folded (one load latency per
-  // OB dots instead of one per dot)
-  constexpr int OB = HC + 1;
-  for (int o0 = 0; o0 <= n_mix; o0 += OB) {
-    float w[OB][HC];
-#pragma unroll
-    for (int u = 0; u < OB; ++u)
-#pragma unroll
-      for (int j = 0; j < HC; ++j)
-        w[u][j] = live && o0 + u < n_mix ? fn[size_t(o0 + u) * HC * d + size_t(j) * d + i] : 0.0f;
-#pragma unroll
-    for (int u = 0; u < OB; ++u) {
-      const int o = o0 + u;
-      if (o > n_mix) break;
-#pragma unroll
-      for (int q = 0; q < R; ++q) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int j = 0; j < HC; ++j) acc += v[q][j] * (o < n_mix ? w[u][j] : v[q][j]);
-        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        if (lane == 0) warp_sums[warp][q][o] = acc;
-      }
-    }
-  }
-#pragma unroll
-  for (int q = 0; q < R; ++q) {
-    float acc = sq[q];
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) warp_sums[warp][q][n_mix + 1] = acc;
-  }
+  mix_group<HC, R, 0>::run(v, sq, live, fn, d, i, lane, warp_sums[warp]);
   __syncthreads();
   for (int t = threadIdx.x; t < R * n_part; t += blockDim.x) {
     const int q = t / n_part, o = t % n_part;
