@@ -68,6 +68,16 @@ void check_bound(const std::string& what, const std::vector<float>& gpu, const s
   CHECK_MESSAGE(worst <= linear_bound, what);
 }
 
+/// A random FP8 and a random W4A8 weight [n, k], on the host and on the device.
+struct weight_pair {
+  ref::owned_fp8 w8;
+  ref::owned_fp4 w4;
+  dev_fp8 d8;
+  dev_fp4 d4;
+  weight_pair(std::mt19937_64& rng, int n, int k)
+      : w8(ref::random_fp8(rng, n, k)), w4(ref::random_fp4(rng, n, k)), d8(w8), d4(w4) {}
+};
+
 }  // namespace
 
 TEST_CASE("fast linears: FP8, W4A8 and bf16 within 2^-16 of sum|xw| of the CPU op, decode and prefill paths") {
@@ -153,10 +163,7 @@ TEST_CASE("fast linears past the gemv rows: the narrow32 tile for large weights,
   if (!have_gpu()) return;
   std::mt19937_64 rng(64);
   const int n = 384, k = 1024;
-  const auto w8 = ref::random_fp8(rng, n, k);
-  const auto w4 = ref::random_fp4(rng, n, k);
-  const dev_fp8 d8(w8);
-  const dev_fp4 d4(w4);
+  const weight_pair w(rng, n, k);
   const fast::tuning saved = fast::tuning_now();
   fast::tuning_now().fp8_narrow_min_weight = 0;  // this small weight takes the tile too
   for (int m : {40, 64}) {
@@ -166,17 +173,17 @@ TEST_CASE("fast linears past the gemv rows: the narrow32 tile for large weights,
     dev<float> xd(x);
     for (bool fp4 : {false, true}) {
       std::vector<float> ref_y(std::size_t(m) * n);
-      if (fp4) cpu::linear_fp4(x.data(), m, w4.view, ref_y.data());
-      else cpu::linear_fp8(x.data(), m, w8.view, ref_y.data());
-      const auto sabs = abs_products(x, m, k, fp4 ? ref::dequant(w4.view) : ref::dequant(w8.view), n, true);
+      if (fp4) cpu::linear_fp4(x.data(), m, w.w4.view, ref_y.data());
+      else cpu::linear_fp8(x.data(), m, w.w8.view, ref_y.data());
+      const auto sabs = abs_products(x, m, k, fp4 ? ref::dequant(w.w4.view) : ref::dequant(w.w8.view), n, true);
       dev<float> y(std::size_t(m) * n), y1(n);
-      if (fp4) fast::linear_fp4(xd.get(), m, d4.view, y.get());
-      else fast::linear_fp8(xd.get(), m, d8.view, y.get());
+      if (fp4) fast::linear_fp4(xd.get(), m, w.d4.view, y.get());
+      else fast::linear_fp8(xd.get(), m, w.d8.view, y.get());
       const auto got = y.host();
       check_bound(std::string(fp4 ? "linear_fp4" : "linear_fp8") + " narrow32 m=" + std::to_string(m), got, ref_y, sabs);
       // the last row alone (the gemv tile) gives the same bits
-      if (fp4) fast::linear_fp4(xd.get() + std::size_t(m - 1) * k, 1, d4.view, y1.get());
-      else fast::linear_fp8(xd.get() + std::size_t(m - 1) * k, 1, d8.view, y1.get());
+      if (fp4) fast::linear_fp4(xd.get() + std::size_t(m - 1) * k, 1, w.d4.view, y1.get());
+      else fast::linear_fp8(xd.get() + std::size_t(m - 1) * k, 1, w.d8.view, y1.get());
       CHECK(ref::same_bits(y1.host().data(), got.data() + std::size_t(m - 1) * n, n));
     }
   }
@@ -187,10 +194,7 @@ TEST_CASE("fast linears at up to 8 rows: wide weights through the narrow tile gi
   if (!have_gpu()) return;
   std::mt19937_64 rng(65);
   const int n = 384, k = 1024;
-  const auto w8 = ref::random_fp8(rng, n, k);
-  const auto w4 = ref::random_fp4(rng, n, k);
-  const dev_fp8 d8(w8);
-  const dev_fp4 d4(w4);
+  const weight_pair w(rng, n, k);
   REQUIRE(n < fast::tuning_now().dense_stream_min_out);  // the default: the gemv tile
   for (int m : {1, 5, 8}) {
     const std::vector<float> x = activations(rng, m, k);
@@ -198,8 +202,8 @@ TEST_CASE("fast linears at up to 8 rows: wide weights through the narrow tile gi
     for (bool fp4 : {false, true}) {
       dev<float> by_gemv(std::size_t(m) * n), by_narrow(std::size_t(m) * n);
       const auto run = [&](float* y) {
-        if (fp4) fast::linear_fp4(xd.get(), m, d4.view, y);
-        else fast::linear_fp8(xd.get(), m, d8.view, y);
+        if (fp4) fast::linear_fp4(xd.get(), m, w.d4.view, y);
+        else fast::linear_fp8(xd.get(), m, w.d8.view, y);
       };
       run(by_gemv.get());
       const fast::tuning saved = fast::tuning_now();
