@@ -61,6 +61,18 @@ class scratch {
 
 inline unsigned blocks_for(long long n, int threads) { return unsigned((n + threads - 1) / threads); }
 
+/// The current device's SM count (read once per process; the devices a process drives are
+/// taken to be of one kind).
+inline int num_sms() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
+    CEDAR_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
 // ---- programmatic dependent launch (sm_90) --------------------------------------------------
 
 /// Launches kernel on the stream so that it may start while the kernel before it finishes

@@ -30,10 +30,7 @@ void gpu_model::impl::linear(const float* x, int m, const fp4_weight& w, float* 
   else cuda::linear_fp4(x, m, w, y);
 }
 
-void gpu_model::impl::linear(const float* x, int m, const bf16_weight& w, float* y) const {
-  if (kernels == gpu_kernels::fast) cuda::fast::linear_bf16(x, m, w, y);
-  else cuda::linear_bf16(x, m, w, y);
-}
+void gpu_model::impl::linear(const float* x, int m, const bf16_weight& w, float* y) const { bf16_linear()(x, m, w, y); }
 
 cuda::bf16_linear_fn gpu_model::impl::bf16_linear() const {
   return kernels == gpu_kernels::fast ? cuda::fast::linear_bf16 : cuda::linear_bf16;

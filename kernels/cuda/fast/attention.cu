@@ -23,6 +23,7 @@
 namespace cedar::cuda::fast {
 namespace {
 
+using cuda::detail::num_sms;
 using cuda::detail::scratch;
 using cuda::detail::stream;
 
@@ -386,16 +387,6 @@ __global__ void combine_kernel(const float* part_o, const float* part_ml, int sp
     for (int u = 0; u < U; ++u)
       if (d0 + u * int(blockDim.x) < dim) out[(std::size_t(r) * heads + h) * dim + d0 + u * int(blockDim.x)] = acc[u] * inv_denom;
   }
-}
-
-int num_sms() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
-    CEDAR_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
 }
 
 template <int DIM>

@@ -212,7 +212,9 @@ __global__ void __launch_bounds__(gemv_warps * 32)
 
 /// Split mode for weights whose column blocks would not cover the SMs (layer_ops' router gate
 /// of 64 experts, the indexer's head weights: 8 and 4 blocks a row).
-bool gemv_split(int n, int groups) { return (long long)((n + gemv_warps - 1) / gemv_warps) * groups < 132; }
+bool gemv_split(int n, int groups) {
+  return (long long)((n + gemv_warps - 1) / gemv_warps) * groups < cuda::detail::num_sms();
+}
 
 template <int R>
 void launch_gemv_r(const float* x, int ldx, long long xg, int m, const uint16_t* w, long long wg, int n, int k,
@@ -461,9 +463,10 @@ void quantized_linear(const float* x, int m, const W& w, float* y) {
   const bool gemv = m <= tune.gemv_max_rows && gemv_shape(w.out, w.in);
   bool kept = false;  // a bf16 copy the model keeps: its GEMM beats the tile
   if constexpr (!FP4) kept = w.bf16 != nullptr;
-  const bool tiled = !gemv && !kept && m <= tune.fp8_narrow_max_rows &&
-                     (long long)w.out * w.in >= tune.fp8_narrow_min_weight && w.out % 64 == 0 && w.in % 256 == 0;
-  const bool stream = m <= 8 && w.out >= tune.dense_stream_min_out && w.out % 64 == 0 && w.in % 256 == 0;
+  const bool narrow_fits = w.out % 64 == 0 && w.in % 256 == 0;  // the narrow and narrow32 tiles
+  const bool tiled = !gemv && !kept && narrow_fits && m <= tune.fp8_narrow_max_rows &&
+                     (long long)w.out * w.in >= tune.fp8_narrow_min_weight;
+  const bool stream = narrow_fits && m <= 8 && w.out >= tune.dense_stream_min_out;
   if (gemv || tiled || stream) {
     const tile_kind t = stream ? tile_kind::narrow : gemv ? tile_kind::gemv : tile_kind::narrow32;
     scratch<uint8_t> xq(size_t(m) * w.in);
