@@ -16,9 +16,9 @@ using namespace cedar::gpu_test;
 namespace fast = cuda::fast;
 
 constexpr double bound = 1.0 / 65536;
-const fast::tile_kind tiles[] = {fast::tile_kind::gemv, fast::tile_kind::narrow, fast::tile_kind::narrow16,
-                                 fast::tile_kind::narrow32, fast::tile_kind::skinny,
-                                 fast::tile_kind::wide};
+const fast::tile_kind tiles[] = {fast::tile_kind::gemv,     fast::tile_kind::narrow, fast::tile_kind::narrow16,
+                                 fast::tile_kind::narrow32, fast::tile_kind::split4, fast::tile_kind::split8,
+                                 fast::tile_kind::skinny,   fast::tile_kind::wide};
 
 /// s[r, n] = sum_k |xq[r, k]| |w[n, k]| (w dequantized [n, k]).
 std::vector<double> abs_products(const std::vector<float>& x, int m, int k, const std::vector<float>& w, int n) {
@@ -157,44 +157,59 @@ TEST_CASE("fast grouped_fp4: each expert's slots equal gemm_fp4 on its rows, bit
   }
 }
 
-TEST_CASE("fast gemv_fp8_set: several weights of one x in one launch give each weight's own bits") {
+TEST_CASE("fast gemm_fp8_set: several weights of one x in one launch give each weight's own bits, every set tile") {
   if (!have_gpu()) return;
   std::mt19937_64 rng(33);
-  const int k = 512;
+  const int k = 640;  // 5 chunks: the split tiles' last stage is partly empty
   const int outs[] = {256, 48, 1280};  // member block counts 2, 1, 10: the column split is uneven
   std::vector<op_reference::owned_fp8> hw;
   std::vector<std::unique_ptr<dev_fp8>> dw;
   for (int n : outs) hw.push_back(op_reference::random_fp8(rng, n, k));
   for (const auto& w : hw) dw.push_back(std::make_unique<dev_fp8>(w));
-  for (int m : {1, 3, 12}) {  // the one- and two-slot-tile GEMVs
+  for (int m : {1, 3, 12}) {  // the one- and two-slot-tile GEMVs, two slot tiles of the split ones
     const quantized_x qx(activations(rng, m, k), m, k);
     for (int count : {1, 2, 3}) {
-      std::vector<std::unique_ptr<dev<float>>> ys;
       std::vector<const fp8_weight*> w;
-      std::vector<float*> y;
-      for (int i = 0; i < count; ++i) {
-        ys.push_back(std::make_unique<dev<float>>(std::size_t(m) * outs[i]));
-        w.push_back(&dw[i]->view);
-        y.push_back(ys.back()->get());
-      }
-      fast::gemv_fp8_set(qx.q.get(), qx.s.get(), m, count, w.data(), y.data());
-      // and through the linear op (x quantized inside)
-      std::vector<std::unique_ptr<dev<float>>> ls;
-      std::vector<float*> ly;
-      for (int i = 0; i < count; ++i) {
-        ls.push_back(std::make_unique<dev<float>>(std::size_t(m) * outs[i]));
-        ly.push_back(ls.back()->get());
-      }
-      fast::linear_fp8_set(qx.x.get(), m, count, w.data(), ly.data());
+      for (int i = 0; i < count; ++i) w.push_back(&dw[i]->view);
+      std::vector<std::vector<float>> want;
       for (int i = 0; i < count; ++i) {
         dev<float> alone(std::size_t(m) * outs[i]);
         fast::gemm_fp8(qx.q.get(), qx.s.get(), m, dw[i]->view, alone.get(), fast::tile_kind::gemv);
-        const std::vector<float> want = alone.host(), got = ys[i]->host(), lin = ls[i]->host();
-        const std::string what = "m=" + std::to_string(m) + " count=" + std::to_string(count) + " member " + std::to_string(i);
-        CHECK_MESSAGE(op_reference::same_bits(want.data(), got.data(), want.size()), what);
-        const std::string via_linear = what + " (linear_fp8_set)";
-        CHECK_MESSAGE(op_reference::same_bits(want.data(), lin.data(), want.size()), via_linear);
+        want.push_back(alone.host());
       }
+      const auto check_set = [&](const std::string& how, const std::vector<std::unique_ptr<dev<float>>>& ys) {
+        for (int i = 0; i < count; ++i) {
+          const std::vector<float> got = ys[i]->host();
+          const std::string what =
+              how + " m=" + std::to_string(m) + " count=" + std::to_string(count) + " member " + std::to_string(i);
+          CHECK_MESSAGE(op_reference::same_bits(want[i].data(), got.data(), got.size()), what);
+        }
+      };
+      const auto outputs = [&] {
+        std::vector<std::unique_ptr<dev<float>>> ys;
+        for (int i = 0; i < count; ++i) ys.push_back(std::make_unique<dev<float>>(std::size_t(m) * outs[i]));
+        return ys;
+      };
+      const auto pointers = [&](const std::vector<std::unique_ptr<dev<float>>>& ys) {
+        std::vector<float*> y;
+        for (const auto& d : ys) y.push_back(d->get());
+        return y;
+      };
+      for (fast::tile_kind t : {fast::tile_kind::gemv, fast::tile_kind::split4, fast::tile_kind::split8}) {
+        const auto ys = outputs();
+        fast::gemm_fp8_set(qx.q.get(), qx.s.get(), m, count, w.data(), pointers(ys).data(), t);
+        check_set(std::string("gemm_fp8_set ") + fast::tile_name(t), ys);
+      }
+      // and through the linear op (x quantized inside), with K below and at split_min_k
+      fast::tuning& tune = fast::tuning_now();
+      const fast::tuning saved = tune;
+      for (int min_k : {saved.split_min_k, k}) {
+        tune.split_min_k = min_k;
+        const auto ls = outputs();
+        fast::linear_fp8_set(qx.x.get(), m, count, w.data(), pointers(ls).data());
+        check_set("linear_fp8_set split_min_k=" + std::to_string(min_k), ls);
+      }
+      tune = saved;
     }
   }
 }

@@ -44,7 +44,7 @@ bool parse(int argc, char** argv, options& o) {
       o.moe.tokens = int(v);
     } else if (a == "--tile" && i + 1 < argc) {
       o.moe.tile = argv[++i];
-      static const char* tiles[] = {"gemv", "narrow", "narrow16", "narrow32", "skinny", "wide"};
+      static const char* tiles[] = {"gemv", "narrow", "narrow16", "narrow32", "split4", "split8", "skinny", "wide"};
       if (std::none_of(std::begin(tiles), std::end(tiles), [&](const char* t) { return o.moe.tile == t; }))
         return false;
     } else if (a == "--shape" && i + 1 < argc) {
@@ -149,7 +149,8 @@ int kernel_lab_main(int argc, char** argv) {
                  "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|attention|ceilings|floor|all\n"
                  "                        [--out FILE.json] [--quick]\n"
                  "       --op moe only: [--tokens N] (1..65536: that token count only)\n"
-                 "                      [--tile gemv|narrow|narrow16|narrow32|skinny|wide] (that tile only);\n"
+                 "                      [--tile gemv|narrow|narrow16|narrow32|split4|split8|skinny|wide]\n"
+                 "                      (that tile only);\n"
                  "       with both, one grouped kernel per matrix, e.g. for\n"
                  "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n"
                  "       --op linear_fp8|linear_fp4 only: [--shape NAME] (that weight only: attn.wq_a, attn.wq_b,\n"

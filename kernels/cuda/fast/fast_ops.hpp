@@ -24,8 +24,9 @@ namespace cedar::cuda::fast {
 /// Tile shapes of the tensor-core GEMM (rows of W x tokens per block):
 /// gemv (weight read straight into fragments, 128-wide K chunks summed by a second pass;
 /// m <= 8, or 16 at a cost); pipelined: narrow 64x8, narrow16 32x16 and narrow32 64x32 (weight streams for a
-/// few slots per expert), skinny 32x64 (m <= 64) and wide 128x128 (prefill).
-enum class tile_kind { gemv, narrow, narrow16, narrow32, skinny, wide };
+/// few slots per expert), split4 and split8 16x8 (K over 4 or 8 warps of the block: weights of few
+/// rows and long K at decode), skinny 32x64 (m <= 64) and wide 128x128 (prefill).
+enum class tile_kind { gemv, narrow, narrow16, narrow32, split4, split8, skinny, wide };
 const char* tile_name(tile_kind t);
 /// The tile the library picks for m rows.
 tile_kind pick_tile(int m);
@@ -37,9 +38,11 @@ void quantize_rows_fp8(const float* x, int m, int k, uint8_t* codes, float* scal
 /// Needs w.out % 128 == 0 and w.in % 256 == 0 (gemv: w.out % 16 == 0, w.in % 32 == 0). Every
 /// tile gives the same bits.
 void gemm_fp8(const uint8_t* xq, const float* xs, int m, const fp8_weight& w, float* y, tile_kind t);
-/// gemm_fp8 with the gemv tile for `count` (1 to 4) weights of one x (the same w->in): one GEMV
-/// launch and one chunk-sum launch for all of them; each y[i] gets the bits gemm_fp8 gives it.
-void gemv_fp8_set(const uint8_t* xq, const float* xs, int m, int count, const fp8_weight* const* w, float* const* y);
+/// gemm_fp8 for `count` (1 to 4) weights of one x (the same w->in) on the gemv, split4 or split8
+/// tile: one launch for all of them (the gemv tile: and one chunk-sum launch); each y[i] gets the
+/// bits gemm_fp8 gives it.
+void gemm_fp8_set(const uint8_t* xq, const float* xs, int m, int count, const fp8_weight* const* w, float* const* y,
+                  tile_kind t);
 /// As gemm_fp8 with a W4A8 weight (E2M1 turned into e4m3 in registers).
 void gemm_fp4(const uint8_t* xq, const float* xs, int m, const fp4_weight& w, float* y, tile_kind t);
 
@@ -115,6 +118,15 @@ struct tuning {
   /// shared.w2 9.2 -> 8.1, 5120 x 5120 16.0 -> 15.2, wo_b 22.9 -> 22.6; below, wq_a (1280 outputs)
   /// 7.6 -> 14.6 and shared.w1 (2304) 9.3 -> 14.9, too few blocks.
   int dense_stream_min_out = 5120;
+  /// Dense FP8 / W4A8 linears at up to 8 rows with K >= split_min_k and at least split_min_out
+  /// outputs: the split4 tile (16 rows a block, K over 4 warps; the same bits); sets of one x
+  /// (linear_fp8_set) with K >= split_min_k: the split8 tile. `--op linear_fp8 --quick` at m = 1
+  /// (us, gemv / narrow / split4 / split8): wo_b 23.2 / 22.7 / 17.7 / 21.1, 5120 x 5120 16.1 /
+  /// 15.3 / 12.8 / 15.0, shared.w2 9.2 / 8.1 / 7.7 / 9.4, wq_a 7.6 / 14.6 / 7.7 / 6.5, shared.w1
+  /// 9.4 / 15.4 / 9.4 / 8.6; wq_b (K = 1280) 22.1 / 15.6 / 20.0 / 24.7 stays on narrow. Batch-1
+  /// decode of bench-40L-E64: 12.84 ms a step before, 12.79 with split4, 12.52 with the sets too.
+  int split_min_k = 2048;
+  int split_min_out = 4096;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();
@@ -122,8 +134,9 @@ tuning& tuning_now();
 void linear_fp8(const float* x, int m, const fp8_weight& w, float* y);
 void linear_fp4(const float* x, int m, const fp4_weight& w, float* y);
 /// `count` (1 to 4) FP8 linears of one x (the same in): y[i] = linear_fp8(x, m, *w[i]) bit for
-/// bit; on the gemv path x is quantized once (or xq / xs, x's codes and scales from
-/// quantize_rows_fp8, are used when given) and one GEMV serves them all.
+/// bit; up to gemv_max_rows x is quantized once (or xq / xs, x's codes and scales from
+/// quantize_rows_fp8, are used when given) and one launch serves them all (the split8 tile at up
+/// to 8 rows with K >= split_min_k, else the gemv tile).
 void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w, float* const* y,
                     const uint8_t* xq = nullptr, const float* xs = nullptr);
 /// x fp32 (not rounded to bf16, as the CPU op), w bf16.

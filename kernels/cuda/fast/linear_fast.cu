@@ -445,6 +445,11 @@ namespace {
 
 bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0; }
 
+/// A weight the split4 tile streams at up to 8 rows: long K and enough 16-row tiles.
+bool split_shape(int n, int k, const tuning& tune) {
+  return n % 16 == 0 && k % 128 == 0 && k >= tune.split_min_k && n >= tune.split_min_out;
+}
+
 template <class W>
 void prefill_linear(const float* x, int m, const W& w, float* y) {
   const uint16_t* kept = nullptr;  // a bf16 copy the model keeps (fp8_weight::bf16)
@@ -466,9 +471,13 @@ void quantized_linear(const float* x, int m, const W& w, float* y) {
   const bool narrow_fits = w.out % 64 == 0 && w.in % 256 == 0;  // the narrow and narrow32 tiles
   const bool tiled = !gemv && !kept && narrow_fits && m <= tune.fp8_narrow_max_rows &&
                      (long long)w.out * w.in >= tune.fp8_narrow_min_weight;
-  const bool stream = narrow_fits && m <= 8 && w.out >= tune.dense_stream_min_out;
-  if (gemv || tiled || stream) {
-    const tile_kind t = stream ? tile_kind::narrow : gemv ? tile_kind::gemv : tile_kind::narrow32;
+  const bool split = m <= 8 && split_shape(w.out, w.in, tune);
+  const bool stream = !split && narrow_fits && m <= 8 && w.out >= tune.dense_stream_min_out;
+  if (gemv || tiled || stream || split) {
+    const tile_kind t = split    ? tile_kind::split4
+                        : stream ? tile_kind::narrow
+                        : gemv   ? tile_kind::gemv
+                                 : tile_kind::narrow32;
     scratch<uint8_t> xq(size_t(m) * w.in);
     scratch<float> xs(size_t(m) * (w.in / 32));
     quantize_rows_fp8(x, m, w.in, xq.get(), xs.get());
@@ -511,12 +520,16 @@ void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w
     for (int i = 0; i < count; ++i) linear_fp8(x, m, *w[i], y[i]);
     return;
   }
-  if (xq != nullptr) return gemv_fp8_set(xq, xs, m, count, w, y);
+  const tuning& tune = tuning_now();
+  bool split = m <= 8 && w[0]->in >= tune.split_min_k;
+  for (int i = 0; i < count; ++i) split = split && w[i]->out % 16 == 0 && w[i]->in % 128 == 0;
+  const tile_kind t = split ? tile_kind::split8 : tile_kind::gemv;
+  if (xq != nullptr) return gemm_fp8_set(xq, xs, m, count, w, y, t);
   const int k = w[0]->in;
   scratch<uint8_t> q(size_t(m) * k);
   scratch<float> s(size_t(m) * (k / 32));
   quantize_rows_fp8(x, m, k, q.get(), s.get());
-  gemv_fp8_set(q.get(), s.get(), m, count, w, y);
+  gemm_fp8_set(q.get(), s.get(), m, count, w, y, t);
 }
 
 void linear_bf16(const float* x, int m, const bf16_weight& w, float* y) {
