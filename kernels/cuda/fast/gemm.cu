@@ -10,6 +10,7 @@
 // one mma times sx * sw, an exact power of two, fused into the add); the result is 0 + the chunk
 // partials in ascending order.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fast/fast_ops.hpp"
@@ -378,9 +379,12 @@ struct stage_loader {
     }
   }
 
-  /// Stage k0 .. k0 + BK; with Tail, only its first kb_end K blocks (a multiple of 4).
-  template <bool Tail = false>
+  /// Stage k0 .. k0 + BK; with Tail, only its first kb_end K blocks (a multiple of 4). Part:
+  /// everything, or only the weight (codes, scales), or only x (codes, scales).
+  enum part { all, weight, x_only };
+  template <bool Tail = false, part Part = all>
   __device__ __forceinline__ void load(int k0, uint8_t* smem, int kb_end = S::KB) const {
+    constexpr bool W = Part != x_only, X = Part != weight;
     uint8_t* sw = smem;
     uint8_t* sx = smem + L::w_bytes;
     float* sxs = reinterpret_cast<float*>(sx + L::x_bytes);
@@ -390,27 +394,47 @@ struct stage_loader {
 #pragma unroll
     for (int i = 0; i < w_n; ++i) {
       const int c = tid + i * S::threads;
-      if ((w_jobs % S::threads == 0 || c < w_jobs) && (!Tail || (FP4 ? c % w_pieces : c % w_pieces / 2) < kb_end))
+      if (W && (w_jobs % S::threads == 0 || c < w_jobs) && (!Tail || (FP4 ? c % w_pieces : c % w_pieces / 2) < kb_end))
         cp_async16(sw + (c / w_pieces) * L::w_stride + (c % w_pieces) * 16, w_base + (w[i] + k0_bytes), true);
     }
 #pragma unroll
     for (int i = 0; i < x_n; ++i) {
       const int c = tid + i * S::threads;
-      if ((x_jobs % S::threads == 0 || c < x_jobs) && (!Tail || (c % x_pieces) / 2 < kb_end))
+      if (X && (x_jobs % S::threads == 0 || c < x_jobs) && (!Tail || (c % x_pieces) / 2 < kb_end))
         cp_async16(sx + (c / x_pieces) * L::x_stride + (c % x_pieces) * 16, x_base + (x_ok[i] ? x[i] + k0 : 0u), x_ok[i]);
     }
 #pragma unroll
     for (int i = 0; i < xs_n; ++i) {
       const int c = tid + i * S::threads;
-      if ((xs_jobs % S::threads == 0 || c < xs_jobs) && (!Tail || (c % xs_pieces) * 4 < kb_end))
+      if (X && (xs_jobs % S::threads == 0 || c < xs_jobs) && (!Tail || (c % xs_pieces) * 4 < kb_end))
         cp_async16(sxs + (c / xs_pieces) * S::KB + (c % xs_pieces) * 4, xs_base + (xs_ok[i] ? xs[i] + kb0 : 0u),
                    xs_ok[i]);
     }
 #pragma unroll
     for (int i = 0; i < ws_n; ++i) {
       const int c = tid + i * S::threads;
-      if ((ws_jobs % S::threads == 0 || c < ws_jobs) && (!Tail || (c % ws_pieces) * 4 < kb_end))
+      if (W && (ws_jobs % S::threads == 0 || c < ws_jobs) && (!Tail || (c % ws_pieces) * 4 < kb_end))
         cp_async4(sws + (c / ws_pieces) * S::KB + (c % ws_pieces) * 4, ws_base + (ws[i] + kb0), true);
+    }
+  }
+
+  /// The first `stages` stages (issue<Part>(t) loads stage t), one cp.async group per stage and
+  /// part: the weight's first, then, after the kernels before this one have finished (launched
+  /// as a dependent, the block may start while they run), x's. Groups stay in stage order for
+  /// the main loop's cp_async_wait<STAGES - 2>: stage t's weight and x groups are both older
+  /// than the last STAGES - 2 groups once the loop reaches t.
+  template <class Issue>
+  __device__ __forceinline__ static void prologue(int stages, const Issue& issue) {
+#pragma unroll
+    for (int s = 0; s < S::STAGES - 1; ++s) {
+      if (s < stages) issue(s, std::integral_constant<part, weight>{});
+      cp_async_commit();
+    }
+    cuda::detail::grid_dependency_wait();
+#pragma unroll
+    for (int s = 0; s < S::STAGES - 1; ++s) {
+      if (s < stages) issue(s, std::integral_constant<part, x_only>{});
+      cp_async_commit();
     }
   }
 };
@@ -482,7 +506,9 @@ __device__ __forceinline__ void store_tile(const gemm_problem& p, const group_vi
 template <class S, bool FP4>
 __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
   using L = stage_layout<S, FP4>;
+  using loader_t = stage_loader<S, FP4>;
   extern __shared__ __align__(16) uint8_t smem[];
+  if (p.groups) cuda::detail::grid_dependency_wait();  // the group tables come from the kernel before
   const group_view gv = group_of(p);
   const int n0 = blockIdx.x * S::BW, slot0 = blockIdx.y * S::BT;
   if (slot0 >= gv.count) return;
@@ -492,12 +518,10 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
 
   static_assert(S::KB % chunk_blocks == 0, "a stage holds whole summation chunks");
   float total[S::MT][S::NT][4] = {}, part[S::MT][S::NT][4] = {};
-  const stage_loader<S, FP4> loader(p, gv, n0, slot0);
-#pragma unroll
-  for (int s = 0; s < S::STAGES - 1; ++s) {
-    if (s < k_tiles) loader.load(s * S::BK, smem + s * L::bytes);
-    cp_async_commit();
-  }
+  const loader_t loader(p, gv, n0, slot0);
+  loader_t::prologue(k_tiles, [&](int t, auto which) {
+    loader.template load<false, decltype(which)::value>(t * S::BK, smem + t * L::bytes);
+  });
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<S::STAGES - 2>();
     __syncthreads();
@@ -542,7 +566,9 @@ __global__ void __launch_bounds__(S::threads) split_kernel(const __grid_constant
   constexpr int tiles = S::WW * S::WT, vals = S::MT * S::NT * 4;
   extern __shared__ __align__(16) uint8_t smem[];
   float* exch = reinterpret_cast<float*>(smem + S::STAGES * L::bytes);  // [2][WK - 1][tiles][vals][32]
+  using loader_t = stage_loader<S, FP4>;
   gemm_problem p = set.p[0];
+  if (p.groups) cuda::detail::grid_dependency_wait();  // the group tables come from the kernel before
   int bx = int(blockIdx.x);
   if constexpr (N > 1) {
     // selects over constant indices (the parameters are never indexed at run time)
@@ -578,23 +604,20 @@ __global__ void __launch_bounds__(S::threads) split_kernel(const __grid_constant
           for (int e = 0; e < 4; ++e) total[i][j][e] = total[i][j][e] + src[((i * S::NT + j) * 4 + e) * 32];
     }
   };
-  const stage_loader<S, FP4> loader(p, gv, n0, slot0);
-  const auto issue = [&](int t) {
+  const loader_t loader(p, gv, n0, slot0);
+  const auto issue = [&](int t, auto which) {
+    constexpr auto part = decltype(which)::value;
     const int left = (chunks - t * S::WK) * chunk_blocks;
-    if (left >= S::KB) loader.load(t * S::BK, smem + (t % S::STAGES) * L::bytes);
-    else loader.template load<true>(t * S::BK, smem + (t % S::STAGES) * L::bytes, left);
+    if (left >= S::KB) loader.template load<false, part>(t * S::BK, smem + (t % S::STAGES) * L::bytes);
+    else loader.template load<true, part>(t * S::BK, smem + (t % S::STAGES) * L::bytes, left);
   };
-#pragma unroll
-  for (int s = 0; s < S::STAGES - 1; ++s) {
-    if (s < k_tiles) issue(s);
-    cp_async_commit();
-  }
+  loader_t::prologue(k_tiles, issue);
   for (int kt = 0; kt < k_tiles; ++kt) {
     cp_async_wait<S::STAGES - 2>();
     __syncthreads();
     if (wk == 0 && kt > 0) fold(kt - 1);
     const int next = kt + S::STAGES - 1;
-    if (next < k_tiles) issue(next);
+    if (next < k_tiles) issue(next, std::integral_constant<typename loader_t::part, loader_t::all>{});
     cp_async_commit();
     if (kt * S::WK + wk >= chunks) continue;
     const uint8_t* st = smem + (kt % S::STAGES) * L::bytes;
@@ -677,8 +700,7 @@ void launch_tiled(const gemm_problem& p, int num_groups, int max_slots) {
     attr_set = true;
   }
   const dim3 grid(p.n / S::BW, (max_slots + S::BT - 1) / S::BT, num_groups);
-  tiled_kernel<S, FP4><<<grid, S::threads, smem, stream()>>>(p);
-  CEDAR_CUDA_LAUNCHED();
+  cuda::detail::launch_dependent(tiled_kernel<S, FP4>, grid, dim3(S::threads), smem, p);
 }
 
 template <class S, bool FP4, int N>
@@ -699,8 +721,7 @@ void launch_split_n(const gemm_problem* ps, int count, int num_groups, int max_s
     set.end[i] = cols;
   }
   const dim3 grid(cols, (max_slots + S::BT - 1) / S::BT, num_groups);
-  split_kernel<S, FP4, N><<<grid, S::threads, smem, stream()>>>(set);
-  CEDAR_CUDA_LAUNCHED();
+  cuda::detail::launch_dependent(split_kernel<S, FP4, N>, grid, dim3(S::threads), smem, set);
 }
 
 template <class S, bool FP4>
