@@ -34,6 +34,8 @@ __global__ void save_tail_kernel(const float* a_last, const float* g_last, int d
 /// sum as merge_pairs_kernel's at t = 0.
 __global__ void merge_rows_kernel(const float* a, const float* g, int d, const int32_t* rows,
                                   float* const* tails, int num, float* latents) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)num * d) return;
   const int i = int(e / d), c = int(e % d);
@@ -69,8 +71,8 @@ void compress_ratio2_rows(const float* x, int m, const bf16_weight& wkv, const b
   linear(x, m, wkv, a.get());
   linear(x, m, wgate, g.get());
   if (num_merge > 0) {
-    merge_rows_kernel<<<blocks_for((long long)num_merge * d, 256), 256, 0, stream()>>>(a.get(), g.get(), d, merge_rows,
-                                                                                      merge_tails, num_merge, latents);
+    cuda::detail::launch_dependent(merge_rows_kernel, dim3(blocks_for((long long)num_merge * d, 256)), dim3(256), 0,
+                                   a.get(), g.get(), d, merge_rows, merge_tails, num_merge, latents);
     CEDAR_CUDA_LAUNCHED();
   }
   if (num_save > 0) {

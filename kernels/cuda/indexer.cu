@@ -51,6 +51,8 @@ __device__ __forceinline__ bool selectable(float s) { return s > neg_inf; }  // 
 
 /// One block per row.
 __global__ void topk_kernel(const float* scores, int n, int k, int32_t* out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   using scan_t = cub::BlockScan<int, topk_threads>;
   __shared__ typename scan_t::TempStorage scan_storage;
   __shared__ int hist[256];
@@ -161,7 +163,7 @@ void index_scores(const float* q, const float* w, int m, int heads, int dim, con
 void topk_indices(const float* scores, int m, int n, int k, int32_t* out) {
   CEDAR_CUDA_REQUIRE(k >= 0 && n >= 0, "sizes are non-negative");
   if (m <= 0 || k == 0) return;
-  topk_kernel<<<m, topk_threads, 0, stream()>>>(scores, n, k, out);
+  cuda::detail::launch_dependent(topk_kernel, dim3(m), dim3(topk_threads), 0, scores, n, k, out);
   CEDAR_CUDA_LAUNCHED();
 }
 

@@ -92,6 +92,8 @@ __global__ void mask_scores_kernel(float* scores, int m, int n, int block, const
 }
 
 __global__ void scale_kernel(float* x, size_t n, float s) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (i < n) x[i] *= s;
 }
@@ -150,7 +152,7 @@ void mask_scores(float* scores, int m, int n, int block, const uint8_t* mask, in
 
 void scale_values(float* x, std::size_t n, float s) {
   if (n == 0) return;
-  scale_kernel<<<blocks_for((long long)n, 256), 256, 0, stream()>>>(x, n, s);
+  cuda::detail::launch_dependent(scale_kernel, dim3(blocks_for((long long)n, 256)), dim3(256), 0, x, n, s);
   CEDAR_CUDA_LAUNCHED();
 }
 

@@ -13,6 +13,8 @@ namespace {
 
 /// One warp per row; the sum of squares in dot_order. In place allowed.
 __global__ void rmsnorm_kernel(const float* x, int m, int d, const float* w, float eps, float* y) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= m) return;
   const float* xr = x + size_t(r) * d;
@@ -33,6 +35,8 @@ struct rope_table {
 /// double, rounded once (as the CPU), computed per block into shared memory.
 __global__ void rope_kernel(float* x, int num_heads, int head_dim, int rope_dim,
                             const int32_t* positions, rope_table t, bool inverse) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   __shared__ float cos_s[max_rope_half], sin_s[max_rope_half];
   const int r = blockIdx.x;
   const int half = rope_dim / 2;
@@ -149,6 +153,8 @@ constexpr int max_hc = 16;
 
 __global__ void hc_post_kernel(const float* f, const float* X, const float* post, const float* comb,
                                int m, int hc, int d, float* X_out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)m * d) return;
   const int r = int(e / d), i = int(e % d);
@@ -171,7 +177,7 @@ using namespace detail;
 
 void rmsnorm(const float* x, int m, int d, const float* w, float eps, float* y) {
   if (m <= 0) return;
-  rmsnorm_kernel<<<blocks_for(m, 8), 256, 0, stream()>>>(x, m, d, w, eps, y);
+  cuda::detail::launch_dependent(rmsnorm_kernel, dim3(blocks_for(m, 8)), dim3(256), 0, x, m, d, w, eps, y);
   CEDAR_CUDA_LAUNCHED();
 }
 
@@ -183,7 +189,8 @@ void rope(float* x, int m, int num_heads, int head_dim, const int32_t* positions
   frequencies(p, t.freqs);
   const dim3 grid(unsigned(m), unsigned((num_heads + rope_heads - 1) / rope_heads));
   CEDAR_CUDA_REQUIRE(grid.y <= 65535, "rope: at most 524280 heads");
-  rope_kernel<<<grid, 256, 0, stream()>>>(x, num_heads, head_dim, p.rope_dim, positions, t, inverse);
+  cuda::detail::launch_dependent(rope_kernel, grid, dim3(256), 0, x, num_heads, head_dim, p.rope_dim, positions, t,
+                                 inverse);
   CEDAR_CUDA_LAUNCHED();
 }
 
@@ -210,7 +217,8 @@ void hc_post(const float* f, const float* X, const float* post, const float* com
              int d, float* X_out) {
   CEDAR_CUDA_REQUIRE(hc <= max_hc, "hc_post: hc <= 16");
   if (m <= 0) return;
-  hc_post_kernel<<<blocks_for((long long)m * d, 256), 256, 0, stream()>>>(f, X, post, comb, m, hc, d, X_out);
+  cuda::detail::launch_dependent(hc_post_kernel, dim3(blocks_for((long long)m * d, 256)), dim3(256), 0, f, X, post,
+                                 comb, m, hc, d, X_out);
   CEDAR_CUDA_LAUNCHED();
 }
 

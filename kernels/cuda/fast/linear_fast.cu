@@ -156,6 +156,8 @@ template <int R, bool Split>
 __global__ void __launch_bounds__(gemv_warps * 32)
     gemv_bf16_kernel(const float* x, int ldx, long long x_group, int m, const uint16_t* w, long long w_group,
                      int n, int k, float* y, int ldy, long long y_group) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = Split ? int(blockIdx.y) : int(blockIdx.y) * gemv_warps + warp;
   if (!Split && col >= n) return;
@@ -222,8 +224,12 @@ void launch_gemv_r(const float* x, int ldx, long long xg, int m, const uint16_t*
   const bool split = gemv_split(n, groups);
   const dim3 grid((m + R - 1) / R, split ? n : (n + gemv_warps - 1) / gemv_warps, groups);
   CEDAR_CUDA_REQUIRE(grid.y <= 65535, "gemv_bf16: at most 524280 columns");
-  if (split) gemv_bf16_kernel<R, true><<<grid, gemv_warps * 32, 0, stream()>>>(x, ldx, xg, m, w, wg, n, k, y, ldy, yg);
-  else gemv_bf16_kernel<R, false><<<grid, gemv_warps * 32, 0, stream()>>>(x, ldx, xg, m, w, wg, n, k, y, ldy, yg);
+  if (split)
+    cuda::detail::launch_dependent(gemv_bf16_kernel<R, true>, grid, dim3(gemv_warps * 32), 0, x, ldx, xg, m, w, wg, n,
+                                   k, y, ldy, yg);
+  else
+    cuda::detail::launch_dependent(gemv_bf16_kernel<R, false>, grid, dim3(gemv_warps * 32), 0, x, ldx, xg, m, w, wg, n,
+                                   k, y, ldy, yg);
   CEDAR_CUDA_LAUNCHED();
 }
 
@@ -267,6 +273,8 @@ __device__ __forceinline__ bool expert_valid(int e, int num_experts, const cpu::
 __global__ void group_kernel(const int32_t* sel, int slots, int topk, const cpu::expert_weights* table, int num_experts,
                              int32_t* slot_src, int32_t* slot_row, int32_t* iota, int32_t* slot_pos, expert_group* g1,
                              expert_group* g3, expert_group* g2, int* counts, int* total) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   __shared__ int count[max_experts];
   __shared__ int warp_n[32];
   __shared__ int base;
@@ -319,6 +327,8 @@ __global__ void group_kernel(const int32_t* sel, int slots, int topk, const cpu:
 /// over g [cap, inter] (slots at or past *total: 0).
 __global__ void swiglu_kernel(float* g, const float* u, int cap, int inter, const int32_t* slot_src, const float* weights,
                               const int* total, float limit) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= (long long)cap * inter) return;
   const int s = int(i / inter);
@@ -355,6 +365,8 @@ __global__ void swiglu_bf16_kernel(const float* gu, int cap, int inter, const in
 /// out[r, c] = (0 + down[pos(r, 0), c] + ... in top-k order) + shared[r, c] (0 when null).
 __global__ void combine_kernel(const float* down, const int32_t* slot_pos, const float* shared, int m, int topk, int d,
                                float* out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)m * d) return;
   const int r = int(e / d), c = int(e % d);
@@ -566,8 +578,8 @@ void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, f
   const fp8_weight* w13[2] = {&e.w1, &e.w3};
   float* gu[2] = {g.get(), u.get()};
   linear_fp8_set(y, m, 2, w13, gu, xq, xs);
-  swiglu_kernel<<<blocks_for((long long)m * inter, 256), 256, 0, stream()>>>(g.get(), u.get(), m, inter, nullptr,
-                                                                            nullptr, nullptr, limit);
+  cuda::detail::launch_dependent(swiglu_kernel, dim3(blocks_for((long long)m * inter, 256)), dim3(256), 0, g.get(),
+                                 u.get(), m, inter, nullptr, nullptr, nullptr, limit);
   CEDAR_CUDA_LAUNCHED();
   linear_fp8(g.get(), m, e.w2, out);
 }
@@ -640,9 +652,9 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
     const float* w_c = weights + size_t(r0) * topk;
     const float* y_c = y + size_t(r0) * d;
     if (inter > 0) {
-      group_kernel<<<num_experts, 256, 0, stream()>>>(sel_c, slots, topk, table, num_experts, slot_src.get(),
-                                                      slot_row.get(), iota.get(), slot_pos.get(), g1, g3, g2,
-                                                      counts.get(), total);
+      cuda::detail::launch_dependent(group_kernel, dim3(num_experts), dim3(256), 0, sel_c, slots, topk, table,
+                                     num_experts, slot_src.get(), slot_row.get(), iota.get(), slot_pos.get(), g1, g3,
+                                     g2, counts.get(), total);
       CEDAR_CUDA_LAUNCHED();
       if (grouped) {
         scratch<uint8_t> hq(size_t(slots) * inter);
@@ -653,8 +665,8 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         quantized = true;
         grouped_fp4_pair(xq.get(), xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter, d, g.get(), u.get(),
                          tile);
-        swiglu_kernel<<<blocks_for((long long)slots * inter, 256), 256, 0, stream()>>>(
-            g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit);
+        cuda::detail::launch_dependent(swiglu_kernel, dim3(blocks_for((long long)slots * inter, 256)), dim3(256), 0,
+                                       g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit);
         CEDAR_CUDA_LAUNCHED();
         quantize_rows_fp8(g.get(), slots, inter, hq.get(), hs.get());
         grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile);
@@ -699,8 +711,9 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
       shared_expert(y_c, rows, *shared, limit, shared_out.get(), quantized ? xq.get() : nullptr,
                     quantized ? xs.get() : nullptr);
     if (inter > 0) {
-      combine_kernel<<<blocks_for((long long)rows * d, 256), 256, 0, stream()>>>(
-          down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, rows, topk, d, out + size_t(r0) * d);
+      cuda::detail::launch_dependent(combine_kernel, dim3(blocks_for((long long)rows * d, 256)), dim3(256), 0,
+                                     down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, rows, topk, d,
+                                     out + size_t(r0) * d);
       CEDAR_CUDA_LAUNCHED();
     } else if (shared != nullptr) {
       cuda::copy_device(out + size_t(r0) * d, shared_out.get(), sizeof(float) * rows * d);
