@@ -12,6 +12,8 @@ namespace {
 /// of the CPU op; here an out-of-range id traps).
 __global__ void gather_kernel(const uint8_t* table, const uint8_t* table_scale, int64_t num_rows,
                               int head_dim, const int64_t* rows, long long n, float* emb) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= n * head_dim) return;
   const long long i = e / head_dim;
@@ -24,6 +26,8 @@ __global__ void gather_kernel(const uint8_t* table, const uint8_t* table_scale, 
 /// One block per (row, copy): the gate from serial sums (thread 0), then every channel updated.
 __global__ void gate_kernel(float* X, int hc, int d, const float* kv, const float* q_weight,
                             const float* k_weight, float eps) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   __shared__ float gate_shared;
   const long long rh = blockIdx.x;
   const long long r = rh / hc;
@@ -52,6 +56,8 @@ __global__ void gate_kernel(float* X, int hc, int d, const float* kv, const floa
 
 __global__ void embed_kernel(const int32_t* tokens, long long m, const uint16_t* table, int vocab,
                              int d, float* out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= m * d) return;
   const int t = tokens[e / d];
@@ -61,6 +67,8 @@ __global__ void embed_kernel(const int32_t* tokens, long long m, const uint16_t*
 
 /// One block per row: the highest logit, ties to the lowest id.
 __global__ void argmax_kernel(const float* logits, int vocab, int32_t* out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   __shared__ float best_v[256];
   __shared__ int best_i[256];
   const float* l = logits + size_t(blockIdx.x) * vocab;
@@ -95,8 +103,8 @@ namespace detail {
 
 void engram_gather(const cpu::engram_weights& w, const int64_t* rows, long long n, float* emb) {
   if (n <= 0) return;
-  gather_kernel<<<blocks_for(n * w.head_dim, 256), 256, 0, stream()>>>(w.table, w.table_scale, w.num_rows,
-                                                                       w.head_dim, rows, n, emb);
+  cuda::detail::launch_dependent(gather_kernel, dim3(blocks_for(n * w.head_dim, 256)), dim3(256), 0, w.table,
+                                 w.table_scale, w.num_rows, w.head_dim, rows, n, emb);
   CEDAR_CUDA_LAUNCHED();
 }
 
@@ -111,20 +119,21 @@ void engram(float* X, int m, int hc, int d, const int64_t* rows, int rows_per_to
   scratch<float> emb(size_t(m) * flat), kv(size_t(m) * (hc + 1) * d);
   engram_gather(w, rows, (long long)m * rows_per_token, emb.get());
   linear_fp8(emb.get(), m, w.wkv, kv.get());
-  gate_kernel<<<unsigned(m) * hc, 256, 0, stream()>>>(X, hc, d, kv.get(), w.q_weight, w.k_weight, eps);
+  cuda::detail::launch_dependent(gate_kernel, dim3(unsigned(m) * hc), dim3(256), 0, X, hc, d, kv.get(), w.q_weight,
+                                 w.k_weight, eps);
   CEDAR_CUDA_LAUNCHED();
 }
 
 void embed(const int32_t* tokens, int m, const bf16_weight& table, float* out) {
   if (m <= 0) return;
-  embed_kernel<<<blocks_for((long long)m * table.in, 256), 256, 0, stream()>>>(
-      tokens, m, table.data, table.out, table.in, out);
+  cuda::detail::launch_dependent(embed_kernel, dim3(blocks_for((long long)m * table.in, 256)), dim3(256), 0, tokens, m,
+                                 table.data, table.out, table.in, out);
   CEDAR_CUDA_LAUNCHED();
 }
 
 void argmax_rows(const float* logits, int m, int vocab, int32_t* out) {
   if (m <= 0) return;
-  argmax_kernel<<<m, 256, 0, stream()>>>(logits, vocab, out);
+  cuda::detail::launch_dependent(argmax_kernel, dim3(m), dim3(256), 0, logits, vocab, out);
   CEDAR_CUDA_LAUNCHED();
 }
 

@@ -13,6 +13,8 @@ namespace {
 
 /// One thread per group: quantize (formats.cpp rules) and pack into the row's record.
 __global__ void store_records_kernel(record_kind kind, const float* x, int m, int d, uint8_t* const* dst) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const int G = kind == record_kind::fp4_e4m3 ? 16 : 32;
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   const int groups = d / G;
@@ -43,6 +45,8 @@ __global__ void store_records_kernel(record_kind kind, const float* x, int m, in
 }
 
 __global__ void load_records_kernel(record_kind kind, const uint8_t* const* src, int m, int d, float* x) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= (long long)m * d) return;
   const int r = int(t / d), i = int(t % d);
@@ -57,6 +61,8 @@ __global__ void load_records_kernel(record_kind kind, const uint8_t* const* src,
 }
 
 __global__ void hc_expand_kernel(const float* e, int m, int hc, int d, float* X, float* pre) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= (long long)m * hc * d) return;
   const long long r = t / (hc * d);
@@ -70,6 +76,8 @@ __global__ void hc_expand_kernel(const float* e, int m, int hc, int d, float* X,
 
 __global__ void candidates_kernel(const int32_t* topk, int T, int K, int W, int64_t p0, int64_t floor_pos,
                                   int64_t ring_lo, int num_window, int32_t* idx) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const int t = blockIdx.x;
   int32_t* row = idx + size_t(t) * (W + K);
   const int64_t i = p0 + t;
@@ -85,6 +93,8 @@ __global__ void candidates_kernel(const int32_t* topk, int T, int K, int W, int6
 }
 
 __global__ void mask_scores_kernel(float* scores, int m, int n, int block, const uint8_t* mask, int nb) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= (long long)m * n) return;
   const int r = int(t / n), j = int(t % n);
@@ -117,21 +127,21 @@ void store_records(record_kind kind, const float* x, int m, int d, uint8_t* cons
   CEDAR_CUDA_REQUIRE(d % 32 == 0, "record length is a multiple of 32");
   const long long n = (long long)m * (d / (kind == record_kind::fp4_e4m3 ? 16 : 32));
   if (n == 0) return;
-  store_records_kernel<<<blocks_for(n, 256), 256, 0, stream()>>>(kind, x, m, d, dst);
+  cuda::detail::launch_dependent(store_records_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, kind, x, m, d, dst);
   CEDAR_CUDA_LAUNCHED();
 }
 
 void load_records(record_kind kind, const uint8_t* const* src, int m, int d, float* x) {
   const long long n = (long long)m * d;
   if (n == 0) return;
-  load_records_kernel<<<blocks_for(n, 256), 256, 0, stream()>>>(kind, src, m, d, x);
+  cuda::detail::launch_dependent(load_records_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, kind, src, m, d, x);
   CEDAR_CUDA_LAUNCHED();
 }
 
 void hc_expand(const float* e, int m, int hc, int d, float* X, float* pre) {
   const long long n = (long long)m * hc * d;
   if (n == 0) return;
-  hc_expand_kernel<<<blocks_for(n, 256), 256, 0, stream()>>>(e, m, hc, d, X, pre);
+  cuda::detail::launch_dependent(hc_expand_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, e, m, hc, d, X, pre);
   CEDAR_CUDA_LAUNCHED();
 }
 
@@ -139,14 +149,16 @@ void attention_candidates(const int32_t* topk, int T, int K, int W, int64_t p0, 
                           int64_t ring_lo, int num_window, int32_t* idx) {
   if (T <= 0) return;
   CEDAR_CUDA_REQUIRE(K == 0 || topk != nullptr, "top-k rows for K > 0");
-  candidates_kernel<<<T, 128, 0, stream()>>>(topk, T, K, W, p0, floor_pos, ring_lo, num_window, idx);
+  cuda::detail::launch_dependent(candidates_kernel, dim3(T), dim3(128), 0, topk, T, K, W, p0, floor_pos, ring_lo,
+                                 num_window, idx);
   CEDAR_CUDA_LAUNCHED();
 }
 
 void mask_scores(float* scores, int m, int n, int block, const uint8_t* mask, int nb) {
   const long long t = (long long)m * n;
   if (t == 0) return;
-  mask_scores_kernel<<<blocks_for(t, 256), 256, 0, stream()>>>(scores, m, n, block, mask, nb);
+  cuda::detail::launch_dependent(mask_scores_kernel, dim3(blocks_for(t, 256)), dim3(256), 0, scores, m, n, block, mask,
+                                 nb);
   CEDAR_CUDA_LAUNCHED();
 }
 

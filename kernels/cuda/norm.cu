@@ -98,6 +98,8 @@ void frequencies(const cpu::rope_params& p, double* freqs) {
 __global__ void hc_finish_kernel(const float* X, int m, int hc, int d, float* mix,
                                  const float* scale, const float* base, int iters, float hc_eps,
                                  float norm_eps, float* pre, float* post, float* comb) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= m) return;
   const int n_mix = hc * hc + 2 * hc, n_in = hc * d;
@@ -140,6 +142,8 @@ __global__ void hc_finish_kernel(const float* X, int m, int hc, int d, float* mi
 }
 
 __global__ void hc_collapse_kernel(const float* X, const float* pre, int m, int hc, int d, float* out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)m * d) return;
   const int r = int(e / d), i = int(e % d);
@@ -201,15 +205,15 @@ void hc_mix(const float* X, int m, int hc, int d, const float* fn, const float* 
   const int n_mix = hc * hc + 2 * hc;
   scratch<float> mix(size_t(m) * n_mix);
   gemm_f32(X, hc * d, m, fn, n_mix, hc * d, mix.get(), n_mix);
-  hc_finish_kernel<<<blocks_for(m, 8), 256, 0, stream()>>>(X, m, hc, d, mix.get(), scale, base,
-                                                          sinkhorn_iters, hc_eps, norm_eps, pre,
-                                                          post, comb);
+  cuda::detail::launch_dependent(hc_finish_kernel, dim3(blocks_for(m, 8)), dim3(256), 0, X, m, hc, d, mix.get(), scale,
+                                 base, sinkhorn_iters, hc_eps, norm_eps, pre, post, comb);
   CEDAR_CUDA_LAUNCHED();
 }
 
 void hc_collapse(const float* X, const float* pre, int m, int hc, int d, float* out) {
   if (m <= 0) return;
-  hc_collapse_kernel<<<blocks_for((long long)m * d, 256), 256, 0, stream()>>>(X, pre, m, hc, d, out);
+  cuda::detail::launch_dependent(hc_collapse_kernel, dim3(blocks_for((long long)m * d, 256)), dim3(256), 0, X, pre, m,
+                                 hc, d, out);
   CEDAR_CUDA_LAUNCHED();
 }
 

@@ -55,6 +55,8 @@ __global__ void group_kernel(float* x, int m, int d, uint8_t* rec, size_t rec_by
 
 template <rule R>
 __global__ void unpack_kernel(const uint8_t* rec, size_t rec_bytes, int m, int d, float* x) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= (long long)m * d) return;
   const int r = int(t / d), i = int(t % d);
@@ -89,7 +91,7 @@ template <rule R>
 void run_unpack(const uint8_t* rec, size_t rec_bytes, int m, int d, float* x) {
   const long long n = (long long)m * d;
   if (n == 0) return;
-  unpack_kernel<R><<<blocks_for(n, 256), 256, 0, stream()>>>(rec, rec_bytes, m, d, x);
+  cuda::detail::launch_dependent(unpack_kernel<R>, dim3(blocks_for(n, 256)), dim3(256), 0, rec, rec_bytes, m, d, x);
   CEDAR_CUDA_LAUNCHED();
 }
 

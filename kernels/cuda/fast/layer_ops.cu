@@ -464,6 +464,8 @@ constexpr int greedy_threads = 1024;
 
 __global__ void __launch_bounds__(greedy_threads) greedy_kernel(const float* logits, int vocab, int32_t* tokens,
                                                                 float* logprobs) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   __shared__ float best_v[greedy_threads / 32];
   __shared__ int best_i[greedy_threads / 32];
   __shared__ double sums[greedy_threads / 32];
@@ -524,7 +526,7 @@ void gather_rows(const float* src, const int32_t* rows, int m, int width, float*
 
 void greedy_rows(const float* logits, int m, int vocab, int32_t* tokens, float* logprobs) {
   if (m <= 0 || vocab <= 0) return;
-  greedy_kernel<<<m, greedy_threads, 0, stream()>>>(logits, vocab, tokens, logprobs);
+  cuda::detail::launch_dependent(greedy_kernel, dim3(m), dim3(greedy_threads), 0, logits, vocab, tokens, logprobs);
   CEDAR_CUDA_LAUNCHED();
 }
 

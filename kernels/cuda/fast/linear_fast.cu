@@ -48,6 +48,8 @@ __device__ __forceinline__ uint16_t to_bf16(float x) { return cuda::detail::f32_
 
 /// One thread per 8 codes of an FP8 weight [n, k] (k % 8 == 0) -> bf16 [n, k].
 __global__ void dequant_fp8_kernel(const uint8_t* data, const uint8_t* scale, int n, int k, uint16_t* out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   __shared__ float lut[256];
   for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = cuda::detail::e4m3_to_f32(uint8_t(i));
   __syncthreads();
@@ -70,6 +72,8 @@ __global__ void dequant_fp8_kernel(const uint8_t* data, const uint8_t* scale, in
 
 /// One thread per 8 values (4 bytes) of a packed E2M1 weight [n, k] -> bf16 [n, k].
 __global__ void dequant_fp4_kernel(const uint8_t* data, const uint8_t* scale, int n, int k, uint16_t* out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = cuda::detail::e2m1_to_f32(uint8_t(threadIdx.x));
   __syncthreads();
@@ -97,6 +101,8 @@ __device__ __forceinline__ float group_scale(float amax) { return cuda::detail::
 /// correctly rounded value.
 __global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k,
                                        uint16_t* out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;  // 8 values each
   const int per_row = k / 8;
   const bool in = t < (long long)m * per_row;
@@ -129,6 +135,8 @@ __global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* r
 
 /// x [m, k] (row stride ldx) -> out [3, m, k] bf16 with x = hi + mid + lo exactly.
 __global__ void split3_kernel(const float* x, int ldx, int m, int k, uint16_t* out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   const long long n = (long long)m * k;
   if (i >= n) return;
@@ -344,6 +352,8 @@ __global__ void swiglu_kernel(float* g, const float* u, int cap, int inter, cons
 /// (one warp per group of 32).
 __global__ void swiglu_bf16_kernel(const float* gu, int cap, int inter, const int32_t* slot_src, const float* weights,
                                    const int* total, float limit, uint16_t* out) {
+  cuda::detail::grid_dependency_wait();
+  cuda::detail::launch_dependents();
   const long long gi = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32, gpr = inter / 32;
   if (gi >= (long long)cap * gpr) return;
@@ -386,7 +396,8 @@ void dequant_bf16(const fp8_weight& w, uint16_t* out) {
   CEDAR_CUDA_REQUIRE(w.in % 8 == 0, "dequant_bf16: in % 8 == 0");
   const long long pieces = (long long)w.out * w.in / 8;
   if (pieces == 0) return;
-  dequant_fp8_kernel<<<blocks_for(pieces, 256), 256, 0, stream()>>>(w.data, w.scale, w.out, w.in, out);
+  cuda::detail::launch_dependent(dequant_fp8_kernel, dim3(blocks_for(pieces, 256)), dim3(256), 0, w.data, w.scale,
+                                 w.out, w.in, out);
   CEDAR_CUDA_LAUNCHED();
 }
 
@@ -394,7 +405,8 @@ void dequant_bf16(const fp4_weight& w, uint16_t* out) {
   CEDAR_CUDA_REQUIRE(w.in % 32 == 0, "dequant_bf16: in % 32 == 0");
   const long long pieces = (long long)w.out * w.in / 8;
   if (pieces == 0) return;
-  dequant_fp4_kernel<<<blocks_for(pieces, 256), 256, 0, stream()>>>(w.data, w.scale, w.out, w.in, out);
+  cuda::detail::launch_dependent(dequant_fp4_kernel, dim3(blocks_for(pieces, 256)), dim3(256), 0, w.data, w.scale,
+                                 w.out, w.in, out);
   CEDAR_CUDA_LAUNCHED();
 }
 
@@ -403,14 +415,15 @@ void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* co
                      "fake_quant_bf16: k % 32 == 0, 16-byte aligned rows");
   const long long threads = (long long)m * k / 8;
   if (threads == 0) return;
-  fake_quant_bf16_kernel<<<blocks_for(threads, 256), 256, 0, stream()>>>(x, ldx, rows, count, m, k, out);
+  cuda::detail::launch_dependent(fake_quant_bf16_kernel, dim3(blocks_for(threads, 256)), dim3(256), 0, x, ldx, rows,
+                                 count, m, k, out);
   CEDAR_CUDA_LAUNCHED();
 }
 
 void split_bf16x3(const float* x, int ldx, int m, int k, uint16_t* out) {
   const long long n = (long long)m * k;
   if (n == 0) return;
-  split3_kernel<<<blocks_for(n, 256), 256, 0, stream()>>>(x, ldx, m, k, out);
+  cuda::detail::launch_dependent(split3_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, x, ldx, m, k, out);
   CEDAR_CUDA_LAUNCHED();
 }
 
@@ -695,8 +708,8 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
                     gu.get() + size_t(off) * 2 * inter, 2 * inter, false);
         }
         if (used > 0) {  // none when this shard holds none of the chosen experts
-          swiglu_bf16_kernel<<<blocks_for((long long)used * inter, 256), 256, 0, stream()>>>(
-              gu.get(), used, inter, slot_src.get(), w_c, total, limit, hb.get());
+          cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(blocks_for((long long)used * inter, 256)), dim3(256),
+                                         0, gu.get(), used, inter, slot_src.get(), w_c, total, limit, hb.get());
           CEDAR_CUDA_LAUNCHED();
         }
         for (int e = 0, off = 0; e < num_experts; off += host_counts[e], ++e) {
