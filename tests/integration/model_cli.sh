@@ -59,9 +59,11 @@ for bad in "--op moe --tile nope" "--op moe --tokens 0" "--op moe --tokens 64x" 
   "$cedar" kernel-lab $bad > /dev/null 2> "$tmp/err" || rc=$?
   [[ $rc == 2 ]] && grep -q "usage: cedar kernel-lab" "$tmp/err" || { echo "kernel-lab $bad: exit $rc"; cat "$tmp/err"; exit 1; }
 done
-rc=0
-"$cedar" kernel-lab --op moe --tokens 64 --tile narrow > /dev/null 2> "$tmp/err" || rc=$?
-if [[ $rc == 2 ]]; then echo "kernel-lab --op moe --tokens 64 --tile narrow was refused"; cat "$tmp/err"; exit 1; fi
+for tile in narrow split4 split8; do
+  rc=0
+  "$cedar" kernel-lab --op moe --tokens 64 --tile $tile > /dev/null 2> "$tmp/err" || rc=$?
+  if [[ $rc == 2 ]]; then echo "kernel-lab --op moe --tokens 64 --tile $tile was refused"; cat "$tmp/err"; exit 1; fi
+done
 # --gpu-dense-bf16 is a GPU option: with the CPU backend (or exact kernels) it is refused, not ignored
 for cmd in "generate --model micro --prompt-ids 5 --max-tokens 1 --gpu-dense-bf16" \
            "gpu-bench --phases floor --gpu-dense-bf16" \
