@@ -105,6 +105,13 @@ __device__ __forceinline__ void launch_dependents() {
 #endif
 }
 
+/// The first line of a kernel that needs what the kernels before it wrote from the start: waits
+/// for them, then lets the next kernel's blocks be scheduled (they wait in turn).
+__device__ __forceinline__ void dependent_start() {
+  grid_dependency_wait();
+  launch_dependents();
+}
+
 // ---- formats (kernels/formats.cpp) --------------------------------------------------------
 
 __device__ __forceinline__ float bf16_to_f32(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }

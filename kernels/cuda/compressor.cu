@@ -12,8 +12,7 @@ namespace {
 /// latent i is the pair ending at t = t0 + 2i (t0 = first odd position's offset).
 __global__ void merge_pairs_kernel(const float* a, const float* g, const float* tail, int d,
                                    int t0, int num_latents, float* latents) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)num_latents * d) return;
   const int i = int(e / d), c = int(e % d);
@@ -26,8 +25,7 @@ __global__ void merge_pairs_kernel(const float* a, const float* g, const float* 
 }
 
 __global__ void save_tail_kernel(const float* a_last, const float* g_last, int d, float* tail) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= d) return;
   tail[c] = a_last[c];
@@ -38,8 +36,7 @@ __global__ void save_tail_kernel(const float* a_last, const float* g_last, int d
 /// sum as merge_pairs_kernel's at t = 0.
 __global__ void merge_rows_kernel(const float* a, const float* g, int d, const int32_t* rows,
                                   float* const* tails, int num, float* latents) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)num * d) return;
   const int i = int(e / d), c = int(e % d);
@@ -52,8 +49,7 @@ __global__ void merge_rows_kernel(const float* a, const float* g, int d, const i
 
 __global__ void save_rows_kernel(const float* a, const float* g, int d, const int32_t* rows, float* const* tails,
                                  int num) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)num * d) return;
   const int i = int(e / d), c = int(e % d);
@@ -79,12 +75,10 @@ void compress_ratio2_rows(const float* x, int m, const bf16_weight& wkv, const b
   if (num_merge > 0) {
     cuda::detail::launch_dependent(merge_rows_kernel, dim3(blocks_for((long long)num_merge * d, 256)), dim3(256), 0,
                                    a.get(), g.get(), d, merge_rows, merge_tails, num_merge, latents);
-    CEDAR_CUDA_LAUNCHED();
   }
   if (num_save > 0) {
     cuda::detail::launch_dependent(save_rows_kernel, dim3(blocks_for((long long)num_save * d, 256)), dim3(256), 0,
                                    a.get(), g.get(), d, save_rows, save_tails, num_save);
-    CEDAR_CUDA_LAUNCHED();
   }
   rmsnorm(latents, num_merge, d, norm, eps, latents);
 }
@@ -104,12 +98,10 @@ int compress_ratio2(const float* x, int m, int64_t first_pos, const bf16_weight&
   if (num_latents > 0) {
     cuda::detail::launch_dependent(merge_pairs_kernel, dim3(blocks_for((long long)num_latents * d, 256)), dim3(256), 0,
                                    a.get(), g.get(), tail, d, t0, num_latents, latents);
-    CEDAR_CUDA_LAUNCHED();
   }
   if ((first_pos + m - 1) % 2 == 0) {  // the last pair completes in a later call
     cuda::detail::launch_dependent(save_tail_kernel, dim3(blocks_for(d, 256)), dim3(256), 0,
                                    a.get() + size_t(m - 1) * d, g.get() + size_t(m - 1) * d, d, tail);
-    CEDAR_CUDA_LAUNCHED();
   }
   rmsnorm(latents, num_latents, d, norm, eps, latents);
   return num_latents;

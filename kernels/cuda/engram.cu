@@ -12,8 +12,7 @@ namespace {
 /// of the CPU op; here an out-of-range id traps).
 __global__ void gather_kernel(const uint8_t* table, const uint8_t* table_scale, int64_t num_rows,
                               int head_dim, const int64_t* rows, long long n, float* emb) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= n * head_dim) return;
   const long long i = e / head_dim;
@@ -26,8 +25,7 @@ __global__ void gather_kernel(const uint8_t* table, const uint8_t* table_scale, 
 /// One block per (row, copy): the gate from serial sums (thread 0), then every channel updated.
 __global__ void gate_kernel(float* X, int hc, int d, const float* kv, const float* q_weight,
                             const float* k_weight, float eps) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   __shared__ float gate_shared;
   const long long rh = blockIdx.x;
   const long long r = rh / hc;
@@ -56,8 +54,7 @@ __global__ void gate_kernel(float* X, int hc, int d, const float* kv, const floa
 
 __global__ void embed_kernel(const int32_t* tokens, long long m, const uint16_t* table, int vocab,
                              int d, float* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= m * d) return;
   const int t = tokens[e / d];
@@ -67,8 +64,7 @@ __global__ void embed_kernel(const int32_t* tokens, long long m, const uint16_t*
 
 /// One block per row: the highest logit, ties to the lowest id.
 __global__ void argmax_kernel(const float* logits, int vocab, int32_t* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   __shared__ float best_v[256];
   __shared__ int best_i[256];
   const float* l = logits + size_t(blockIdx.x) * vocab;
@@ -105,7 +101,6 @@ void engram_gather(const cpu::engram_weights& w, const int64_t* rows, long long 
   if (n <= 0) return;
   cuda::detail::launch_dependent(gather_kernel, dim3(blocks_for(n * w.head_dim, 256)), dim3(256), 0, w.table,
                                  w.table_scale, w.num_rows, w.head_dim, rows, n, emb);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 }  // namespace detail
@@ -121,20 +116,17 @@ void engram(float* X, int m, int hc, int d, const int64_t* rows, int rows_per_to
   linear_fp8(emb.get(), m, w.wkv, kv.get());
   cuda::detail::launch_dependent(gate_kernel, dim3(unsigned(m) * hc), dim3(256), 0, X, hc, d, kv.get(), w.q_weight,
                                  w.k_weight, eps);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void embed(const int32_t* tokens, int m, const bf16_weight& table, float* out) {
   if (m <= 0) return;
   cuda::detail::launch_dependent(embed_kernel, dim3(blocks_for((long long)m * table.in, 256)), dim3(256), 0, tokens, m,
                                  table.data, table.out, table.in, out);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void argmax_rows(const float* logits, int m, int vocab, int32_t* out) {
   if (m <= 0) return;
   cuda::detail::launch_dependent(argmax_kernel, dim3(m), dim3(256), 0, logits, vocab, out);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 }  // namespace cedar::cuda

@@ -51,8 +51,7 @@ __device__ __forceinline__ bool selectable(float s) { return s > neg_inf; }  // 
 
 /// One block per row.
 __global__ void topk_kernel(const float* scores, int n, int k, int32_t* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   using scan_t = cub::BlockScan<int, topk_threads>;
   __shared__ typename scan_t::TempStorage scan_storage;
   __shared__ int hist[256];
@@ -164,7 +163,6 @@ void topk_indices(const float* scores, int m, int n, int k, int32_t* out) {
   CEDAR_CUDA_REQUIRE(k >= 0 && n >= 0, "sizes are non-negative");
   if (m <= 0 || k == 0) return;
   cuda::detail::launch_dependent(topk_kernel, dim3(m), dim3(topk_threads), 0, scores, n, k, out);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void candidate_blocks(const float* scores, int m, int n, int block, int keep,

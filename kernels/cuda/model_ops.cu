@@ -13,8 +13,7 @@ namespace {
 
 /// One thread per group: quantize (formats.cpp rules) and pack into the row's record.
 __global__ void store_records_kernel(record_kind kind, const float* x, int m, int d, uint8_t* const* dst) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const int G = kind == record_kind::fp4_e4m3 ? 16 : 32;
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   const int groups = d / G;
@@ -45,8 +44,7 @@ __global__ void store_records_kernel(record_kind kind, const float* x, int m, in
 }
 
 __global__ void load_records_kernel(record_kind kind, const uint8_t* const* src, int m, int d, float* x) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= (long long)m * d) return;
   const int r = int(t / d), i = int(t % d);
@@ -61,8 +59,7 @@ __global__ void load_records_kernel(record_kind kind, const uint8_t* const* src,
 }
 
 __global__ void hc_expand_kernel(const float* e, int m, int hc, int d, float* X, float* pre) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= (long long)m * hc * d) return;
   const long long r = t / (hc * d);
@@ -76,8 +73,7 @@ __global__ void hc_expand_kernel(const float* e, int m, int hc, int d, float* X,
 
 __global__ void candidates_kernel(const int32_t* topk, int T, int K, int W, int64_t p0, int64_t floor_pos,
                                   int64_t ring_lo, int num_window, int32_t* idx) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const int t = blockIdx.x;
   int32_t* row = idx + size_t(t) * (W + K);
   const int64_t i = p0 + t;
@@ -93,8 +89,7 @@ __global__ void candidates_kernel(const int32_t* topk, int T, int K, int W, int6
 }
 
 __global__ void mask_scores_kernel(float* scores, int m, int n, int block, const uint8_t* mask, int nb) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= (long long)m * n) return;
   const int r = int(t / n), j = int(t % n);
@@ -102,8 +97,7 @@ __global__ void mask_scores_kernel(float* scores, int m, int n, int block, const
 }
 
 __global__ void scale_kernel(float* x, size_t n, float s) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (i < n) x[i] *= s;
 }
@@ -128,21 +122,18 @@ void store_records(record_kind kind, const float* x, int m, int d, uint8_t* cons
   const long long n = (long long)m * (d / (kind == record_kind::fp4_e4m3 ? 16 : 32));
   if (n == 0) return;
   cuda::detail::launch_dependent(store_records_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, kind, x, m, d, dst);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void load_records(record_kind kind, const uint8_t* const* src, int m, int d, float* x) {
   const long long n = (long long)m * d;
   if (n == 0) return;
   cuda::detail::launch_dependent(load_records_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, kind, src, m, d, x);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void hc_expand(const float* e, int m, int hc, int d, float* X, float* pre) {
   const long long n = (long long)m * hc * d;
   if (n == 0) return;
   cuda::detail::launch_dependent(hc_expand_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, e, m, hc, d, X, pre);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void attention_candidates(const int32_t* topk, int T, int K, int W, int64_t p0, int64_t floor_pos,
@@ -151,7 +142,6 @@ void attention_candidates(const int32_t* topk, int T, int K, int W, int64_t p0, 
   CEDAR_CUDA_REQUIRE(K == 0 || topk != nullptr, "top-k rows for K > 0");
   cuda::detail::launch_dependent(candidates_kernel, dim3(T), dim3(128), 0, topk, T, K, W, p0, floor_pos, ring_lo,
                                  num_window, idx);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void mask_scores(float* scores, int m, int n, int block, const uint8_t* mask, int nb) {
@@ -159,13 +149,11 @@ void mask_scores(float* scores, int m, int n, int block, const uint8_t* mask, in
   if (t == 0) return;
   cuda::detail::launch_dependent(mask_scores_kernel, dim3(blocks_for(t, 256)), dim3(256), 0, scores, m, n, block, mask,
                                  nb);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void scale_values(float* x, std::size_t n, float s) {
   if (n == 0) return;
   cuda::detail::launch_dependent(scale_kernel, dim3(blocks_for((long long)n, 256)), dim3(256), 0, x, n, s);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void copy_device(void* dst, const void* src, std::size_t bytes) {

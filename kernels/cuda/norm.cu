@@ -13,8 +13,7 @@ namespace {
 
 /// One warp per row; the sum of squares in dot_order. In place allowed.
 __global__ void rmsnorm_kernel(const float* x, int m, int d, const float* w, float eps, float* y) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= m) return;
   const float* xr = x + size_t(r) * d;
@@ -35,8 +34,7 @@ struct rope_table {
 /// double, rounded once (as the CPU), computed per block into shared memory.
 __global__ void rope_kernel(float* x, int num_heads, int head_dim, int rope_dim,
                             const int32_t* positions, rope_table t, bool inverse) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   __shared__ float cos_s[max_rope_half], sin_s[max_rope_half];
   const int r = blockIdx.x;
   const int half = rope_dim / 2;
@@ -98,8 +96,7 @@ void frequencies(const cpu::rope_params& p, double* freqs) {
 __global__ void hc_finish_kernel(const float* X, int m, int hc, int d, float* mix,
                                  const float* scale, const float* base, int iters, float hc_eps,
                                  float norm_eps, float* pre, float* post, float* comb) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (r >= m) return;
   const int n_mix = hc * hc + 2 * hc, n_in = hc * d;
@@ -142,8 +139,7 @@ __global__ void hc_finish_kernel(const float* X, int m, int hc, int d, float* mi
 }
 
 __global__ void hc_collapse_kernel(const float* X, const float* pre, int m, int hc, int d, float* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)m * d) return;
   const int r = int(e / d), i = int(e % d);
@@ -157,8 +153,7 @@ constexpr int max_hc = 16;
 
 __global__ void hc_post_kernel(const float* f, const float* X, const float* post, const float* comb,
                                int m, int hc, int d, float* X_out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)m * d) return;
   const int r = int(e / d), i = int(e % d);
@@ -182,7 +177,6 @@ using namespace detail;
 void rmsnorm(const float* x, int m, int d, const float* w, float eps, float* y) {
   if (m <= 0) return;
   cuda::detail::launch_dependent(rmsnorm_kernel, dim3(blocks_for(m, 8)), dim3(256), 0, x, m, d, w, eps, y);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void rope(float* x, int m, int num_heads, int head_dim, const int32_t* positions,
@@ -195,7 +189,6 @@ void rope(float* x, int m, int num_heads, int head_dim, const int32_t* positions
   CEDAR_CUDA_REQUIRE(grid.y <= 65535, "rope: at most 524280 heads");
   cuda::detail::launch_dependent(rope_kernel, grid, dim3(256), 0, x, num_heads, head_dim, p.rope_dim, positions, t,
                                  inverse);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void hc_mix(const float* X, int m, int hc, int d, const float* fn, const float* scale,
@@ -207,14 +200,12 @@ void hc_mix(const float* X, int m, int hc, int d, const float* fn, const float* 
   gemm_f32(X, hc * d, m, fn, n_mix, hc * d, mix.get(), n_mix);
   cuda::detail::launch_dependent(hc_finish_kernel, dim3(blocks_for(m, 8)), dim3(256), 0, X, m, hc, d, mix.get(), scale,
                                  base, sinkhorn_iters, hc_eps, norm_eps, pre, post, comb);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void hc_collapse(const float* X, const float* pre, int m, int hc, int d, float* out) {
   if (m <= 0) return;
   cuda::detail::launch_dependent(hc_collapse_kernel, dim3(blocks_for((long long)m * d, 256)), dim3(256), 0, X, pre, m,
                                  hc, d, out);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void hc_post(const float* f, const float* X, const float* post, const float* comb, int m, int hc,
@@ -223,7 +214,6 @@ void hc_post(const float* f, const float* X, const float* post, const float* com
   if (m <= 0) return;
   cuda::detail::launch_dependent(hc_post_kernel, dim3(blocks_for((long long)m * d, 256)), dim3(256), 0, f, X, post,
                                  comb, m, hc, d, X_out);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 }  // namespace cedar::cuda

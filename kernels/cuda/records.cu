@@ -14,8 +14,7 @@ enum class rule { fp8, fp4_pow2, fp4_e4m3 };
 /// value fake-quantized in place (rec == nullptr) or packed into the record, as the serial rule.
 template <rule R>
 __global__ void group_kernel(float* x, int m, int d, uint8_t* rec, size_t rec_bytes, bool pack) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   constexpr int G = R == rule::fp4_e4m3 ? 16 : 32;
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t - threadIdx.x % 32 >= (long long)m * d) return;  // whole warps leave together
@@ -55,8 +54,7 @@ __global__ void group_kernel(float* x, int m, int d, uint8_t* rec, size_t rec_by
 
 template <rule R>
 __global__ void unpack_kernel(const uint8_t* rec, size_t rec_bytes, int m, int d, float* x) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (t >= (long long)m * d) return;
   const int r = int(t / d), i = int(t % d);
@@ -71,8 +69,7 @@ __global__ void unpack_kernel(const uint8_t* rec, size_t rec_bytes, int m, int d
 }
 
 __global__ void round_bf16_kernel(float* x, size_t n) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
   if (i < n) x[i] = round_bf16(x[i]);
 }
@@ -84,7 +81,6 @@ void run_groups(float* x, int m, int d, uint8_t* rec, size_t rec_bytes, bool pac
   if (n == 0) return;
   cuda::detail::launch_dependent(group_kernel<R>, dim3(blocks_for(n, 256)), dim3(256), 0, x, m, d, rec, rec_bytes,
                                  pack);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 template <rule R>
@@ -92,7 +88,6 @@ void run_unpack(const uint8_t* rec, size_t rec_bytes, int m, int d, float* x) {
   const long long n = (long long)m * d;
   if (n == 0) return;
   cuda::detail::launch_dependent(unpack_kernel<R>, dim3(blocks_for(n, 256)), dim3(256), 0, rec, rec_bytes, m, d, x);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 }  // namespace
@@ -129,7 +124,6 @@ void fake_quant_fp4_e4m3_rows(float* x, int m, int d) {
 void round_bf16(float* x, std::size_t n) {
   if (n == 0) return;
   cuda::detail::launch_dependent(round_bf16_kernel, dim3(blocks_for((long long)n, 256)), dim3(256), 0, x, n);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 }  // namespace cedar::cuda

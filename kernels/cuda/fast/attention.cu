@@ -156,8 +156,7 @@ struct attn_smem {
 template <int DIM, int WARPS = attn_warps<DIM>>
 __global__ void __launch_bounds__(WARPS * 32, 2)
     attention_kernel(sparse_attention_params p, kv_items it, float* part_o, float* part_ml) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   using L = attn_smem<DIM, WARPS>;
   constexpr int threads = WARPS * 32, ld = L::ld, ld_p = L::ld_p, ld_s = L::ld_s;
   constexpr int dims_per_warp = DIM / WARPS, ksteps = dims_per_warp / 16, tiles = dims_per_warp / 8;
@@ -349,8 +348,7 @@ constexpr int max_splits = 32;
 /// grid (rows, heads): out = sum_s O_s e^(m_s - M) / (e^(sink - M) + sum_s l_s e^(m_s - M)).
 __global__ void combine_kernel(const float* part_o, const float* part_ml, int splits, int heads, int dim,
                                const float* sink, float* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   __shared__ float weight[max_splits], ell[max_splits];
   __shared__ float inv_denom;
   const int r = blockIdx.x, h = blockIdx.y;
@@ -411,11 +409,9 @@ void launch_attention(const sparse_attention_params& p, const kv_items& items) {
   scratch<float> part_ml(splits > 1 ? std::size_t(p.rows) * splits * p.heads * 2 : 0);
   cuda::detail::launch_dependent(attention_kernel<DIM>, dim3(unsigned(p.rows), unsigned(groups), unsigned(splits)),
                                  dim3(attn_warps<DIM> * 32), L::bytes, p, items, part_o.get(), part_ml.get());
-  CEDAR_CUDA_LAUNCHED();
   if (splits > 1) {
     cuda::detail::launch_dependent(combine_kernel, dim3(unsigned(p.rows), unsigned(p.heads)), dim3(128), 0,
                                    part_o.get(), part_ml.get(), splits, p.heads, DIM, p.sink, p.out);
-    CEDAR_CUDA_LAUNCHED();
   }
 }
 
@@ -439,8 +435,7 @@ struct idx_smem {
 /// grid (rows, ceil(num_keys / keys_per_block)); MT = 16-head tiles of q (heads <= 16 MT).
 template <int DIM, int MT>
 __global__ void __launch_bounds__(idx_threads) index_kernel(index_scores_params p, kv_items it, int keys_per_block) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   using L = idx_smem<DIM>;
   constexpr int ld = L::ld;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -534,14 +529,12 @@ void launch_index(const index_scores_params& p, const kv_items& items) {
   cuda::detail::launch_dependent(index_kernel<DIM, MT>,
                                  dim3(unsigned(p.rows), unsigned((p.num_keys + per_block - 1) / per_block)),
                                  dim3(idx_threads), L::bytes, p, items, per_block);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 // ---- small steps ----------------------------------------------------------------------------
 
 __global__ void visible_kernel(kv_items it, int rows, int ratio, int32_t* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   out[r] = int32_t((row_position(it, r, it.row_item[r]) + 1) / ratio);
@@ -552,8 +545,7 @@ __global__ void visible_kernel(kv_items it, int rows, int ratio, int32_t* out) {
 __global__ void store_entries_kernel(const uint8_t* rec, std::size_t rec_bytes, uint8_t* const* pages,
                                      int64_t first_entry, uint8_t* const* const* pages_of, const int64_t* entry_of,
                                      int entries_per_page, std::size_t offset) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   if (pages_of) pages = pages_of[blockIdx.x];
   const int64_t j = pages_of ? entry_of[blockIdx.x] : first_entry + blockIdx.x, page = j / entries_per_page;
   uint8_t* dst = pages[page] + offset + std::size_t(j - page * entries_per_page) * rec_bytes;
@@ -562,8 +554,7 @@ __global__ void store_entries_kernel(const uint8_t* rec, std::size_t rec_bytes, 
 }
 
 __global__ void store_ring_kernel(const uint8_t* rec, std::size_t rec_bytes, kv_items it, int layer, int window) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const int r = blockIdx.x, item = it.row_item[r];
   if (r < it.row_end[item] - window) return;  // a later row of the item takes this slot
   const int64_t pos = row_position(it, r, item);
@@ -597,7 +588,6 @@ void visible_entries(const kv_items& items, int rows, int ratio, int32_t* num_vi
   if (rows <= 0) return;
   cuda::detail::launch_dependent(visible_kernel, dim3(unsigned((rows + 255) / 256)), dim3(256), 0, items, rows, ratio,
                                  num_visible);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void store_entries(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_t* const* pages, int64_t first_entry,
@@ -605,7 +595,6 @@ void store_entries(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_t* co
   if (m <= 0) return;
   cuda::detail::launch_dependent(store_entries_kernel, dim3(unsigned(m)), dim3(128), 0, rec, rec_bytes, pages,
                                  first_entry, nullptr, nullptr, entries_per_page, offset);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void store_entries_rows(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_t* const* const* pages_of,
@@ -613,14 +602,12 @@ void store_entries_rows(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_
   if (m <= 0) return;
   cuda::detail::launch_dependent(store_entries_kernel, dim3(unsigned(m)), dim3(128), 0, rec, rec_bytes, nullptr, 0,
                                  pages_of, entry_of, entries_per_page, offset);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void store_ring(const uint8_t* rec, int rows, std::size_t rec_bytes, const kv_items& items, int layer, int window) {
   if (rows <= 0) return;
   cuda::detail::launch_dependent(store_ring_kernel, dim3(unsigned(rows)), dim3(128), 0, rec, rec_bytes, items, layer,
                                  window);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 }  // namespace cedar::cuda::fast

@@ -115,8 +115,7 @@ __global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int 
                                                            const float* comb, const float* fn,
                                                            const float* collapse_pre, float* x_out,
                                                            float* partials /*[m, slices, n_mix + 2]*/) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
   const int r0 = blockIdx.y * R, i = blockIdx.x * slice + threadIdx.x;
   const bool live = i < d;
@@ -248,8 +247,7 @@ __global__ void __launch_bounds__(slice) mix_finish(int d, int slices, const flo
                                                     const float* base, int iters, float hc_eps, float norm_eps,
                                                     float* pre, float* post, float* comb, const float* norm_w,
                                                     float* x_out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
   const int r = blockIdx.x, spans = int(gridDim.y) - 1;
   if (int(blockIdx.y) < spans) {
@@ -340,7 +338,6 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
   const int spans = (d + finish_span - 1) / finish_span;
   cuda::detail::launch_dependent(mix_finish<HC>, dim3(m, spans + 1), dim3(slice), 0, d, slices, partials.get(), p.scale,
                                  p.base, p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre_out, post, comb, norm_w, x_out);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 // ---- router ----
@@ -358,8 +355,7 @@ __device__ __forceinline__ float softplus_fast(float x) { return x > 20.0f ? x :
 __global__ void __launch_bounds__(route_warps * 32) route_pick_kernel(float* s, int m, int n, const float* bias,
                                                                       int topk, float route_scale, int32_t* sel,
                                                                       float* weights) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const int lane = threadIdx.x & 31, r = blockIdx.x * route_warps + int(threadIdx.x / 32);
   if (r >= m) return;  // r is uniform across the warp
   float* sr = s + size_t(r) * n;
@@ -421,8 +417,7 @@ __global__ void __launch_bounds__(route_warps * 32) route_pick_kernel(float* s, 
 __global__ void __launch_bounds__(slice) engram_gate_kernel(float* X, int hc, int d, const float* kv,
                                                            const float* q_weight, const float* k_weight,
                                                            float eps) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   __shared__ float red[slice / 32];
   const long long rh = blockIdx.x;
   const long long r = rh / hc;
@@ -452,8 +447,7 @@ __global__ void __launch_bounds__(slice) engram_gate_kernel(float* X, int hc, in
 }
 
 __global__ void gather_kernel(const float* src, const int32_t* rows, int width, float* dst) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < width) dst[size_t(blockIdx.y) * width + i] = src[size_t(rows[blockIdx.y]) * width + i];
 }
@@ -464,8 +458,7 @@ constexpr int greedy_threads = 1024;
 
 __global__ void __launch_bounds__(greedy_threads) greedy_kernel(const float* logits, int vocab, int32_t* tokens,
                                                                 float* logprobs) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   __shared__ float best_v[greedy_threads / 32];
   __shared__ int best_i[greedy_threads / 32];
   __shared__ double sums[greedy_threads / 32];
@@ -515,19 +508,16 @@ void engram(float* X, int m, int hc, int d, const int64_t* rows, int rows_per_to
   linear_fp8(emb.get(), m, w.wkv, kv.get());
   cuda::detail::launch_dependent(engram_gate_kernel, dim3(unsigned(m) * hc), dim3(slice), 0, X, hc, d, kv.get(),
                                  w.q_weight, w.k_weight, eps);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void gather_rows(const float* src, const int32_t* rows, int m, int width, float* dst) {
   if (m <= 0 || width <= 0) return;
   cuda::detail::launch_dependent(gather_kernel, dim3((width + 255) / 256, m), dim3(256), 0, src, rows, width, dst);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void greedy_rows(const float* logits, int m, int vocab, int32_t* tokens, float* logprobs) {
   if (m <= 0 || vocab <= 0) return;
   cuda::detail::launch_dependent(greedy_kernel, dim3(m), dim3(greedy_threads), 0, logits, vocab, tokens, logprobs);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post, float* comb, const hc_mix_params& mix,
@@ -554,7 +544,6 @@ void moe_route(const float* y, int m, const bf16_weight& gate, const float* bias
     linear_bf16(y, m, gate, s.get());
   cuda::detail::launch_dependent(route_pick_kernel, dim3((m + route_warps - 1) / route_warps), dim3(route_warps * 32),
                                  0, s.get(), m, gate.out, bias, topk, route_scale, sel, weights);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 }  // namespace cedar::cuda::fast

@@ -48,8 +48,7 @@ __device__ __forceinline__ uint16_t to_bf16(float x) { return cuda::detail::f32_
 
 /// One thread per 8 codes of an FP8 weight [n, k] (k % 8 == 0) -> bf16 [n, k].
 __global__ void dequant_fp8_kernel(const uint8_t* data, const uint8_t* scale, int n, int k, uint16_t* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   __shared__ float lut[256];
   for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = cuda::detail::e4m3_to_f32(uint8_t(i));
   __syncthreads();
@@ -72,8 +71,7 @@ __global__ void dequant_fp8_kernel(const uint8_t* data, const uint8_t* scale, in
 
 /// One thread per 8 values (4 bytes) of a packed E2M1 weight [n, k] -> bf16 [n, k].
 __global__ void dequant_fp4_kernel(const uint8_t* data, const uint8_t* scale, int n, int k, uint16_t* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = cuda::detail::e2m1_to_f32(uint8_t(threadIdx.x));
   __syncthreads();
@@ -101,8 +99,7 @@ __device__ __forceinline__ float group_scale(float amax) { return cuda::detail::
 /// correctly rounded value.
 __global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k,
                                        uint16_t* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;  // 8 values each
   const int per_row = k / 8;
   const bool in = t < (long long)m * per_row;
@@ -135,8 +132,7 @@ __global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* r
 
 /// x [m, k] (row stride ldx) -> out [3, m, k] bf16 with x = hi + mid + lo exactly.
 __global__ void split3_kernel(const float* x, int ldx, int m, int k, uint16_t* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   const long long n = (long long)m * k;
   if (i >= n) return;
@@ -164,8 +160,7 @@ template <int R, bool Split>
 __global__ void __launch_bounds__(gemv_warps * 32)
     gemv_bf16_kernel(const float* x, int ldx, long long x_group, int m, const uint16_t* w, long long w_group,
                      int n, int k, float* y, int ldy, long long y_group) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = Split ? int(blockIdx.y) : int(blockIdx.y) * gemv_warps + warp;
   if (!Split && col >= n) return;
@@ -238,7 +233,6 @@ void launch_gemv_r(const float* x, int ldx, long long xg, int m, const uint16_t*
   else
     cuda::detail::launch_dependent(gemv_bf16_kernel<R, false>, grid, dim3(gemv_warps * 32), 0, x, ldx, xg, m, w, wg, n,
                                    k, y, ldy, yg);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -281,8 +275,7 @@ __device__ __forceinline__ bool expert_valid(int e, int num_experts, const cpu::
 __global__ void group_kernel(const int32_t* sel, int slots, int topk, const cpu::expert_weights* table, int num_experts,
                              int32_t* slot_src, int32_t* slot_row, int32_t* iota, int32_t* slot_pos, expert_group* g1,
                              expert_group* g3, expert_group* g2, int* counts, int* total) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   __shared__ int count[max_experts];
   __shared__ int warp_n[32];
   __shared__ int base;
@@ -335,8 +328,7 @@ __global__ void group_kernel(const int32_t* sel, int slots, int topk, const cpu:
 /// over g [cap, inter] (slots at or past *total: 0).
 __global__ void swiglu_kernel(float* g, const float* u, int cap, int inter, const int32_t* slot_src, const float* weights,
                               const int* total, float limit) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= (long long)cap * inter) return;
   const int s = int(i / inter);
@@ -352,8 +344,7 @@ __global__ void swiglu_kernel(float* g, const float* u, int cap, int inter, cons
 /// (one warp per group of 32).
 __global__ void swiglu_bf16_kernel(const float* gu, int cap, int inter, const int32_t* slot_src, const float* weights,
                                    const int* total, float limit, uint16_t* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long gi = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32, gpr = inter / 32;
   if (gi >= (long long)cap * gpr) return;
@@ -375,8 +366,7 @@ __global__ void swiglu_bf16_kernel(const float* gu, int cap, int inter, const in
 /// out[r, c] = (0 + down[pos(r, 0), c] + ... in top-k order) + shared[r, c] (0 when null).
 __global__ void combine_kernel(const float* down, const int32_t* slot_pos, const float* shared, int m, int topk, int d,
                                float* out) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();
+  cuda::detail::dependent_start();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)m * d) return;
   const int r = int(e / d), c = int(e % d);
@@ -398,7 +388,6 @@ void dequant_bf16(const fp8_weight& w, uint16_t* out) {
   if (pieces == 0) return;
   cuda::detail::launch_dependent(dequant_fp8_kernel, dim3(blocks_for(pieces, 256)), dim3(256), 0, w.data, w.scale,
                                  w.out, w.in, out);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void dequant_bf16(const fp4_weight& w, uint16_t* out) {
@@ -407,7 +396,6 @@ void dequant_bf16(const fp4_weight& w, uint16_t* out) {
   if (pieces == 0) return;
   cuda::detail::launch_dependent(dequant_fp4_kernel, dim3(blocks_for(pieces, 256)), dim3(256), 0, w.data, w.scale,
                                  w.out, w.in, out);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k, uint16_t* out) {
@@ -417,14 +405,12 @@ void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* co
   if (threads == 0) return;
   cuda::detail::launch_dependent(fake_quant_bf16_kernel, dim3(blocks_for(threads, 256)), dim3(256), 0, x, ldx, rows,
                                  count, m, k, out);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void split_bf16x3(const float* x, int ldx, int m, int k, uint16_t* out) {
   const long long n = (long long)m * k;
   if (n == 0) return;
   cuda::detail::launch_dependent(split3_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, x, ldx, m, k, out);
-  CEDAR_CUDA_LAUNCHED();
 }
 
 void gemm_bf16(const uint16_t* a, int lda, int m, const uint16_t* w, int ldw, int n, int k, float* y, int ldy,
@@ -593,7 +579,6 @@ void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, f
   linear_fp8_set(y, m, 2, w13, gu, xq, xs);
   cuda::detail::launch_dependent(swiglu_kernel, dim3(blocks_for((long long)m * inter, 256)), dim3(256), 0, g.get(),
                                  u.get(), m, inter, nullptr, nullptr, nullptr, limit);
-  CEDAR_CUDA_LAUNCHED();
   linear_fp8(g.get(), m, e.w2, out);
 }
 
@@ -668,7 +653,6 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
       cuda::detail::launch_dependent(group_kernel, dim3(num_experts), dim3(256), 0, sel_c, slots, topk, table,
                                      num_experts, slot_src.get(), slot_row.get(), iota.get(), slot_pos.get(), g1, g3,
                                      g2, counts.get(), total);
-      CEDAR_CUDA_LAUNCHED();
       if (grouped) {
         scratch<uint8_t> hq(size_t(slots) * inter);
         scratch<float> hs(size_t(slots) * (inter / 32));
@@ -680,7 +664,6 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
                          tile);
         cuda::detail::launch_dependent(swiglu_kernel, dim3(blocks_for((long long)slots * inter, 256)), dim3(256), 0,
                                        g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit);
-        CEDAR_CUDA_LAUNCHED();
         quantize_rows_fp8(g.get(), slots, inter, hq.get(), hs.get());
         grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile);
       } else {
@@ -710,7 +693,6 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         if (used > 0) {  // none when this shard holds none of the chosen experts
           cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(blocks_for((long long)used * inter, 256)), dim3(256),
                                          0, gu.get(), used, inter, slot_src.get(), w_c, total, limit, hb.get());
-          CEDAR_CUDA_LAUNCHED();
         }
         for (int e = 0, off = 0; e < num_experts; off += host_counts[e], ++e) {
           if (host_counts[e] == 0) continue;
@@ -727,7 +709,6 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
       cuda::detail::launch_dependent(combine_kernel, dim3(blocks_for((long long)rows * d, 256)), dim3(256), 0,
                                      down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, rows, topk, d,
                                      out + size_t(r0) * d);
-      CEDAR_CUDA_LAUNCHED();
     } else if (shared != nullptr) {
       cuda::copy_device(out + size_t(r0) * d, shared_out.get(), sizeof(float) * rows * d);
     } else {
