@@ -4,7 +4,7 @@
 // Decode (few rows): the gemv tile of gemm.cu (FP8/W4A8, activations quantized to e4m3 codes),
 // the experts grouped on the device (no host round trip), and a bandwidth-bound bf16 GEMV. The
 // experts up to tuning::expert_gemv_max_rows tokens stream each busy expert's FP4 weight through
-// gemm.cu's narrow tiles (once per 8, 16 or 32 of its slots, by token count).
+// gemm_tiles.cu's narrow tiles (once per 8, 16 or 32 of its slots, by token count).
 // Prefill (many rows): weights dequantized into a bf16 scratch and a cuBLAS bf16 GEMM with fp32
 // accumulation and output. That computes the CPU op's products exactly: an e4m3 code (4
 // significant bits, ulp >= 2^-9) or an E2M1 value (2 bits) times a UE8M0 scale >= 2^-124 is a
@@ -456,10 +456,8 @@ namespace {
 
 bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0; }
 
-/// A weight the split4 tile streams at up to 8 rows: long K and enough 16-row tiles.
-bool split_shape(int n, int k, const tuning& tune) {
-  return n % 16 == 0 && k % 128 == 0 && k >= tune.split_min_k && n >= tune.split_min_out;
-}
+/// A weight the split tiles stream at up to 8 rows: their shape, and K long enough to split.
+bool split_fits(int n, int k, const tuning& tune) { return n % 16 == 0 && k % 128 == 0 && k >= tune.split_min_k; }
 
 template <class W>
 void prefill_linear(const float* x, int m, const W& w, float* y) {
@@ -482,7 +480,7 @@ void quantized_linear(const float* x, int m, const W& w, float* y) {
   const bool narrow_fits = w.out % 64 == 0 && w.in % 256 == 0;  // the narrow and narrow32 tiles
   const bool tiled = !gemv && !kept && narrow_fits && m <= tune.fp8_narrow_max_rows &&
                      (long long)w.out * w.in >= tune.fp8_narrow_min_weight;
-  const bool split = m <= 8 && split_shape(w.out, w.in, tune);
+  const bool split = m <= 8 && split_fits(w.out, w.in, tune) && w.out >= tune.split_min_out;
   const bool stream = !split && narrow_fits && m <= 8 && w.out >= tune.dense_stream_min_out;
   if (gemv || tiled || stream || split) {
     const tile_kind t = split    ? tile_kind::split4
@@ -532,8 +530,8 @@ void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w
     return;
   }
   const tuning& tune = tuning_now();
-  bool split = m <= 8 && w[0]->in >= tune.split_min_k;
-  for (int i = 0; i < count; ++i) split = split && w[i]->out % 16 == 0 && w[i]->in % 128 == 0;
+  bool split = m <= 8;
+  for (int i = 0; i < count; ++i) split = split && split_fits(w[i]->out, w[i]->in, tune);
   const tile_kind t = split ? tile_kind::split8 : tile_kind::gemv;
   if (xq != nullptr) return gemm_fp8_set(xq, xs, m, count, w, y, t);
   const int k = w[0]->in;

@@ -1,0 +1,90 @@
+// Shared parts of the FP8 / W4A8 GEMMs (gemm.cu, gemm_tiles.cu): the summation chunk, where a
+// call's operands are, and the weight fragments. See gemm.cu for the one summation order every
+// tile keeps.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/cuda/fast/mma.cuh"
+
+namespace cedar::cuda::fast::detail {
+
+constexpr int chunk_k = 128;          ///< K per summation chunk (4 blocks)
+constexpr int chunk_blocks = chunk_k / 32;
+
+/// Where a call's operands are: one group for a dense call, num_groups for grouped ones.
+struct gemm_problem {
+  const uint8_t* w;        // FP8: [n, k] e4m3; FP4: [n, k/2] packed e2m1
+  const uint8_t* ws;       // FP8: [n/32, k/32] ue8m0; FP4: [n, k/32] ue8m0
+  const uint8_t* xq;       // [x rows, k] e4m3
+  const float* xs;         // [x rows, k/32]
+  const int32_t* rows;     // [slots] x row of each slot, or null (slot s = row s)
+  const expert_group* groups;  // [gridDim.z] or null (one group: all m slots, w/ws above)
+  float* y;                // [slots, n]
+  int m, n, k;
+  // a pair of grouped products of one x (the tiled kernels): blocks z >= split take
+  // groups2[z - split] and write y2
+  const expert_group* groups2 = nullptr;
+  float* y2 = nullptr;
+  int split = 0;
+};
+
+/// The group of blockIdx.z: weight pointers, first slot, slot count and output.
+struct group_view {
+  const uint8_t* w;
+  const uint8_t* ws;
+  int first, count;
+  float* y;
+};
+
+__device__ __forceinline__ group_view group_of(const gemm_problem& p) {
+  if (!p.groups) return {p.w, p.ws, 0, p.m, p.y};
+  const bool second = p.groups2 != nullptr && int(blockIdx.z) >= p.split;
+  const expert_group& g = second ? p.groups2[blockIdx.z - p.split] : p.groups[blockIdx.z];
+  return {g.w, g.scale, g.first_slot, g.num_slots, second ? p.y2 : p.y};
+}
+
+__device__ __forceinline__ int x_row(const gemm_problem& p, int slot) { return p.rows ? p.rows[slot] : slot; }
+
+/// Weight scale of row n, block kb.
+template <bool FP4>
+__device__ __forceinline__ float weight_scale(const uint8_t* ws, int n, int kb, int k) {
+  return ue8m0_value(FP4 ? ws[size_t(n) * (k / 32) + kb] : ws[size_t(n / 32) * (k / 32) + kb]);
+}
+
+/// A load through the read-only path (global weights) or a plain one (shared memory).
+template <bool Global, class T>
+__device__ __forceinline__ T load_w(const T* p) {
+  if constexpr (Global) return __ldg(p);
+  else return *p;
+}
+
+/// A fragment of rows r and r + 8 at block kb from a row-major weight (global or shared),
+/// `stride` bytes per row.
+template <bool FP4, bool Global>
+__device__ __forceinline__ void load_a(const uint8_t* w, size_t stride, int r, int kb, int tig,
+                                       uint32_t a[4]) {
+  if constexpr (FP4) {
+    const uint32_t p0 = load_w<Global>(reinterpret_cast<const uint32_t*>(w + r * stride + kb * 16 + tig * 4));
+    const uint32_t p1 = load_w<Global>(reinterpret_cast<const uint32_t*>(w + (r + 8) * stride + kb * 16 + tig * 4));
+    const uint2 v0 = e2m1x8_to_e4m3(p0), v1 = e2m1x8_to_e4m3(p1);
+    a[0] = v0.x, a[1] = v1.x, a[2] = v0.y, a[3] = v1.y;
+  } else {
+    const uint2 v0 = load_w<Global>(reinterpret_cast<const uint2*>(w + r * stride + kb * 32 + tig * 8));
+    const uint2 v1 = load_w<Global>(reinterpret_cast<const uint2*>(w + (r + 8) * stride + kb * 32 + tig * 8));
+    a[0] = v0.x, a[1] = v1.x, a[2] = v0.y, a[3] = v1.y;
+  }
+}
+
+/// Dense problems of one x (same xq, m and k) one launch takes at most (gemm_fp8_set).
+constexpr int max_set = 4;
+
+/// The pipelined tiles (every tile_kind but gemv; gemm_tiles.cu) for `count` problems of one x
+/// (count > 1: dense FP8 on split4 / split8) or one grouped problem over `z` groups (2 x groups
+/// for a pair), max_slots slots at most per group. Shapes are checked by the caller.
+template <bool FP4>
+void launch_pipelined(tile_kind t, const gemm_problem* ps, int count, int z, int max_slots);
+
+}  // namespace cedar::cuda::fast::detail
