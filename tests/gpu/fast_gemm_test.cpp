@@ -16,9 +16,6 @@ using namespace cedar::gpu_test;
 namespace fast = cuda::fast;
 
 constexpr double bound = 1.0 / 65536;
-const fast::tile_kind tiles[] = {fast::tile_kind::gemv,     fast::tile_kind::narrow, fast::tile_kind::narrow16,
-                                 fast::tile_kind::narrow32, fast::tile_kind::split4, fast::tile_kind::split8,
-                                 fast::tile_kind::skinny,   fast::tile_kind::wide};
 
 /// s[r, n] = sum_k |xq[r, k]| |w[n, k]| (w dequantized [n, k]).
 std::vector<double> abs_products(const std::vector<float>& x, int m, int k, const std::vector<float>& w, int n) {
@@ -89,7 +86,7 @@ TEST_CASE("fast gemm: every tile within 2^-16 of the CPU op, all tiles give the 
       check_equal("quantize_rows_fp8 codes m=" + std::to_string(m), xq.host(), codes);
       check_equal("quantize_rows_fp8 scales m=" + std::to_string(m), xs.host(), scales);
       std::vector<float> first;
-      for (fast::tile_kind t : tiles) {
+      for (fast::tile_kind t : fast::all_tiles) {
         dev<float> y(std::size_t(m) * n);
         if (fp4) fast::gemm_fp4(xq.get(), xs.get(), m, d4.view, y.get(), t);
         else fast::gemm_fp8(xq.get(), xs.get(), m, d8.view, y.get(), t);
@@ -130,7 +127,7 @@ TEST_CASE("fast grouped_fp4: each expert's slots equal gemm_fp4 on its rows, bit
   const std::vector<float> xs_host = qx.s.host();
   dev<int32_t> rows_d(slot_rows);
   dev<fast::expert_group> groups_d(groups);
-  for (fast::tile_kind t : tiles) {
+  for (fast::tile_kind t : fast::all_tiles) {
     dev<float> y(std::size_t(slots) * n);
     fast::grouped_fp4(xq, xs, rows_d.get(), groups_d.get(), experts, slots, max_slots, n, k, y.get(), t);
     const std::vector<float> got = y.host();
@@ -240,7 +237,7 @@ TEST_CASE("fast grouped_fp4_pair: two products of one x in one launch give group
   const float* xs = qx.s.get();
   dev<int32_t> rows_d(slot_rows);
   dev<fast::expert_group> ga_d(ga), gb_d(gb);
-  for (fast::tile_kind t : tiles) {
+  for (fast::tile_kind t : fast::all_tiles) {
     dev<float> ya(std::size_t(slots) * n), yb(std::size_t(slots) * n), wa(std::size_t(slots) * n), wb(std::size_t(slots) * n);
     fast::grouped_fp4_pair(xq, xs, rows_d.get(), ga_d.get(), gb_d.get(), experts, slots, max_slots, n, k,
                            ya.get(), yb.get(), t);

@@ -229,9 +229,7 @@ void run_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vector<lab_
     out.push_back(c);
   };
 
-  for (fast::tile_kind t :
-       {fast::tile_kind::gemv, fast::tile_kind::narrow, fast::tile_kind::narrow16, fast::tile_kind::narrow32,
-        fast::tile_kind::split4, fast::tile_kind::split8, fast::tile_kind::skinny, fast::tile_kind::wide}) {
+  for (fast::tile_kind t : fast::all_tiles) {
     if (t != fast::tile_kind::wide && m > 64) continue;
     record(fast::tile_name(t), [&](int i) {
       if (fp4) fast::gemm_fp4(xq.as<uint8_t>(), xs.as<float>(), m, fp4w(i), y.as<float>(), t);
@@ -364,9 +362,7 @@ void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down,
   for (const routing& rt : ro) touched += double(rt.groups.size()) / routings;
   int max_slots = 0;
   for (const routing& rt : ro) max_slots = std::max(max_slots, rt.max_slots);
-  for (fast::tile_kind t :
-       {fast::tile_kind::gemv, fast::tile_kind::narrow, fast::tile_kind::narrow16, fast::tile_kind::narrow32,
-        fast::tile_kind::split4, fast::tile_kind::split8, fast::tile_kind::skinny, fast::tile_kind::wide}) {
+  for (fast::tile_kind t : fast::all_tiles) {
     if (t != fast::tile_kind::wide && max_slots > 64 && only_tile != fast::tile_name(t)) continue;
     if (!only_tile.empty() && only_tile != fast::tile_name(t)) continue;
     auto fn = [&](int i) {

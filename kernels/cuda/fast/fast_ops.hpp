@@ -27,6 +27,10 @@ namespace cedar::cuda::fast {
 /// few slots per expert), split4 and split8 16x8 (K over 4 or 8 warps of the block: weights of few
 /// rows and long K at decode), skinny 32x64 (m <= 64) and wide 128x128 (prefill).
 enum class tile_kind { gemv, narrow, narrow16, narrow32, split4, split8, skinny, wide };
+/// Every tile, in the order above (the lab's tables and the tests go through them all).
+inline constexpr tile_kind all_tiles[] = {tile_kind::gemv,     tile_kind::narrow, tile_kind::narrow16,
+                                          tile_kind::narrow32, tile_kind::split4, tile_kind::split8,
+                                          tile_kind::skinny,   tile_kind::wide};
 const char* tile_name(tile_kind t);
 /// The tile the library picks for m rows.
 tile_kind pick_tile(int m);
