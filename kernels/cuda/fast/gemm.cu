@@ -25,8 +25,7 @@ using cuda::detail::stream;
 /// One warp per group of 32, one lane per value: codes and the power-of-two scale, as
 /// fmt::quantize_fp8 (the group max is exact in any order).
 __global__ void quantize_kernel(const float* x, long long groups, uint8_t* codes, float* scales) {
-  cuda::detail::grid_dependency_wait();
-  cuda::detail::launch_dependents();  // the GEMM after it can start loading its weight
+  cuda::detail::dependent_start();  // the GEMM after it can start loading its weight
   const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (g >= groups) return;  // g is uniform across the warp
