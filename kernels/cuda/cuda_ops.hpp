@@ -53,6 +53,11 @@ void profiler_stop();
 /// and activation buffer of the ops; not the weights or the KV arena) since the last reset.
 uint64_t scratch_high_water();
 void reset_scratch_high_water();
+/// Keeps the current device's stream-ordered pool mapped between steps: by default the pool
+/// hands its free memory back to the driver at every synchronization, and the next step maps
+/// (and the driver clears) it again, gigabytes a layer at prefill. Once per device; the pool
+/// then holds at most the high-water mark of what the ops had in use at once.
+void keep_scratch_mapped();
 
 /// Device allocation (aborts on failure) and release.
 void* device_alloc(std::size_t bytes);
@@ -68,7 +73,8 @@ void copy_to_device_async(void* dst, const void* src, std::size_t bytes);
 /// Stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the current stream).
 void* scratch_alloc(std::size_t bytes);
 void scratch_free(void* p);
-/// Free and total device memory in bytes.
+/// Free and total device memory in bytes, after waiting for the device and handing the scratch
+/// pool's unused memory back (so that it counts as free).
 void memory_info(std::size_t* free_bytes, std::size_t* total_bytes);
 
 // ---- linear layers (ops.hpp semantics) ----------------------------------------------------------

@@ -88,6 +88,11 @@ uint64_t scratch_high_water() {
   return v;
 }
 
+void keep_scratch_mapped() {
+  uint64_t all = ~uint64_t(0);
+  CEDAR_CUDA_CHECK(cudaMemPoolSetAttribute(device_pool(), cudaMemPoolAttrReleaseThreshold, &all));
+}
+
 void reset_scratch_high_water() {
   uint64_t zero = 0;  // the only value it may be set to
   CEDAR_CUDA_CHECK(cudaMemPoolSetAttribute(device_pool(), cudaMemPoolAttrUsedMemHigh, &zero));
@@ -131,6 +136,9 @@ void scratch_free(void* p) {
 }
 
 void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
+  // the pool keeps freed scratch mapped (keep_scratch_mapped); hand it back so it counts as free
+  CEDAR_CUDA_CHECK(cudaDeviceSynchronize());
+  CEDAR_CUDA_CHECK(cudaMemPoolTrimTo(device_pool(), 0));
   CEDAR_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
 }
 

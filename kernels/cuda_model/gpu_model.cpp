@@ -24,6 +24,7 @@ gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights,
                      const upload_progress_fn& progress, gpu_kernels kernels, bool dense_bf16)
     : impl_(std::make_unique<impl>()) {
   if (!cuda::available()) throw std::runtime_error("gpu_model: " + cuda::status());
+  cuda::keep_scratch_mapped();
   if (args.layers.size() != std::size_t(args.num_hidden_layers)) args.derive_layer_map();
   if (args.num_hidden_layers > 64) throw std::runtime_error("more than 64 layers");
   const std::vector<std::string> problems = check_tensors(args, *weights);
