@@ -154,11 +154,13 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
 namespace detail {
 /// W (FP8 or W4A8) -> bf16 [out, in], exact (scales >= 2^-124).
 void dequant_bf16(const fp8_weight& w, uint16_t* out);
-void dequant_bf16(const fp4_weight& w, uint16_t* out);
+/// FP4: on_stream, when given, is the stream to run on instead of the current one.
+void dequant_bf16(const fp4_weight& w, uint16_t* out, void* on_stream = nullptr);
 /// out [m, k] bf16 = fmt::fake_quant_fp8 of x rows (rows[r] when given; zeros at r >= *count).
 void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k, uint16_t* out);
-/// out [3, m, k] bf16 with x = out[0] + out[1] + out[2] exactly.
-void split_bf16x3(const float* x, int ldx, int m, int k, uint16_t* out);
+/// out [parts, m, k] bf16: x = out[0] + out[1] + out[2] exactly with three parts, within
+/// 2^-18 |x| with two.
+void split_bf16(const float* x, int ldx, int m, int k, int parts, uint16_t* out);
 /// y [m, n] (+)= a [m, k] w [n, k]^T, bf16 in, fp32 accumulation and out (cuBLAS); batch > 1:
 /// strided batches (element strides).
 void gemm_bf16(const uint16_t* a, int lda, int m, const uint16_t* w, int ldw, int n, int k, float* y, int ldy,

@@ -12,7 +12,8 @@
 // activation (scale >= 2^-22, fmt::quantize_fp8's floor); the product of two bf16 values is exact
 // in fp32. Only the order of the fp32 sums differs. bf16 weights take fp32 activations on the
 // CPU (not rounded to bf16): x is split exactly into three bf16 parts (8 + 8 + 8 significant
-// bits cover fp32's 24) and the three products are summed into y.
+// bits cover fp32's 24) and the three products are summed into y; wo_a, whose output feeds
+// no top-k choice, takes two parts (within 2^-18 of sum|x w|, a quarter of the 2^-16 bound).
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -69,25 +70,29 @@ __global__ void dequant_fp8_kernel(const uint8_t* data, const uint8_t* scale, in
   reinterpret_cast<uint4*>(out)[piece] = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-/// One thread per 8 values (4 bytes) of a packed E2M1 weight [n, k] -> bf16 [n, k].
+/// One thread per 32 values (16 bytes, one UE8M0 scale) of a packed E2M1 weight [n, k] -> bf16
+/// [n, k] (64 bytes out).
 __global__ void dequant_fp4_kernel(const uint8_t* data, const uint8_t* scale, int n, int k, uint16_t* out) {
   cuda::detail::dependent_start();
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = cuda::detail::e2m1_to_f32(uint8_t(threadIdx.x));
   __syncthreads();
   const long long piece = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (piece >= (long long)n * k / 8) return;
-  const long long e0 = piece * 8;
-  const int row = int(e0 / k), col = int(e0 % k);
-  const float s = cuda::detail::ue8m0_to_f32(scale[size_t(row) * (k / 32) + col / 32]);
-  const uint32_t w = reinterpret_cast<const uint32_t*>(data)[piece];
-  uint32_t o[4];
+  if (piece >= (long long)n * k / 32) return;
+  const float s = cuda::detail::ue8m0_to_f32(scale[piece]);  // scales are [n, k / 32]: one a piece
+  const uint4 w = reinterpret_cast<const uint4*>(data)[piece];
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  uint4* dst = reinterpret_cast<uint4*>(out) + piece * 4;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t byte = (w >> (8 * i)) & 0xFF;  // low nibble = even column
-    o[i] = uint32_t(to_bf16(lut[byte & 0xF] * s)) | (uint32_t(to_bf16(lut[byte >> 4] * s)) << 16);
+  for (int q = 0; q < 4; ++q) {
+    uint32_t o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t byte = (words[q] >> (8 * i)) & 0xFF;  // low nibble = even column
+      o[i] = uint32_t(to_bf16(lut[byte & 0xF] * s)) | (uint32_t(to_bf16(lut[byte >> 4] * s)) << 16);
+    }
+    dst[q] = make_uint4(o[0], o[1], o[2], o[3]);
   }
-  reinterpret_cast<uint4*>(out)[piece] = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 /// The power-of-two scale of fmt::quantize_fp8 for a group's largest |x| (as fp8_group_scale).
@@ -130,18 +135,22 @@ __global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* r
   reinterpret_cast<uint4*>(out + size_t(r) * k)[c8] = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-/// x [m, k] (row stride ldx) -> out [3, m, k] bf16 with x = hi + mid + lo exactly.
-__global__ void split3_kernel(const float* x, int ldx, int m, int k, uint16_t* out) {
+/// x [m, k] (row stride ldx) -> out [Parts, m, k] bf16: each part the residual of the ones
+/// before, rounded (exact in fp32). Three parts give x exactly; two leave |x - hi - lo| <=
+/// 2^-18 |x|.
+template <int Parts>
+__global__ void split_kernel(const float* x, int ldx, int m, int k, uint16_t* out) {
   cuda::detail::dependent_start();
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   const long long n = (long long)m * k;
   if (i >= n) return;
-  const float v = x[size_t(i / k) * ldx + i % k];
-  const uint16_t h = to_bf16(v);
-  const float r1 = v - cuda::detail::bf16_to_f32(h);
-  const uint16_t md = to_bf16(r1);
-  const float r2 = r1 - cuda::detail::bf16_to_f32(md);
-  out[i] = h, out[n + i] = md, out[2 * n + i] = to_bf16(r2);
+  float r = x[size_t(i / k) * ldx + i % k];
+#pragma unroll
+  for (int p = 0; p < Parts; ++p) {
+    const uint16_t h = to_bf16(r);
+    out[p * n + i] = h;
+    r -= cuda::detail::bf16_to_f32(h);
+  }
 }
 
 // ---- bf16 GEMV (decode) ------------------------------------------------------------------------
@@ -390,12 +399,18 @@ void dequant_bf16(const fp8_weight& w, uint16_t* out) {
                                  w.out, w.in, out);
 }
 
-void dequant_bf16(const fp4_weight& w, uint16_t* out) {
+void dequant_bf16(const fp4_weight& w, uint16_t* out, void* on_stream) {
   CEDAR_CUDA_REQUIRE(w.in % 32 == 0, "dequant_bf16: in % 32 == 0");
-  const long long pieces = (long long)w.out * w.in / 8;
+  const long long pieces = (long long)w.out * w.in / 32;
   if (pieces == 0) return;
-  cuda::detail::launch_dependent(dequant_fp4_kernel, dim3(blocks_for(pieces, 256)), dim3(256), 0, w.data, w.scale,
-                                 w.out, w.in, out);
+  if (on_stream == nullptr) {
+    cuda::detail::launch_dependent(dequant_fp4_kernel, dim3(blocks_for(pieces, 256)), dim3(256), 0, w.data, w.scale,
+                                   w.out, w.in, out);
+    return;
+  }
+  dequant_fp4_kernel<<<blocks_for(pieces, 256), 256, 0, static_cast<cudaStream_t>(on_stream)>>>(w.data, w.scale, w.out,
+                                                                                               w.in, out);
+  CEDAR_CUDA_CHECK(cudaGetLastError());
 }
 
 void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k, uint16_t* out) {
@@ -407,10 +422,12 @@ void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* co
                                  count, m, k, out);
 }
 
-void split_bf16x3(const float* x, int ldx, int m, int k, uint16_t* out) {
+void split_bf16(const float* x, int ldx, int m, int k, int parts, uint16_t* out) {
+  CEDAR_CUDA_REQUIRE(parts == 2 || parts == 3, "split_bf16: two or three parts");
   const long long n = (long long)m * k;
   if (n == 0) return;
-  cuda::detail::launch_dependent(split3_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, x, ldx, m, k, out);
+  cuda::detail::launch_dependent(parts == 2 ? split_kernel<2> : split_kernel<3>, dim3(blocks_for(n, 256)), dim3(256),
+                                 0, x, ldx, m, k, out);
 }
 
 void gemm_bf16(const uint16_t* a, int lda, int m, const uint16_t* w, int ldw, int n, int k, float* y, int ldy,
@@ -497,17 +514,18 @@ void quantized_linear(const float* x, int m, const W& w, float* y) {
   prefill_linear(x, m, w, y);
 }
 
-/// y [m, n] (row stride ldy) = x [m, k] (row stride ldx) W^T for bf16 W, by the three-part
-/// split; groups > 1: a batch of groups with the given element strides.
-void split_gemm(const float* x, int ldx, int m, const uint16_t* w, int n, int k, float* y, int ldy, int groups,
-                long long x_group, long long w_group, long long y_group) {
+/// y [m, n] (row stride ldy) = x [m, k] (row stride ldx) W^T for bf16 W, by the split of x into
+/// `parts` bf16 parts, one GEMM pass each (3: the CPU op's products; 2: within 2^-18 of
+/// sum|x w|); groups > 1: a batch of groups with the given element strides.
+void split_gemm(const float* x, int ldx, int m, const uint16_t* w, int n, int k, float* y, int ldy, int parts,
+                int groups, long long x_group, long long w_group, long long y_group) {
   const int kx = groups * k;  // the split covers the groups side by side when they are (x_group == k)
   const bool side_by_side = groups == 1 || x_group == k;
   CEDAR_CUDA_REQUIRE(side_by_side, "split_gemm: groups side by side in x");
-  scratch<uint16_t> parts(size_t(3) * m * kx);
-  split_bf16x3(x, ldx, m, kx, parts.get());
-  for (int p = 0; p < 3; ++p)
-    gemm_bf16(parts.get() + size_t(p) * m * kx, kx, m, w, k, n, k, y, ldy, p > 0, groups, k, w_group, y_group);
+  scratch<uint16_t> xb(size_t(parts) * m * kx);
+  split_bf16(x, ldx, m, kx, parts, xb.get());
+  for (int p = 0; p < parts; ++p)
+    gemm_bf16(xb.get() + size_t(p) * m * kx, kx, m, w, k, n, k, y, ldy, p > 0, groups, k, w_group, y_group);
 }
 
 }  // namespace
@@ -544,7 +562,9 @@ void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w
 void linear_bf16(const float* x, int m, const bf16_weight& w, float* y) {
   if (m <= 0) return;
   if (m <= tuning_now().bf16_gemv_max_rows && gemv_bf16(x, w.in, m, w.data, w.out, w.in, y, w.out, 1, 0, 0, 0)) return;
-  split_gemm(x, w.in, m, w.data, w.out, w.in, y, w.out, 1, 0, 0, 0);
+  // exact x: the router gate, the indexer's weights and the compressor feed top-k choices,
+  // which a last-bit difference in a logit can flip
+  split_gemm(x, w.in, m, w.data, w.out, w.in, y, w.out, 3, 1, 0, 0, 0);
 }
 
 void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out) {
@@ -557,7 +577,10 @@ void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, 
   // u[r, g rank + j] = o[r, g group_in ...] . wo_a[g rank + j]
   if (!(m <= tuning_now().bf16_gemv_max_rows &&
         gemv_bf16(o, groups * group_in, m, wo_a.data, rank, group_in, u.get(), wo_a.out, groups, group_in, w_group, rank)))
-    split_gemm(o, groups * group_in, m, wo_a.data, rank, group_in, u.get(), wo_a.out, groups, group_in, w_group, rank);
+    // two parts: wo_a feeds no choice, and at prefill the third GEMM pass over [m, 8 x 4096]
+    // is a third of its time
+    split_gemm(o, groups * group_in, m, wo_a.data, rank, group_in, u.get(), wo_a.out, 2, groups, group_in, w_group,
+               rank);
   linear_fp8(u.get(), m, wo_b, out);
 }
 
@@ -601,6 +624,63 @@ const cpu::expert_weights* device_table(const cpu::expert_weights* experts, int 
     CEDAR_CUDA_CHECK(cudaMemcpyAsync(e.dev, e.host.data(), bytes, cudaMemcpyHostToDevice, stream()));
   }
   return static_cast<const cpu::expert_weights*>(e.dev);
+}
+
+}  // namespace
+
+namespace {
+
+/// A second stream of the calling thread's current device, with the events that order it
+/// against the current stream: the prefill experts dequantize the next expert's weights on it
+/// while the current stream runs this expert's GEMM (HBM-bound beside tensor-bound work).
+struct side_lane {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, ready[2] = {}, done[2] = {};
+};
+
+side_lane& side_lane_now() {
+  thread_local side_lane lane;
+  int dev = 0;
+  CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (lane.device != dev) {  // first use on this device (a thread drives one device at a time)
+    lane = side_lane{};
+    CEDAR_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
+    CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.start, cudaEventDisableTiming));
+    for (int i = 0; i < 2; ++i) {
+      CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.ready[i], cudaEventDisableTiming));
+      CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.done[i], cudaEventDisableTiming));
+    }
+    lane.device = dev;
+  }
+  return lane;
+}
+
+/// Runs gemm(e, weights) for each expert with rows, its bf16 weights dequantized by
+/// dequant(e, into, side stream) into one of two buffers of `elems` values: expert j's
+/// dequantization runs on the side lane while expert j - 1's GEMM runs on the current stream,
+/// and waits for expert j - 2's GEMM, the buffer's last reader.
+template <class Dequant, class Gemm>
+void overlapped_experts(const std::vector<int>& counts, size_t elems, Dequant dequant, Gemm gemm) {
+  side_lane& lane = side_lane_now();
+  scratch<uint16_t> wb(2 * elems);
+  CEDAR_CUDA_CHECK(cudaEventRecord(lane.start, stream()));  // wb is allocated in stream order
+  CEDAR_CUDA_CHECK(cudaStreamWaitEvent(lane.stream, lane.start, 0));
+  int j = 0;
+  for (int e = 0; e < int(counts.size()); ++e) {
+    if (counts[e] == 0) continue;
+    const int buf = j % 2;
+    uint16_t* w = wb.get() + buf * elems;
+    if (j >= 2) CEDAR_CUDA_CHECK(cudaStreamWaitEvent(lane.stream, lane.done[buf], 0));
+    dequant(e, w, static_cast<void*>(lane.stream));
+    CEDAR_CUDA_CHECK(cudaEventRecord(lane.ready[buf], lane.stream));
+    CEDAR_CUDA_CHECK(cudaStreamWaitEvent(stream(), lane.ready[buf], 0));
+    gemm(e, w);
+    CEDAR_CUDA_CHECK(cudaEventRecord(lane.done[buf], stream()));
+    ++j;
+  }
+  // the last GEMM waited for the last dequantization, so wb's stream-ordered free comes after
+  // every use of it on either stream
 }
 
 }  // namespace
@@ -678,26 +758,34 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         // GEMM, later on the same stream, overwrites; a row's output depends on its row only.
         const auto padded = [](int c) { return (c + 63) / 64 * 64; };
         const size_t rows_alloc = size_t(used) + 64;
-        scratch<uint16_t> xb(rows_alloc * d), hb(rows_alloc * inter), wb(size_t(2) * inter * d);
+        scratch<uint16_t> xb(rows_alloc * d), hb(rows_alloc * inter);
         scratch<float> gu(rows_alloc * 2 * inter);
+        std::vector<int> first_row(num_experts, 0);
+        for (int e = 1; e < num_experts; ++e) first_row[e] = first_row[e - 1] + host_counts[e - 1];
         fake_quant_bf16(y_c, d, slot_row.get(), total, used, d, xb.get());
-        for (int e = 0, off = 0; e < num_experts; off += host_counts[e], ++e) {
-          if (host_counts[e] == 0) continue;
-          dequant_bf16(experts[e].w1, wb.get());
-          dequant_bf16(experts[e].w3, wb.get() + size_t(inter) * d);
-          gemm_bf16(xb.get() + size_t(off) * d, d, padded(host_counts[e]), wb.get(), d, 2 * inter, d,
-                    gu.get() + size_t(off) * 2 * inter, 2 * inter, false);
-        }
+        overlapped_experts(
+            host_counts, size_t(2) * inter * d,
+            [&](int e, uint16_t* w, void* side) {
+              dequant_bf16(experts[e].w1, w, side);
+              dequant_bf16(experts[e].w3, w + size_t(inter) * d, side);
+            },
+            [&](int e, const uint16_t* w) {
+              const int off = first_row[e];
+              gemm_bf16(xb.get() + size_t(off) * d, d, padded(host_counts[e]), w, d, 2 * inter, d,
+                        gu.get() + size_t(off) * 2 * inter, 2 * inter, false);
+            });
         if (used > 0) {  // none when this shard holds none of the chosen experts
           cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(blocks_for((long long)used * inter, 256)), dim3(256),
                                          0, gu.get(), used, inter, slot_src.get(), w_c, total, limit, hb.get());
         }
-        for (int e = 0, off = 0; e < num_experts; off += host_counts[e], ++e) {
-          if (host_counts[e] == 0) continue;
-          dequant_bf16(experts[e].w2, wb.get());
-          gemm_bf16(hb.get() + size_t(off) * inter, inter, padded(host_counts[e]), wb.get(), inter, d, inter,
-                    down.get() + size_t(off) * d, d, false);
-        }
+        overlapped_experts(
+            host_counts, size_t(inter) * d,
+            [&](int e, uint16_t* w, void* side) { dequant_bf16(experts[e].w2, w, side); },
+            [&](int e, const uint16_t* w) {
+              const int off = first_row[e];
+              gemm_bf16(hb.get() + size_t(off) * inter, inter, padded(host_counts[e]), w, inter, d, inter,
+                        down.get() + size_t(off) * d, d, false);
+            });
       }
     }
     if (shared != nullptr)
