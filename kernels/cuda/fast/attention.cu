@@ -99,6 +99,52 @@ __device__ __forceinline__ uint4 fp4_record8(const uint8_t* rec, int dim, int d)
   return dequant8(e.x, e.y, s);
 }
 
+/// 16 bytes of a record: one vector load when aligned (the real dims' records are), else words.
+__device__ __forceinline__ uint4 load_u128(const uint8_t* p) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) return *reinterpret_cast<const uint4*>(p);
+  return make_uint4(load_u32(p), load_u32(p + 4), load_u32(p + 8), load_u32(p + 12));
+}
+
+/// 32 values of a candidate, as loaded (codes and scale codes), before the dequantization.
+struct record32 {
+  uint4 a, b;      // FP8: codes 0..15 and 16..31; FP4: a holds the 32 packed E2M1 values
+  uint32_t scale;  // FP8: the UE8M0 code; FP4: the E4M3 codes of values 0..15 (low byte) and 16..31
+};
+
+/// Values d .. d+31 of an FP8 (codes [dim], a UE8M0 scale per 32) or FP4 (packed E2M1 [dim / 2],
+/// an E4M3 scale per 16) record. Loads only: the conversion waits for the data.
+template <bool FP4>
+__device__ __forceinline__ record32 load_record32(const uint8_t* rec, int dim, int d) {
+  record32 r;
+  if constexpr (FP4) {
+    r.a = load_u128(rec + d / 2), r.b = make_uint4(0, 0, 0, 0);
+    r.scale = uint32_t(rec[dim / 2 + d / 16]) | uint32_t(rec[dim / 2 + d / 16 + 1]) << 8;
+  } else {
+    r.a = load_u128(rec + d), r.b = load_u128(rec + d + 16);
+    r.scale = rec[dim + d / 32];
+  }
+  return r;
+}
+
+/// The 32 values of load_record32 as bf16 (exact) into out[0..3] (8 values each; shared memory),
+/// each stored as soon as it is converted.
+template <bool FP4>
+__device__ __forceinline__ void dequant_record32(const record32& r, uint4* out) {
+  if constexpr (FP4) {
+    const float s0 = e4m3_value(uint8_t(r.scale)), s1 = e4m3_value(uint8_t(r.scale >> 8));
+    const uint32_t w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint2 e = detail::e2m1x8_to_e4m3(w[i]);
+      out[i] = dequant8(e.x, e.y, i < 2 ? s0 : s1);
+    }
+  } else {
+    const float s = ue8m0_value(uint8_t(r.scale));
+    out[0] = dequant8(r.a.x, r.a.y, s), out[1] = dequant8(r.a.z, r.a.w, s);
+    out[2] = dequant8(r.b.x, r.b.y, s), out[3] = dequant8(r.b.z, r.b.w, s);
+  }
+}
+
 __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a < b ? b : a; }
 
 __device__ __forceinline__ int64_t row_position(const kv_items& it, int r, int item) {
@@ -225,23 +271,40 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
       kinds[tid] = kind;
     }
     __syncthreads();
-#pragma unroll 4
-    for (int i = tid; i < chunk * (DIM / 8); i += threads) {
-      const int c = i / (DIM / 8), d = (i % (DIM / 8)) * 8;
-      const uint8_t* rec = cand[c];
-      uint4 val = make_uint4(0, 0, 0, 0);
-      switch (kinds[c]) {
-        case cand_fp8: val = fp8_record8(rec, DIM, d); break;
-        case cand_fp4: val = fp4_record8<true>(rec, DIM, d); break;
-        case cand_fresh: {
-          const float4 a = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(rec) + d);
-          const float4 b = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(rec) + d + 4);
-          val = make_uint4(bf16x2(a.x, a.y), bf16x2(a.z, a.w), bf16x2(b.x, b.y), bf16x2(b.z, b.w));
-          break;
+    {  // gather: a thread takes 32-value pieces, Batch at a time: their loads are issued before
+       // any is converted (more would spill: the q fragments and O stay in registers)
+      constexpr int pieces = DIM / 32, per_thread = chunk * pieces / threads;
+      constexpr int Batch = per_thread < 2 ? per_thread : 2;
+      static_assert(chunk * pieces % threads == 0 && per_thread % Batch == 0, "whole pieces a thread");
+#pragma unroll
+      for (int j0 = 0; j0 < per_thread; j0 += Batch) {
+        record32 raw[Batch];
+#pragma unroll
+        for (int j = 0; j < Batch; ++j) {
+          const int i = tid + (j0 + j) * threads, c = i / pieces, d = (i % pieces) * 32;
+          if (kinds[c] == cand_fp4) raw[j] = load_record32<true>(cand[c], DIM, d);
+          else if (kinds[c] == cand_fp8) raw[j] = load_record32<false>(cand[c], DIM, d);
         }
-        default: break;
+#pragma unroll
+        for (int j = 0; j < Batch; ++j) {
+          const int i = tid + (j0 + j) * threads, c = i / pieces, d = (i % pieces) * 32;
+          uint4* dst = reinterpret_cast<uint4*>(kvt + c * ld + d);
+          switch (kinds[c]) {
+            case cand_fp8: dequant_record32<false>(raw[j], dst); break;
+            case cand_fp4: dequant_record32<true>(raw[j], dst); break;
+            case cand_fresh: {  // this call's own rows, fp32 (the window's newest positions)
+              const float4* src = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(cand[c]) + d);
+              for (int q = 0; q < 4; ++q) {
+                const float4 a = src[2 * q], b = src[2 * q + 1];
+                dst[q] = make_uint4(bf16x2(a.x, a.y), bf16x2(a.z, a.w), bf16x2(b.x, b.y), bf16x2(b.z, b.w));
+              }
+              break;
+            }
+            default:
+              for (int q = 0; q < 4; ++q) dst[q] = make_uint4(0, 0, 0, 0);
+          }
+        }
       }
-      *reinterpret_cast<uint4*>(kvt + c * ld + d) = val;
     }
     __syncthreads();
 
