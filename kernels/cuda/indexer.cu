@@ -49,6 +49,15 @@ __device__ __forceinline__ unsigned long long topk_key(float s, int j) {
 
 __device__ __forceinline__ bool selectable(float s) { return s > neg_inf; }  // drops -inf, NaN
 
+/// Adds 1 to hist[bin] for every lane of the warp that passes `active`, one shared-memory atomic
+/// per distinct bin of the warp (the first passes put most keys of a row in a few bins).
+__device__ __forceinline__ void warp_count(int* hist, int bin, bool active) {
+  const unsigned lanes = __ballot_sync(0xFFFFFFFFu, active);
+  if (!active) return;
+  const unsigned same = __match_any_sync(lanes, bin);
+  if ((threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], __popc(same));
+}
+
 /// One block per row.
 __global__ void topk_kernel(const float* scores, int n, int k, int32_t* out) {
   cuda::detail::dependent_start();
@@ -62,15 +71,16 @@ __global__ void topk_kernel(const float* scores, int n, int k, int32_t* out) {
   __shared__ bool done_shared;
   const float* s = scores + size_t(blockIdx.x) * n;
   int32_t* o = out + size_t(blockIdx.x) * k;
+  const int lane = threadIdx.x & 31;
 
   int local = 0;
   for (int j = threadIdx.x; j < n; j += blockDim.x) local += selectable(s[j]);
-  int valid = 0;
+  for (int off = 16; off >= 1; off /= 2) local += __shfl_xor_sync(0xFFFFFFFFu, local, off);
   if (threadIdx.x == 0) valid_shared = 0;
   __syncthreads();
-  atomicAdd(&valid_shared, local);
+  if (lane == 0) atomicAdd(&valid_shared, local);
   __syncthreads();
-  valid = valid_shared;
+  const int valid = valid_shared;
   const int take = min(k, valid);
 
   unsigned long long prefix = 0, mask = 0;
@@ -79,21 +89,37 @@ __global__ void topk_kernel(const float* scores, int n, int k, int32_t* out) {
     for (int shift = 56; shift >= 0; shift -= 8) {
       for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
       __syncthreads();
-      for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        if (!selectable(s[j])) continue;
-        const unsigned long long key = topk_key(s[j], j);
-        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+      // whole warps go round the loop together (warp_count's shuffles need every lane)
+      for (int base = 0; base < n; base += blockDim.x) {
+        const int j = base + threadIdx.x;
+        const bool live = j < n && selectable(s[j]);
+        const unsigned long long key = live ? topk_key(s[j], j) : 0;
+        warp_count(hist, int((key >> shift) & 255), live && (key & mask) == prefix);
       }
       __syncthreads();
-      if (threadIdx.x == 0) {
-        int remaining = remaining_shared, above = 0, b = 255;
-        for (; b > 0; --b) {
-          if (above + hist[b] >= remaining) break;
-          above += hist[b];
+      if (threadIdx.x < 32) {
+        // the bucket of the remaining-th largest key: lane l holds bins 255 - 8 l .. 248 - 8 l,
+        // a scan over the lanes gives the count above each lane's bins, and the one lane whose
+        // bins hold the remaining-th key walks them (the serial walk's bin, found in parallel)
+        const int remaining = remaining_shared;
+        int c[8], sum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) c[i] = hist[255 - 8 * lane - i], sum += c[i];
+        int incl = sum;
+#pragma unroll
+        for (int off = 1; off < 32; off *= 2) {
+          const int v = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+          if (lane >= off) incl += v;
         }
-        remaining_shared = remaining - above;
-        prefix_shared = prefix | (static_cast<unsigned long long>(b) << shift);
-        done_shared = remaining - above == hist[b];  // the whole bucket is taken
+        int above = incl - sum;
+        if (above < remaining && (remaining <= incl || lane == 31)) {
+          int b = 255 - 8 * lane, i = 0;
+          for (; i < 7 && above + c[i] < remaining; ++i) above += c[i];
+          b -= i;
+          remaining_shared = remaining - above;
+          prefix_shared = prefix | (static_cast<unsigned long long>(b) << shift);
+          done_shared = remaining - above == c[i];  // the whole bucket is taken
+        }
       }
       __syncthreads();
       prefix = prefix_shared;
