@@ -182,10 +182,12 @@ __device__ __forceinline__ void split3_bf16x2(float a, float b, uint32_t t[3]) {
 }
 
 /// Shared-memory plan of the attention kernel (bytes; bf16 rows padded by 8 so that the fragment
-/// loads of 8 rows x 4 words hit 32 distinct banks).
+/// loads of 8 rows x 4 words hit 32 distinct banks; score rows padded by 8 floats so that a
+/// half-warp's 8-byte stores of 4 rows x 4 pairs hit 32 distinct banks, and a quarter-warp's
+/// 16-byte loads of 8 x 4 consecutive scores too).
 template <int DIM, int WARPS = attn_warps<DIM>>
 struct attn_smem {
-  static constexpr int ld = DIM + 8, ld_p = chunk + 8, ld_s = chunk + 4;
+  static constexpr int ld = DIM + 8, ld_p = chunk + 8, ld_s = chunk + 8;
   static constexpr std::size_t kv = 0;                                                        // bf16 [chunk, ld]
   static constexpr std::size_t s = kv + std::size_t(chunk) * ld * 2;                          // f32 [WARPS, 16, ld_s]
   static constexpr std::size_t p = s + std::size_t(WARPS) * heads_per_block * ld_s * 4;        // bf16 [3, 16, ld_p]
@@ -321,18 +323,26 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
       }
       float* sw = st + warp * heads_per_block * ld_s;
       for (int nt = 0; nt < 4; ++nt)
-        for (int e = 0; e < 4; ++e) sw[(gid + (e >> 1) * 8) * ld_s + half * 32 + nt * 8 + tig * 2 + (e & 1)] = s[nt][e];
+        for (int hh = 0; hh < 2; ++hh)  // rows gid and gid + 8, two adjacent candidates each
+          *reinterpret_cast<float2*>(sw + (gid + hh * 8) * ld_s + half * 32 + nt * 8 + tig * 2) =
+              make_float2(s[nt][2 * hh], s[nt][2 * hh + 1]);
     }
     __syncthreads();
 
     {  // online softmax: threads_per_head threads per head (adjacent lanes), cands_per_thread each
       const int h = tid / threads_per_head, part = tid % threads_per_head, c0 = part * cands_per_thread;
-      float sc[cands_per_thread];
+      static_assert(cands_per_thread % 4 == 0, "whole 16-byte loads of scores");
+      float sc[cands_per_thread] = {};
+      for (int w = 0; w < WARPS; ++w) {  // the warps' shares in warp order
+        const float* row = st + (w * heads_per_block + h) * ld_s + c0;
+        for (int i = 0; i < cands_per_thread; i += 4) {
+          const float4 a = *reinterpret_cast<const float4*>(row + i);
+          sc[i] += a.x, sc[i + 1] += a.y, sc[i + 2] += a.z, sc[i + 3] += a.w;
+        }
+      }
       float mx = neg_inf;
       for (int i = 0; i < cands_per_thread; ++i) {
-        float v = 0.0f;
-        for (int w = 0; w < WARPS; ++w) v += st[(w * heads_per_block + h) * ld_s + c0 + i];
-        sc[i] = kinds[c0 + i] != cand_none ? v * p.scale : neg_inf;
+        sc[i] = kinds[c0 + i] != cand_none ? sc[i] * p.scale : neg_inf;
         mx = fmaxf(mx, sc[i]);
       }
       for (int off = 1; off < threads_per_head; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, off));
