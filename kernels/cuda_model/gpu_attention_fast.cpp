@@ -307,10 +307,13 @@ void gpu_model::impl::attend_fast(int l, gbatch& b, const float* qr, const float
     p.topk = st.topk.get(), p.topk_k = args.index_topk;
     p.source = source_view(layout.sources.at(li.kv_source_slot));
   }
-  fast::sparse_attention(p, items);
-
+  // this call's window rows as the ring's FP8 records: the attention reads them (a quarter of
+  // the fp32 rows' bytes; at prefill the window's newest rows are most of its gather), then
+  // they go to the ring
   dvec<uint8_t> rec(std::size_t(n) * layout.swa_record_bytes);
   cuda::pack_fp8_rows(kv, n, dh, rec.get());
+  p.kv_records = rec.get();
+  fast::sparse_attention(p, items);
   fast::store_ring(rec.get(), n, layout.swa_record_bytes, items, li.layer_idx, W);
 }
 

@@ -10,6 +10,7 @@
 //   2e-2 of the largest |logit| of the CPU model.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -228,6 +229,16 @@ void attention_case(const std::string& name, int dh, int heads, int W, int K, in
   fast::sparse_attention(p, s.view());
   const auto got = d_out.host();
   check_close(name, got.data(), ref.data(), got.size(), 1e-4);
+  // the window's fresh rows as the ring's FP8 records (as the model passes them): the same values,
+  // so the same bits
+  dev<uint8_t> d_rec(std::size_t(rows) * s.ring_record);
+  cuda::pack_fp8_rows(d_kv.get(), rows, dh, d_rec.get());
+  cuda::fill_bytes(d_out.get(), 0xFF, sizeof(float) * got.size());
+  p.kv = nullptr, p.kv_records = d_rec.get();
+  fast::sparse_attention(p, s.view());
+  const auto packed = d_out.host();
+  CHECK_MESSAGE(std::memcmp(packed.data(), got.data(), sizeof(float) * got.size()) == 0, name,
+                ": fresh rows from records give the fp32 rows' bits");
 }
 
 }  // namespace

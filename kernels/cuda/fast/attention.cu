@@ -258,6 +258,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         if (ps < p0) {
           kind = cand_fp8;
           ptr = it.rings[item] + (std::size_t(p.layer) * p.window + std::size_t(ps % p.window)) * p.ring_record_bytes;
+        } else if (p.kv_records != nullptr) {  // this call's own rows, packed
+          kind = cand_fp8;
+          ptr = p.kv_records + (std::size_t(rb) + std::size_t(ps - p0)) * p.ring_record_bytes;
         } else {
           kind = cand_fresh;
           ptr = reinterpret_cast<const uint8_t*>(p.kv + (std::size_t(rb) + std::size_t(ps - p0)) * DIM);

@@ -50,6 +50,9 @@ struct kv_source_view {
 struct sparse_attention_params {
   const float* q = nullptr;       // [rows, heads, dim] rotated queries
   const float* kv = nullptr;      // [rows, dim] this step's window KV (K = V), on the FP8 grid
+  /// or, when set, the same rows as FP8 records of ring_record_bytes (the ring's format, packed
+  /// from kv: the same values in about a quarter of the bytes); the kernel then reads these
+  const uint8_t* kv_records = nullptr;
   const int32_t* topk = nullptr;  // [rows, topk] compressed entries (-1 = none), or null
   const float* sink = nullptr;    // [heads]
   float* out = nullptr;           // [rows, heads, dim]
