@@ -89,12 +89,11 @@ __device__ __forceinline__ uint4 fp8_record8(const uint8_t* rec, int dim, int d)
   return dequant8(lo, hi, ue8m0_value(rec[dim + d / 32]));
 }
 
-/// Values d .. d+7 of an FP4 record (packed E2M1 [dim / 2], then a scale per `group`: E4M3 per
-/// 16 for latents, UE8M0 per 32 for index keys).
-template <bool E4M3_SCALE>
-__device__ __forceinline__ uint4 fp4_record8(const uint8_t* rec, int dim, int d) {
+/// Values d .. d+7 of an FP4 index-key record (packed E2M1 [dim / 2], then a UE8M0 scale per 32;
+/// the latents' records, an E4M3 scale per 16, go through load_record32 below).
+__device__ __forceinline__ uint4 fp4_key8(const uint8_t* rec, int dim, int d) {
   const uint32_t w = load_u32(rec + d / 2);
-  const float s = E4M3_SCALE ? e4m3_value(rec[dim / 2 + d / 16]) : ue8m0_value(rec[dim / 2 + d / 32]);
+  const float s = ue8m0_value(rec[dim / 2 + d / 32]);
   const uint2 e = detail::e2m1x8_to_e4m3(w);
   return dequant8(e.x, e.y, s);
 }
@@ -550,7 +549,7 @@ __global__ void __launch_bounds__(idx_threads) index_kernel(index_scores_params 
       const int c = i / (DIM / 8), d = (i % (DIM / 8)) * 8;
       const uint8_t* rec = ptr[c];
       uint4 val = make_uint4(0, 0, 0, 0);
-      if (rec) val = p.format == kv_format::fp8 ? fp8_record8(rec, DIM, d) : fp4_record8<false>(rec, DIM, d);
+      if (rec) val = p.format == kv_format::fp8 ? fp8_record8(rec, DIM, d) : fp4_key8(rec, DIM, d);
       *reinterpret_cast<uint4*>(ks + c * ld + d) = val;
     }
     __syncthreads();

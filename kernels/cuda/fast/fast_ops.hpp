@@ -34,6 +34,8 @@ inline constexpr tile_kind all_tiles[] = {tile_kind::gemv,     tile_kind::narrow
 const char* tile_name(tile_kind t);
 /// The tile the library picks for m rows.
 tile_kind pick_tile(int m);
+/// Shapes the gemv tile takes: n % 16 == 0 and k % 32 == 0.
+inline bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0; }
 
 /// codes [m, k] e4m3 and scales [m, k/32] (powers of two) of x [m, k]; k % 32 == 0.
 void quantize_rows_fp8(const float* x, int m, int k, uint8_t* codes, float* scales);

@@ -1,0 +1,365 @@
+// The fast kernel set's routed and shared experts (fast_ops.hpp, moe_ffn), on tensor cores.
+//
+// Decode (up to tuning::expert_gemv_max_rows tokens): the slots grouped by expert on the device
+// (no host round trip), each busy expert's FP4 weight streamed through gemm_tiles.cu's narrow
+// tiles (once per 8, 16 or 32 of its slots, by token count), SwiGLU, the FP8 quantization of h.
+// Prefill: the per-expert counts to the host, then per expert a cuBLAS bf16 GEMM on its sorted
+// rows (linear_fast.cu's building blocks), its weights dequantized on a side stream under the
+// previous expert's GEMM.
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/cuda/internal.cuh"
+
+namespace cedar::cuda::fast {
+namespace detail {
+namespace {
+
+using cuda::detail::blocks_for;
+using cuda::detail::scratch;
+using cuda::detail::stream;
+
+constexpr int max_experts = 1024;
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + cuda::detail::exp_f(-x)); }
+
+__device__ __forceinline__ bool expert_valid(int e, int num_experts, const cpu::expert_weights* table) {
+  return e >= 0 && e < num_experts && table[e].w1.data != nullptr;
+}
+
+/// grid (num_experts), 256 threads. Block e: the slots routed to expert e in ascending slot
+/// order fill sorted positions [off_e, off_e + count_e) (off_e = the counts of the experts
+/// before e): slot_src[p] = slot, slot_row[p] = slot / topk, slot_pos[slot] = p (-1 for slots
+/// of no present expert), and the groups of the three matrices. counts[e] = count_e; *total.
+/// The groups are compacted: the experts with slots come first (in expert order), so a launch
+/// over the first min(num_experts, slots) groups covers every slot.
+__global__ void group_kernel(const int32_t* sel, int slots, int topk, const cpu::expert_weights* table, int num_experts,
+                             int32_t* slot_src, int32_t* slot_row, int32_t* iota, int32_t* slot_pos, expert_group* g1,
+                             expert_group* g3, expert_group* g2, int* counts, int* total) {
+  cuda::detail::dependent_start();
+  __shared__ int count[max_experts];
+  __shared__ int warp_n[32];
+  __shared__ int base;
+  const int e = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
+  for (int i = tid; i < num_experts; i += blockDim.x) count[i] = 0;
+  __syncthreads();
+  for (int s = tid; s < slots; s += blockDim.x)
+    if (expert_valid(sel[s], num_experts, table)) atomicAdd(&count[sel[s]], 1);
+  __syncthreads();
+  if (tid == 0) {
+    int off = 0, used_before = 0, used = 0;
+    for (int i = 0; i < num_experts; ++i) {
+      used += count[i] > 0;
+      if (i < e) off += count[i], used_before += count[i] > 0;
+    }
+    base = off;
+    counts[e] = count[e];
+    if (e == num_experts - 1) *total = off + count[e];
+    const cpu::expert_weights& w = table[e];
+    const int at = count[e] > 0 ? used_before : used + (e - used_before);  // the empty ones after
+    g1[at] = {w.w1.data, w.w1.scale, off, count[e]};
+    g3[at] = {w.w3.data, w.w3.scale, off, count[e]};
+    g2[at] = {w.w2.data, w.w2.scale, off, count[e]};
+  }
+  __syncthreads();
+  const bool present = expert_valid(e, num_experts, table);
+  for (int c0 = 0; c0 < slots && present; c0 += blockDim.x) {
+    const int s = c0 + tid;
+    const bool mine = s < slots && sel[s] == e;
+    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, mine);
+    if (lane == 0) warp_n[warp] = __popc(ballot);
+    __syncthreads();
+    int before = base;
+    for (int i = 0; i < warp; ++i) before += warp_n[i];
+    if (mine) {
+      const int p = before + __popc(ballot & ((1u << lane) - 1));
+      slot_src[p] = s, slot_row[p] = s / topk, iota[p] = p, slot_pos[s] = p;
+    }
+    __syncthreads();
+    if (tid == 0)
+      for (int i = 0; i < warps; ++i) base += warp_n[i];
+    __syncthreads();
+  }
+  if (e == 0)
+    for (int s = tid; s < slots; s += blockDim.x)
+      if (!expert_valid(sel[s], num_experts, table)) slot_pos[s] = -1;
+}
+
+/// h = silu(min(g, limit)) * clamp(u, -limit, limit), times weights[slot_src[s]] when given,
+/// over g [cap, inter] (slots at or past *total: 0).
+__global__ void swiglu_kernel(float* g, const float* u, int cap, int inter, const int32_t* slot_src,
+                              const float* weights, const int* total, float limit) {
+  cuda::detail::dependent_start();
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= (long long)cap * inter) return;
+  const int s = int(i / inter);
+  if (total && s >= *total) {
+    g[i] = 0.0f;
+    return;
+  }
+  const float h = silu_f(cuda::detail::std_min(g[i], limit)) * cuda::detail::clampf(u[i], -limit, limit);
+  g[i] = weights ? weights[slot_src ? slot_src[s] : s] * h : h;
+}
+
+/// The same on gu [cap, 2 inter] (g then u), written as the fake-quantized bf16 h [cap, inter]
+/// (one warp per group of 32).
+__global__ void swiglu_bf16_kernel(const float* gu, int cap, int inter, const int32_t* slot_src, const float* weights,
+                                   const int* total, float limit, uint16_t* out) {
+  cuda::detail::dependent_start();
+  const long long gi = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32, gpr = inter / 32;
+  if (gi >= (long long)cap * gpr) return;
+  const int s = int(gi / gpr), j = int(gi % gpr);
+  float h = 0.0f;
+  if (s < *total) {
+    const float* row = gu + size_t(s) * 2 * inter;
+    const float g = row[j * 32 + lane], u = row[inter + j * 32 + lane];
+    h = silu_f(cuda::detail::std_min(g, limit)) * cuda::detail::clampf(u, -limit, limit);
+    if (weights) h = weights[slot_src[s]] * h;
+  }
+  float amax = fabsf(h);
+  for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float sc = cuda::detail::fp8_group_scale(amax);
+  const float q = cuda::detail::round_to_e4m3(cuda::detail::clampf(h / sc, -448.0f, 448.0f)) * sc;
+  out[size_t(s) * inter + j * 32 + lane] = cuda::detail::f32_to_bf16(q);
+}
+
+/// out[r, c] = (0 + down[pos(r, 0), c] + ... in top-k order) + shared[r, c] (0 when null).
+__global__ void combine_kernel(const float* down, const int32_t* slot_pos, const float* shared, int m, int topk, int d,
+                               float* out) {
+  cuda::detail::dependent_start();
+  const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (e >= (long long)m * d) return;
+  const int r = int(e / d), c = int(e % d);
+  float o = 0.0f;
+  for (int i = 0; i < topk; ++i) {
+    const int p = slot_pos[size_t(r) * topk + i];
+    o += p >= 0 ? down[size_t(p) * d + c] : 0.0f;
+  }
+  out[e] = o + (shared ? shared[e] : 0.0f);
+}
+
+}  // namespace
+}  // namespace detail
+
+using namespace detail;
+
+namespace {
+
+/// The shared expert (FP8): the fast linears and the exact SwiGLU (no routing weight). w1 and
+/// w3 share one GEMV launch; xq / xs, when given, are y already quantized (the routed experts'
+/// codes).
+void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, float limit, float* out,
+                   const uint8_t* xq = nullptr, const float* xs = nullptr) {
+  const int inter = e.w1.out;
+  scratch<float> g(size_t(m) * inter), u(size_t(m) * inter);
+  const fp8_weight* w13[2] = {&e.w1, &e.w3};
+  float* gu[2] = {g.get(), u.get()};
+  linear_fp8_set(y, m, 2, w13, gu, xq, xs);
+  cuda::detail::launch_dependent(swiglu_kernel, dim3(blocks_for((long long)m * inter, 256)), dim3(256), 0, g.get(),
+                                 u.get(), m, inter, nullptr, nullptr, nullptr, limit);
+  linear_fp8(g.get(), m, e.w2, out);
+}
+
+/// Rows per pass of the experts at prefill (bounds the [slots, 2 inter] fp32 buffer).
+constexpr int moe_chunk_rows = 8192;
+
+/// The device copy of a host table of expert views, kept per (table address, size) and
+/// checked byte for byte on each use, so a layer's table is uploaded once, not per call.
+const cpu::expert_weights* device_table(const cpu::expert_weights* experts, int num_experts) {
+  struct entry {
+    std::vector<cpu::expert_weights> host;
+    void* dev = nullptr;
+  };
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, entry> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  entry& e = cache[{experts, num_experts}];
+  const std::size_t bytes = sizeof(cpu::expert_weights) * num_experts;
+  if (e.dev == nullptr || std::memcmp(e.host.data(), experts, bytes) != 0) {
+    if (e.dev == nullptr) e.dev = cuda::device_alloc(bytes);
+    e.host.assign(experts, experts + num_experts);
+    CEDAR_CUDA_CHECK(cudaMemcpyAsync(e.dev, e.host.data(), bytes, cudaMemcpyHostToDevice, stream()));
+  }
+  return static_cast<const cpu::expert_weights*>(e.dev);
+}
+
+/// A second stream of the calling thread's current device, with the events that order it
+/// against the current stream: the prefill experts dequantize the next expert's weights on it
+/// while the current stream runs this expert's GEMM (HBM-bound beside tensor-bound work).
+struct side_lane {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, ready[2] = {}, done[2] = {};
+};
+
+side_lane& side_lane_now() {
+  thread_local side_lane lane;
+  int dev = 0;
+  CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (lane.device != dev) {  // first use on this device (a thread drives one device at a time)
+    lane = side_lane{};
+    CEDAR_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
+    CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.start, cudaEventDisableTiming));
+    for (int i = 0; i < 2; ++i) {
+      CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.ready[i], cudaEventDisableTiming));
+      CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.done[i], cudaEventDisableTiming));
+    }
+    lane.device = dev;
+  }
+  return lane;
+}
+
+/// Runs gemm(e, weights) for each expert with rows, its bf16 weights dequantized by
+/// dequant(e, into, side stream) into one of two buffers of `elems` values: expert j's
+/// dequantization runs on the side lane while expert j - 1's GEMM runs on the current stream,
+/// and waits for expert j - 2's GEMM, the buffer's last reader.
+template <class Dequant, class Gemm>
+void overlapped_experts(const std::vector<int>& counts, size_t elems, Dequant dequant, Gemm gemm) {
+  side_lane& lane = side_lane_now();
+  scratch<uint16_t> wb(2 * elems);
+  CEDAR_CUDA_CHECK(cudaEventRecord(lane.start, stream()));  // wb is allocated in stream order
+  CEDAR_CUDA_CHECK(cudaStreamWaitEvent(lane.stream, lane.start, 0));
+  int j = 0;
+  for (int e = 0; e < int(counts.size()); ++e) {
+    if (counts[e] == 0) continue;
+    const int buf = j % 2;
+    uint16_t* w = wb.get() + buf * elems;
+    if (j >= 2) CEDAR_CUDA_CHECK(cudaStreamWaitEvent(lane.stream, lane.done[buf], 0));
+    dequant(e, w, static_cast<void*>(lane.stream));
+    CEDAR_CUDA_CHECK(cudaEventRecord(lane.ready[buf], lane.stream));
+    CEDAR_CUDA_CHECK(cudaStreamWaitEvent(stream(), lane.ready[buf], 0));
+    gemm(e, w);
+    CEDAR_CUDA_CHECK(cudaEventRecord(lane.done[buf], stream()));
+    ++j;
+  }
+  // the last GEMM waited for the last dequantization, so wb's stream-ordered free comes after
+  // every use of it on either stream
+}
+
+}  // namespace
+
+void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
+             const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared, float limit,
+             float* out) {
+  CEDAR_CUDA_REQUIRE(num_experts > 0 && num_experts <= max_experts, "expert count");
+  if (m <= 0) return;
+  const int inter = cuda::detail::expert_inter(experts, num_experts, d);
+  CEDAR_CUDA_REQUIRE(d % 32 == 0 && inter % 32 == 0, "fast moe_ffn: d and inter multiples of 32");
+  const cpu::expert_weights* table = device_table(experts, num_experts);
+  // The grouped W4A8 kernels, on device-side groups: the narrow weight streams where the shapes
+  // allow (2.4x the gemv tile on 64 experts x ~6 slots, `cedar kernel-lab --op moe`; 16 slots a
+  // pass past expert_narrow_max_rows tokens, 32 past expert_narrow16_max_rows), else the gemv
+  // tile; then the skinny tile (when the thresholds leave it rows). Past those: the bf16 path.
+  const tuning& tune = tuning_now();
+  const bool tiles_fit = d % 256 == 0 && inter % 256 == 0;
+  bool grouped = true;
+  tile_kind tile = tile_kind::skinny;
+  if (m <= tune.expert_gemv_max_rows && tiles_fit)
+    tile = m <= tune.expert_narrow_max_rows     ? tile_kind::narrow
+           : m <= tune.expert_narrow16_max_rows ? tile_kind::narrow16
+                                                : tile_kind::narrow32;
+  else if (m <= tune.expert_gemv_max_rows && gemv_shape(inter, d) && gemv_shape(d, inter))
+    tile = tile_kind::gemv;
+  else
+    grouped = m <= tune.expert_tiled_max_rows && tiles_fit;
+  const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
+  const int cap = chunk * topk;
+  scratch<int32_t> slot_src(cap), slot_row(cap), iota(cap), slot_pos(cap);
+  scratch<expert_group> groups(size_t(3) * num_experts);
+  expert_group *g1 = groups.get(), *g3 = g1 + num_experts, *g2 = g3 + num_experts;
+  scratch<int> counts(num_experts + 1);
+  int* total = counts.get() + num_experts;
+  scratch<float> down(size_t(cap + 64) * d), shared_out(shared ? size_t(chunk) * d : 0);  // + padding rows
+  std::vector<int> host_counts(num_experts);
+  // the grouped path's x codes (one pass: chunk == m), which the shared expert reuses
+  scratch<uint8_t> xq(grouped ? size_t(m) * d : 0);
+  scratch<float> xs(grouped ? size_t(m) * (d / 32) : 0);
+  bool quantized = false;
+  for (int r0 = 0; r0 < m; r0 += chunk) {
+    const int rows = std::min(chunk, m - r0), slots = rows * topk;
+    const int32_t* sel_c = sel + size_t(r0) * topk;
+    const float* w_c = weights + size_t(r0) * topk;
+    const float* y_c = y + size_t(r0) * d;
+    if (inter > 0) {
+      cuda::detail::launch_dependent(group_kernel, dim3(num_experts), dim3(256), 0, sel_c, slots, topk, table,
+                                     num_experts, slot_src.get(), slot_row.get(), iota.get(), slot_pos.get(), g1, g3,
+                                     g2, counts.get(), total);
+      if (grouped) {
+        scratch<uint8_t> hq(size_t(slots) * inter);
+        scratch<float> hs(size_t(slots) * (inter / 32));
+        scratch<float> g(size_t(slots) * inter), u(size_t(slots) * inter);
+        const int busy = std::min(num_experts, slots);  // groups that can have slots (compacted)
+        quantize_rows_fp8(y_c, rows, d, xq.get(), xs.get());
+        quantized = true;
+        grouped_fp4_pair(xq.get(), xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter, d, g.get(), u.get(),
+                         tile);
+        cuda::detail::launch_dependent(swiglu_kernel, dim3(blocks_for((long long)slots * inter, 256)), dim3(256), 0,
+                                       g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit);
+        quantize_rows_fp8(g.get(), slots, inter, hq.get(), hs.get());
+        grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile);
+      } else {
+        // prefill: the 64 (or so) counts to the host, then per-expert bf16 GEMMs on sorted rows
+        CEDAR_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), counts.get(), sizeof(int) * num_experts,
+                                         cudaMemcpyDeviceToHost, stream()));
+        CEDAR_CUDA_CHECK(cudaStreamSynchronize(stream()));
+        int used = 0;
+        for (int c : host_counts) used += c;
+        // Each expert's GEMM runs on its row count rounded up to a multiple of 64, so cuBLAS
+        // sees a handful of shapes (its heuristic cache answers, instead of a fresh search
+        // per expert and layer). The extra rows read the next expert's inputs (or the slack
+        // past the last) and write into the next expert's outputs, which that expert's own
+        // GEMM, later on the same stream, overwrites; a row's output depends on its row only.
+        const auto padded = [](int c) { return (c + 63) / 64 * 64; };
+        const size_t rows_alloc = size_t(used) + 64;
+        scratch<uint16_t> xb(rows_alloc * d), hb(rows_alloc * inter);
+        scratch<float> gu(rows_alloc * 2 * inter);
+        std::vector<int> first_row(num_experts, 0);
+        for (int e = 1; e < num_experts; ++e) first_row[e] = first_row[e - 1] + host_counts[e - 1];
+        fake_quant_bf16(y_c, d, slot_row.get(), total, used, d, xb.get());
+        overlapped_experts(
+            host_counts, size_t(2) * inter * d,
+            [&](int e, uint16_t* w, void* side) {
+              dequant_bf16(experts[e].w1, w, side);
+              dequant_bf16(experts[e].w3, w + size_t(inter) * d, side);
+            },
+            [&](int e, const uint16_t* w) {
+              const int off = first_row[e];
+              gemm_bf16(xb.get() + size_t(off) * d, d, padded(host_counts[e]), w, d, 2 * inter, d,
+                        gu.get() + size_t(off) * 2 * inter, 2 * inter, false);
+            });
+        if (used > 0) {  // none when this shard holds none of the chosen experts
+          cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(blocks_for((long long)used * inter, 256)), dim3(256),
+                                         0, gu.get(), used, inter, slot_src.get(), w_c, total, limit, hb.get());
+        }
+        overlapped_experts(
+            host_counts, size_t(inter) * d,
+            [&](int e, uint16_t* w, void* side) { dequant_bf16(experts[e].w2, w, side); },
+            [&](int e, const uint16_t* w) {
+              const int off = first_row[e];
+              gemm_bf16(hb.get() + size_t(off) * inter, inter, padded(host_counts[e]), w, inter, d, inter,
+                        down.get() + size_t(off) * d, d, false);
+            });
+      }
+    }
+    if (shared != nullptr)
+      shared_expert(y_c, rows, *shared, limit, shared_out.get(), quantized ? xq.get() : nullptr,
+                    quantized ? xs.get() : nullptr);
+    if (inter > 0) {
+      cuda::detail::launch_dependent(combine_kernel, dim3(blocks_for((long long)rows * d, 256)), dim3(256), 0,
+                                     down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, rows, topk, d,
+                                     out + size_t(r0) * d);
+    } else if (shared != nullptr) {
+      cuda::copy_device(out + size_t(r0) * d, shared_out.get(), sizeof(float) * rows * d);
+    } else {
+      CEDAR_CUDA_CHECK(cudaMemsetAsync(out + size_t(r0) * d, 0, sizeof(float) * rows * d, stream()));
+    }
+  }
+}
+
+}  // namespace cedar::cuda::fast
