@@ -1,7 +1,10 @@
-// Decode steps under CUDA graphs (gpu_forward.hpp, decode_workspace): with the fast kernel set,
-// a batch whose items each bring one token runs each layer's MoE half (HCPost and HCMix of the
-// FFN sublayer, router, experts, HCPost) as one graph per (rows, layer), over buffers that live
-// as long as the model, so the captured addresses stay valid. The forward call's thread.
+// CUDA graphs of the MoE halves (gpu_forward.hpp, graph_workspace): with the fast kernel set, a
+// forward call of few rows (a decode step of up to 64 rows; the sliding window's rows, which the
+// truncated decoder layers keep at prefill and a prefix hit replays) runs each layer's MoE half
+// (HCPost and HCMix of the FFN sublayer, router, experts, HCPost) as one graph per (rows,
+// layer), over buffers that live as long as the model, so the captured addresses stay valid.
+// The half depends on the row count only, so decode and prefill calls of one count share its
+// graphs. The forward call's thread.
 #ifdef CEDAR_HAVE_CUDA
 
 #include "kernels/cuda/fast/fast_ops.hpp"
@@ -9,21 +12,19 @@
 
 namespace cedar {
 
-decode_workspace* gpu_model::impl::decode_graph_workspace(std::span<const forward_item> batch, int rows,
-                                                          const forward_stats* stats) const {
+graph_workspace* gpu_model::impl::graph_workspace_for(int rows, const forward_stats* stats) const {
   // The experts above the gemv row count wait for the host (per-expert counts): not capturable.
   // Each row count keeps its own workspace and graphs for the model's life, so the graphed
-  // counts stop at 64 (0.26 GB of workspaces for bench-40L-E64 if every count occurs).
+  // counts are those of decode batches up to 64 (0.26 GB of workspaces for bench-40L-E64 if
+  // every count occurs) and the window's (16 MB).
   constexpr int max_graph_rows = 64;
-  if (!graphs_enabled || profile.on() || stats != nullptr || rows == 0 || rows > max_graph_rows ||
-      rows > cuda::fast::tuning_now().expert_gemv_max_rows)
+  if (!graphs_enabled || profile.on() || stats != nullptr || rows == 0 ||
+      (rows > max_graph_rows && rows != args.sliding_window) || rows > cuda::fast::tuning_now().expert_gemv_max_rows)
     return nullptr;
-  for (const forward_item& item : batch)
-    if (item.tokens.size() != 1 || item.truncate_below >= 0) return nullptr;
   auto [it, added] = workspaces.try_emplace(rows);
   if (added) {
     const std::size_t n = std::size_t(rows), hc = args.hc_mult, D = args.hidden_size;
-    decode_workspace& w = it->second;
+    graph_workspace& w = it->second;
     w.X = dvec<float>(n * hc * D), w.pre = dvec<float>(n * hc), w.a_pre = dvec<float>(n * hc);
     w.post = dvec<float>(n * hc), w.comb = dvec<float>(n * hc * hc), w.x = dvec<float>(n * D), w.f = dvec<float>(n * D);
   }

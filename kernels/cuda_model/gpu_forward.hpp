@@ -56,11 +56,12 @@ class dvec {
   bool owned_ = true;
 };
 
-/// Decode steps of the fast kernel set run each layer's MoE half (HCPost + HCMix of the FFN
-/// sublayer, router, experts, HCPost) as one CUDA graph per (rows, layer), captured at first
-/// use; the residual and the sublayer buffers they touch live here, one set per row count, so
-/// the captured addresses stay valid.
-struct decode_workspace {
+/// Forward calls of the fast kernel set with few rows (decode steps, the truncated decoder
+/// layers' rows at prefill, a replayed window) run each layer's MoE half (HCPost + HCMix of the
+/// FFN sublayer, router, experts, HCPost) as one CUDA graph per (rows, layer), captured at
+/// first use; the residual and the sublayer buffers they touch live here, one set per row count,
+/// so the captured addresses stay valid.
+struct graph_workspace {
   dvec<float> X, pre, a_pre, post, comb, x, f;  // [n, hc, dim], [n, hc] x 3, [n, hc, hc], [n, dim] x 2
 };
 
@@ -150,8 +151,9 @@ struct gbatch {
   dvec<float> X, pre;  // [n, hc, dim], [n, hc]
   /// Fast kernel set: device page tables and the batch's top-k, built at the first layer.
   std::shared_ptr<fast_attention_state> fast;
-  /// Decode step under CUDA graphs: the buffers X, pre and the layer's sublayer buffers.
-  decode_workspace* ws = nullptr;
+  /// Under CUDA graphs (a row count graph_workspace_for takes): the buffers X, pre and the
+  /// layer's sublayer buffers.
+  graph_workspace* ws = nullptr;
 };
 
 
@@ -164,21 +166,20 @@ struct gpu_model::impl {
   kv_layout layout;
   gpu_kernels kernels = gpu_kernels::exact;
   mutable phase_profile profile;
-  /// CUDA graphs of decode steps (fast kernel set; $CEDAR_GPU_GRAPHS=0 turns them off):
+  /// CUDA graphs of the MoE halves (fast kernel set; $CEDAR_GPU_GRAPHS=0 turns them off):
   /// workspaces by row count, executable graphs by (rows, layer).
   bool graphs_enabled = false;
   /// Fast kernel set, gpu_model's dense_bf16: every dense FP8 linear also kept as bf16
   /// (fp8_weight::bf16), filled by keep_dense_bf16 after the upload.
   bool dense_bf16 = false;
   void keep_dense_bf16();
-  mutable std::map<int, decode_workspace> workspaces;
+  mutable std::map<int, graph_workspace> workspaces;
   struct graph_entry {
     int eager_runs = 0;
     void* exec = nullptr;
   };
   mutable std::map<std::pair<int, int>, graph_entry> graphs;
-  decode_workspace* decode_graph_workspace(std::span<const forward_item> batch, int rows,
-                                           const forward_stats* stats) const;
+  graph_workspace* graph_workspace_for(int rows, const forward_stats* stats) const;
   void run_graphed(int rows, int layer, const std::function<void()>& enqueue) const;
   std::vector<void*> allocations;
   uint64_t bytes = 0;
@@ -240,7 +241,7 @@ struct gpu_model::impl {
   int head_device(const gbatch& b, dvec<float>& out) const;
   /// Every step of a forward call but the copy back: the logits stay on the device.
   int forward_device(std::span<forward_item> batch, forward_stats* stats, dvec<float>& logits) const;
-  void drop_truncated_rows(gbatch& b) const;
+  void drop_truncated_rows(gbatch& b, const forward_stats* stats) const;
 
   cuda::record_kind latent_kind() const {
     return layout.dtype == kv_dtype::fp8 ? cuda::record_kind::fp8 : cuda::record_kind::fp4_e4m3;

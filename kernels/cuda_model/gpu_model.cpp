@@ -95,18 +95,18 @@ void gpu_model::impl::run_layer(int l, gbatch& b, forward_stats* stats) const {
 }
 
 // The fast kernel set's layer: each mHC boundary (HCPost of the sublayer before, HCMix,
-// HCCollapse, RMSNorm) in two launches; in a decode step under graphs the MoE half is one graph.
+// HCCollapse, RMSNorm) in one or two launches; with a graph workspace the MoE half is one graph.
 void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
   const int n = b.num_rows, hc = args.hc_mult, D = args.hidden_size;
   const float eps = float(args.rms_norm_eps), hc_eps = float(args.hc_eps);
   const dev_layer& lw = layers[l];
-  const auto buffer = [&](dvec<float> decode_workspace::*member, std::size_t size) {
+  const auto buffer = [&](dvec<float> graph_workspace::*member, std::size_t size) {
     return b.ws ? dvec<float>::borrow((b.ws->*member).get(), size) : dvec<float>(size);
   };
-  dvec<float> a_pre = buffer(&decode_workspace::a_pre, std::size_t(n) * hc),
-              post = buffer(&decode_workspace::post, std::size_t(n) * hc),
-              comb = buffer(&decode_workspace::comb, std::size_t(n) * hc * hc),
-              x = buffer(&decode_workspace::x, std::size_t(n) * D), f = buffer(&decode_workspace::f, std::size_t(n) * D);
+  dvec<float> a_pre = buffer(&graph_workspace::a_pre, std::size_t(n) * hc),
+              post = buffer(&graph_workspace::post, std::size_t(n) * hc),
+              comb = buffer(&graph_workspace::comb, std::size_t(n) * hc * hc),
+              x = buffer(&graph_workspace::x, std::size_t(n) * D), f = buffer(&graph_workspace::f, std::size_t(n) * D);
   const auto boundary = [&](const float* f_prev, const dev_hc& m, float* pre_out, const float* collapse_pre,
                             const float* norm_w) {
     const cuda::fast::hc_mix_params p{m.fn, m.scale, m.base, args.hc_sinkhorn_iters, hc_eps, eps};
@@ -133,7 +133,7 @@ void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
 
 // Drops, for each item with truncate_below >= 0, its rows below that position (stream.cpp's
 // drop_truncated_rows): the kept rows are a suffix of each item, moved down with device copies.
-void gpu_model::impl::drop_truncated_rows(gbatch& b) const {
+void gpu_model::impl::drop_truncated_rows(gbatch& b, const forward_stats* stats) const {
   const int hc = args.hc_mult, D = args.hidden_size, K = args.index_topk;
   const std::size_t x_row = std::size_t(hc) * D;
   dvec<float> X(std::size_t(std::max(1, b.num_rows)) * x_row), pre(std::size_t(std::max(1, b.num_rows)) * hc);
@@ -165,10 +165,20 @@ void gpu_model::impl::drop_truncated_rows(gbatch& b) const {
     out += keep;
   }
   b.num_rows = out;
-  b.X = std::move(X);
-  b.pre = std::move(pre);
   b.positions = std::move(positions);
   b.d_positions = dvec<int32_t>(b.positions);
+  // the kept rows (the sliding window's, at prefill) run their MoE halves under graphs when
+  // their count has a workspace
+  b.ws = graph_workspace_for(out, stats);
+  if (b.ws == nullptr) {
+    b.X = std::move(X);
+    b.pre = std::move(pre);
+    return;
+  }
+  b.X = dvec<float>::borrow(b.ws->X.get(), std::size_t(out) * x_row);
+  b.pre = dvec<float>::borrow(b.ws->pre.get(), std::size_t(out) * hc);
+  cuda::copy_device(b.X.get(), X.get(), sizeof(float) * out * x_row);
+  cuda::copy_device(b.pre.get(), pre.get(), sizeof(float) * out * hc);
 }
 
 int gpu_model::impl::head_device(const gbatch& b, dvec<float>& out) const {
@@ -222,13 +232,13 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
       dvec<int32_t> d_tokens(tokens);
       dvec<float> e(std::size_t(n) * D);
       cuda::embed(d_tokens.get(), n, embed, e.get());
-      b.ws = decode_graph_workspace(batch, n, stats);
+      b.ws = graph_workspace_for(n, stats);
       b.X = b.ws ? dvec<float>::borrow(b.ws->X.get(), std::size_t(n) * hc * D) : dvec<float>(std::size_t(n) * hc * D);
       b.pre = b.ws ? dvec<float>::borrow(b.ws->pre.get(), std::size_t(n) * hc) : dvec<float>(std::size_t(n) * hc);
       cuda::hc_expand(e.get(), n, hc, D, b.X.get(), b.pre.get());
     }
     for (int l = 0; l < args.num_hidden_layers && b.num_rows > 0; ++l) {
-      if (l == args.truncate_from_layer && truncates) drop_truncated_rows(b);
+      if (l == args.truncate_from_layer && truncates) drop_truncated_rows(b, stats);
       if (b.num_rows > 0) run_layer(l, b, stats);  // a chunk wholly below truncate_below stops here
     }
     phase_profile::scope t(profile, phase_profile::head);

@@ -1,7 +1,8 @@
-// Decode steps under CUDA graphs (fast kernel set): a model with graphs gives the same logits,
+// MoE halves under CUDA graphs (fast kernel set): a model with graphs gives the same logits,
 // bit for bit, as the same model with graphs off ($CEDAR_GPU_GRAPHS=0), over enough steps that
-// every layer's graph is run eagerly, captured and replayed, for two batch sizes; and a
-// prefill between decode steps (no graph) leaves the replays correct.
+// every layer's graph is run eagerly, captured and replayed, for two batch sizes; a prefill
+// between decode steps leaves the replays correct; and so do three prefills with decoder
+// truncation, whose truncated layers run the window's row count under graphs.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -51,12 +52,27 @@ std::vector<float> run(const gpu_model& m, int steps) {
   step({2}, true);
   for (int t = 0; t < steps; ++t) step({0, 1, 2}, false);
   for (auto& kv : kvs) arena.release(kv);
+  // a prompt past the sliding window with decoder truncation, three times (eager, captured,
+  // replayed): the truncated layers' window rows run the window's row count's graphs
+  std::vector<int32_t> prompt;
+  for (int t = 0; t < 3 * m.args().sliding_window - 3; ++t) prompt.push_back(int32_t(7 + 31 * t % 5000));
+  for (int rep = 0; rep < 3; ++rep) {
+    request_kv kv = *arena.allocate(128);
+    std::vector<forward_item> batch(1);
+    batch[0].kv = &kv;
+    batch[0].tokens = prompt;
+    batch[0].truncate_below = int64_t(prompt.size()) - m.args().sliding_window;
+    logits.clear();
+    m.forward(batch, logits);
+    all.insert(all.end(), logits.begin(), logits.end());
+    arena.release(kv);
+  }
   return all;
 }
 
 }  // namespace
 
-TEST_CASE("gpu model: decode steps under CUDA graphs give the logits of eager steps, bit for bit") {
+TEST_CASE("gpu model: decode steps and truncated layers under CUDA graphs give the logits of eager steps, bit for bit") {
   if (!have_gpu()) return;
   std::string error;
   const auto args = load_model_args("micro", &error);
