@@ -56,6 +56,22 @@ void check_boundary(int m, int d, bool with_post) {
   check_close("hc_boundary post" + tag, dpost.host().data(), post.data(), post.size(), reorder_bound);
   check_close("hc_boundary comb" + tag, dcomb.host().data(), comb.data(), comb.size(), reorder_bound);
   check_close("hc_boundary x" + tag, dx.host().data(), c.data(), c.size(), reorder_bound);
+  // one launch (up to 8 rows) and two give the same bits; the one-launch kernel's arrival
+  // counters are back at zero after every call (the automatic call above took it at m = 1)
+  for (const auto launches : {cuda::fast::hc_launches::one, cuda::fast::hc_launches::two}) {
+    if (launches == cuda::fast::hc_launches::one && m > cuda::fast::hc_one_launch_capacity) continue;
+    dev<float> bX(X), bpost(post0), bcomb(comb0), bpre(pre.size()), bx(size_t(m) * d);
+    cuda::fast::hc_boundary(bX.get(), m, hc, d, with_post ? df.get() : nullptr, bpost.get(), bcomb.get(), p,
+                            bpre.get(), dcpre.get(), dnorm.get(), bx.get(), launches);
+    const std::string same = std::string("hc_boundary: ") +
+                             (launches == cuda::fast::hc_launches::one ? "one launch" : "two launches") +
+                             " gives the same bits" + tag;
+    CHECK_MESSAGE(ref::same_bits(bx.host().data(), dx.host().data(), size_t(m) * d), same);
+    CHECK_MESSAGE(ref::same_bits(bX.host().data(), dX.host().data(), X.size()), same);
+    CHECK_MESSAGE(ref::same_bits(bcomb.host().data(), dcomb.host().data(), comb.size()), same);
+    CHECK_MESSAGE(ref::same_bits(bpost.host().data(), dpost.host().data(), post.size()), same);
+    CHECK_MESSAGE(ref::same_bits(bpre.host().data(), dpre.host().data(), pre.size()), same);
+  }
   if (m == 1) return;
   // batch invariance: the last row alone gets the bits it got in the batch
   const auto row = [&](const std::vector<float>& v, std::size_t width) {
@@ -81,6 +97,8 @@ TEST_CASE("fast hc_boundary: HCPost, HCMix (Sinkhorn), collapse and RMSNorm as t
   check_boundary(3, 200, false);
   check_boundary(37, 640, true);
   check_boundary(16, 5120, false);
+  check_boundary(2, 5120, true);
+  check_boundary(8, 5120, true);  // the most rows the one-launch kernel takes (hc_launches::one)
   // rows per block 2, 4 and 8 (layer_ops.cu, rows_per_block: 3 slices of 256 at d = 640), the
   // last block part full
   check_boundary(399, 640, true);

@@ -3,7 +3,8 @@
 // (device-to-device copy bandwidth, a cuBLASLt matrix product), then estimates the decode-step
 // HBM floor of bench-40L-E64 and how close the lab's kernels come to it.
 // Ops: linear_fp8, linear_fp4, moe, prefill (the fast kernel set's large-m path, the bf16 GEMV),
-// attention (fused decode attention and indexer), ceilings, floor, all. A build without CUDA says so.
+// attention (fused decode attention and indexer), mhc (the mHC boundary), ceilings, floor, all. A
+// build without CUDA says so.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,7 +60,7 @@ bool parse(int argc, char** argv, options& o) {
     if (!(o.op == "linear_fp8" && named(lab::fp8_shapes)) && !(o.op == "linear_fp4" && named(lab::fp4_shapes)))
       return false;
   }
-  static const char* ops[] = {"linear_fp8", "linear_fp4", "moe", "prefill", "attention", "ceilings", "floor", "all"};
+  static const char* ops[] = {"linear_fp8", "linear_fp4", "moe", "prefill", "attention", "mhc", "ceilings", "floor", "all"};
   return std::any_of(std::begin(ops), std::end(ops), [&](const char* n) { return o.op == n; });
 }
 
@@ -146,7 +147,7 @@ int kernel_lab_main(int argc, char** argv) {
   options o;
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr,
-                 "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|attention|ceilings|floor|all\n"
+                 "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|attention|mhc|ceilings|floor|all\n"
                  "                        [--out FILE.json] [--quick]\n"
                  "       --op moe only: [--tokens N] (1..65536: that token count only)\n"
                  "                      [--tile gemv|narrow|narrow16|narrow32|split4|split8|skinny|wide]\n"
@@ -188,6 +189,7 @@ int kernel_lab_main(int argc, char** argv) {
   if (o.op == "moe" || o.op == "all") add(lab::run_moe_cases(o.quick, o.moe));
   if (o.op == "prefill" || o.op == "all") add(lab::run_prefill_cases(o.quick));
   if (o.op == "attention" || o.op == "all") add(lab::run_attention_cases(o.quick));
+  if (o.op == "mhc" || o.op == "all") add(lab::run_mhc_cases(o.quick));
 
   constexpr int64_t context = 8192;
   std::vector<floor_part> parts;

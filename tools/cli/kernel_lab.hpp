@@ -51,6 +51,9 @@ struct moe_filter {
 std::vector<lab_case> run_moe_cases(bool quick, const moe_filter& filter = {});
 /// Decode attention and indexer at 8K context, batch 1/64/256, FP4 and FP8 KV: fused vs exact.
 std::vector<lab_case> run_attention_cases(bool quick);
+/// The mHC boundary (kernel_lab_mhc.cpp): fast::hc_boundary in one and two launches against
+/// the exact CUDA ops at 1, 2, 8 and 64 rows of the V4.1 residual (4 x 5120).
+std::vector<lab_case> run_mhc_cases(bool quick);
 /// The fast kernel set's prefill path (fast::linear_fp8/fp4 at m = 8192 with its parts and
 /// cuBLASLt FP8 at the same shape), a threshold sweep (gemv vs bf16 path, m = 16..256), the bf16
 /// GEMV at m = 1 (head, wo_a, router, compressor) and fast::moe_ffn at 8192 tokens.

@@ -7,8 +7,10 @@
 // input's sum of squares in a partials buffer (warp folds, then the warps' sums in order).
 // Launch 2 spreads a row over blocks: each adds the collapsed sums of squares in slice order
 // (every block the same sum) and normalizes its span of the input, while one more block per row
-// adds the mix partials and finishes pre/post/comb (Sinkhorn by one warp, a lane per comb
-// entry, while hc * hc <= 32). A row's bits do not depend on m.
+// adds the mix partials and finishes pre/post/comb (Sinkhorn by one warp, a lane per row of
+// comb). A single row (a batch-1 decode step) takes boundary_fused instead: one launch whose
+// blocks each compute a few of the sums and whose last block to arrive finishes the row. A
+// row's bits depend neither on m nor on the launch count.
 // moe_route: the gate logits by the bf16 GEMV (split over the warps of a block per expert) or,
 // past the decode sizes, the split bf16 GEMM of linear_fast.cu; then one warp per row turns them
 // into scores and picks the top-k with warp argmax rounds.
@@ -16,9 +18,9 @@
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/internal.cuh"
 #include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/layer_ops.hpp"
+#include "kernels/cuda/internal.cuh"
 
 namespace cedar::cuda::fast {
 namespace detail {
@@ -108,18 +110,12 @@ struct mix_group {
   }
 };
 
-/// grid (slices, ceil(m / R)): block (x, y) takes positions [256 x, 256 x + 256) of rows
-/// [R y, R y + R), so each HCMix weight it reads serves R rows. A row's sums do not depend on R.
+/// The residual slice of rows [r0, r0 + R) at position i into v (HCPost of f applied first when
+/// f != null: hc_post's bits), written back to X when write_x.
 template <int HC, int R>
-__global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int d, const float* f, const float* post,
-                                                           const float* comb, const float* fn,
-                                                           const float* collapse_pre, float* x_out,
-                                                           float* partials /*[m, slices, n_mix + 2]*/) {
-  cuda::detail::dependent_start();
-  constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
-  const int r0 = blockIdx.y * R, i = blockIdx.x * slice + threadIdx.x;
+__device__ __forceinline__ void load_post(float* X, int m, int d, const float* f, const float* post, const float* comb,
+                                          int r0, int i, bool write_x, float (&v)[R][HC]) {
   const bool live = i < d;
-  float v[R][HC];
 #pragma unroll
   for (int q = 0; q < R; ++q) {
     const int r = r0 + q;
@@ -139,22 +135,44 @@ __global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int 
         out[k] = round_bf16(__fadd_rn(__fmul_rn(post[r * HC + k], fi), s));  // hc_post's bits
       }
 #pragma unroll
-      for (int k = 0; k < HC; ++k) xr[size_t(k) * d + i] = v[q][k] = out[k];
+      for (int k = 0; k < HC; ++k) {
+        if (write_x) xr[size_t(k) * d + i] = out[k];
+        v[q][k] = out[k];
+      }
     }
   }
-  // the collapsed input of the next sublayer (hc_collapse's operations) and its square
-  float sq[R];
+}
+
+/// The collapsed input of the next sublayer at position i (hc_collapse's operations), written
+/// to x_out when write; returns its squares in sq.
+template <int HC, int R>
+__device__ __forceinline__ void collapse_slice(int m, int d, const float* collapse_pre, float* x_out, int r0, int i,
+                                               bool write, const float (&v)[R][HC], float (&sq)[R]) {
 #pragma unroll
   for (int q = 0; q < R; ++q) {
     const int r = r0 + q;
     float c = 0.0f;
-    if (live && r < m) {
+    if (i < d && r < m) {
 #pragma unroll
       for (int j = 0; j < HC; ++j) c += collapse_pre[r * HC + j] * v[q][j];
-      x_out[size_t(r) * d + i] = c;
+      if (write) x_out[size_t(r) * d + i] = c;
     }
     sq[q] = c * c;
   }
+}
+
+/// grid (slices, ceil(m / R)): block (x, y) takes positions [256 x, 256 x + 256) of rows
+/// [R y, R y + R), so each HCMix weight it reads serves R rows. A row's sums do not depend on R.
+template <int HC, int R>
+__global__ void __launch_bounds__(slice)
+    post_mix_partials(float* X, int m, int d, const float* f, const float* post, const float* comb, const float* fn,
+                      const float* collapse_pre, float* x_out, float* partials /*[m, slices, n_mix + 2]*/) {
+  cuda::detail::dependent_start();
+  constexpr int n_part = HC * HC + 2 * HC + 2;
+  const int r0 = blockIdx.y * R, i = blockIdx.x * slice + threadIdx.x;
+  float v[R][HC], sq[R];
+  load_post<HC, R>(X, m, d, f, post, comb, r0, i, true, v);
+  collapse_slice<HC, R>(m, d, collapse_pre, x_out, r0, i, true, v, sq);
   // each warp folds its 32 positions of every dot (and of the sums of squares); the block then
   // adds the warps' sums in warp order: one barrier instead of one per dot. The R * n_part
   // sums of a lane go 32 at a time (o-major: sum g = o R + q) through a transposing fold: at
@@ -163,7 +181,7 @@ __global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int 
   // (every lane of that fold holds the same value), so the bits are the fold's.
   __shared__ float warp_sums[slice / 32][R][n_part];
   const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-  mix_group<HC, R, 0>::run(v, sq, live, fn, d, i, lane, warp_sums[warp]);
+  mix_group<HC, R, 0>::run(v, sq, i < d, fn, d, i, lane, warp_sums[warp]);
   __syncthreads();
   for (int t = threadIdx.x; t < R * n_part; t += blockDim.x) {
     const int q = t / n_part, o = t % n_part;
@@ -174,50 +192,91 @@ __global__ void __launch_bounds__(slice) post_mix_partials(float* X, int m, int 
   }
 }
 
-/// pre, post and comb of row r from its mix sums, by one warp: lane q < HC * HC holds comb
-/// entry (q / HC, q % HC); row sums fold over lanes q ^ 1 .. q ^ (HC / 2), column sums over
-/// q ^ HC .. q ^ (HC * HC / 2). The serial path's operations in a tree order.
+/// n / d as the IEEE division's fast path computes it (reciprocal estimate, one Newton step, the
+/// quotient and one residual correction: correctly rounded while n, d and the quotient are
+/// normal numbers), without the check that sends other operands to the slow path. The check's
+/// branch made each division a region of its own, so a row's divisions ran one after another;
+/// these interleave. For Sinkhorn's operands: positive normal entries and sums.
+__device__ __forceinline__ float div_normal(float n, float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  const float e = __fmaf_rn(-d, r, 1.0f);
+  r = __fmaf_rn(r, e, r);
+  const float q = __fmaf_rn(n, r, 0.0f);
+  const float rem = __fmaf_rn(-d, q, n);
+  return __fmaf_rn(r, rem, q);
+}
+
+/// The xor-butterfly tree over a[0 .. HC) (HC a power of two): ((a0 + a1) + (a2 + a3)) at
+/// HC = 4, the value every lane of a shuffle fold over lanes k ^ 1 .. k ^ (HC / 2) ends with.
+template <int HC, bool Max>
+__device__ __forceinline__ float row_tree(const float (&a)[HC]) {
+  float t[HC];
+#pragma unroll
+  for (int k = 0; k < HC; ++k) t[k] = a[k];
+#pragma unroll
+  for (int o = 1; o < HC; o <<= 1)
+#pragma unroll
+    for (int k = 0; k < HC; k += 2 * o) t[k] = Max ? fmaxf(t[k], t[k + o]) : t[k] + t[k + o];
+  return t[0];
+}
+
+/// pre, post and comb of row r from its mix sums (mix, scale and base in shared memory), by
+/// warp 0 of a block: lane j < HC holds row j of comb, so a row's max and sums are the lane's
+/// own trees and its divisions independent of each other; a column's sum folds over lanes
+/// j ^ 1 .. j ^ (HC / 2) (the same tree, every column at once). Sinkhorn is a serial chain of
+/// 2 x iters normalizations: this keeps one shuffle fold and one division latency in each.
 template <int HC>
-__device__ void sinkhorn_warp(const float* mix, int d, int r, const float* scale, const float* base, int iters,
-                              float hc_eps, float norm_eps, float* pre, float* post, float* comb) {
+__device__ void finish_mix(const float* mix, int d, int r, const float* scale, const float* base, int iters,
+                           float hc_eps, float norm_eps, float* pre, float* post, float* comb) {
+  static_assert(HC <= 32 && (HC & (HC - 1)) == 0, "a row per lane");
   constexpr int n_mix = HC * HC + 2 * HC;
-  const int q = threadIdx.x & 31;
-  const bool live = q < HC * HC;
+  const int j = threadIdx.x & 31;
+  const bool live = j < HC;
   const float inv_rms = 1.0f / sqrtf(mix[n_mix] / float(HC * d) + norm_eps);
-  if (q < HC) {
-    pre[r * HC + q] = sigmoid_fast(mix[q] * inv_rms * scale[0] + base[q]) + hc_eps;
-    post[r * HC + q] = 2.0f * sigmoid_fast(mix[HC + q] * inv_rms * scale[1] + base[HC + q]);
+  if (live) {
+    pre[r * HC + j] = sigmoid_fast(mix[j] * inv_rms * scale[0] + base[j]) + hc_eps;
+    post[r * HC + j] = 2.0f * sigmoid_fast(mix[HC + j] * inv_rms * scale[1] + base[HC + j]);
   }
-  const auto row_fold = [](float v, bool take_max) {
-    for (int o = 1; o < HC; o <<= 1) {
-      const float w = __shfl_xor_sync(0xffffffffu, v, o);
-      v = take_max ? fmaxf(v, w) : v + w;
-    }
-    return v;
-  };
-  const auto col_sum = [](float v) {
-    for (int o = HC; o < HC * HC; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-  };
-  // every lane of the warp runs every fold (full-mask shuffles); lanes past HC * HC hold 0
-  float c = live ? mix[2 * HC + q] * inv_rms * scale[2] + base[2 * HC + q] : 0.0f;
-  const float mx = row_fold(c, true);
-  const float e = live ? exp_f(c - mx) : 0.0f;
-  const float e_sum = row_fold(e, false);
-  c = live ? e / e_sum + hc_eps : 0.0f;
+  // every lane of the warp runs every step (full-mask shuffles; a column's fold stays within
+  // lanes 0 .. HC - 1). Lanes past HC hold ones, never zeros: a division of zero takes the
+  // division's slow path, and the live lanes would wait for it at every step.
+  float c[HC];
+#pragma unroll
+  for (int k = 0; k < HC; ++k) {
+    const int q = 2 * HC + j * HC + k;
+    c[k] = live ? mix[q] * inv_rms * scale[2] + base[q] : 1.0f;
+  }
+  const float mx = row_tree<HC, true>(c);
+#pragma unroll
+  for (int k = 0; k < HC; ++k) c[k] = exp_f(c[k] - mx);
+  const float e_sum = row_tree<HC, false>(c);
+#pragma unroll
+  for (int k = 0; k < HC; ++k) c[k] = div_normal(c[k], e_sum) + hc_eps;
   for (int it = 0; it < iters; ++it) {
     if (it > 0) {
-      const float row = row_fold(c, false);
-      c = live ? c / (row + hc_eps) : 0.0f;
+      const float row = row_tree<HC, false>(c);
+#pragma unroll
+      for (int k = 0; k < HC; ++k) c[k] = div_normal(c[k], row + hc_eps);
     }
-    const float col = col_sum(c);
-    c = live ? c / (col + hc_eps) : 0.0f;
+    float col[HC];
+#pragma unroll
+    for (int k = 0; k < HC; ++k) col[k] = c[k];
+#pragma unroll
+    for (int o = 1; o < HC; o <<= 1)
+#pragma unroll
+      for (int k = 0; k < HC; ++k) col[k] += __shfl_xor_sync(0xffffffffu, col[k], o);
+#pragma unroll
+    for (int k = 0; k < HC; ++k) c[k] = div_normal(c[k], col[k] + hc_eps);
   }
-  if (live) comb[size_t(r) * HC * HC + q] = c;
+  if (live)
+#pragma unroll
+    for (int k = 0; k < HC; ++k) comb[size_t(r) * HC * HC + j * HC + k] = c[k];
 }
 
 /// The sum over slices (in slice order) of partial o of row r; a thread's loads are all issued
-/// before the first add (one load latency, not one per slice).
+/// before the first add (one load latency, not one per slice). The loads skip L1: the fused
+/// boundary reads partials other blocks of its grid wrote.
 template <int NP>
 __device__ __forceinline__ float sum_slices(const float* partials, int r, int slices, int o) {
   const float* pr = partials + size_t(r) * slices * NP + o;
@@ -226,12 +285,12 @@ __device__ __forceinline__ float sum_slices(const float* partials, int r, int sl
   if (slices <= max_slices) {
     float v[max_slices];
 #pragma unroll
-    for (int b = 0; b < max_slices; ++b) v[b] = b < slices ? pr[size_t(b) * NP] : 0.0f;
+    for (int b = 0; b < max_slices; ++b) v[b] = b < slices ? __ldcg(pr + size_t(b) * NP) : 0.0f;
 #pragma unroll
     for (int b = 0; b < max_slices; ++b)
       if (b < slices) s += v[b];
   } else {
-    for (int b = 0; b < slices; ++b) s += pr[size_t(b) * NP];
+    for (int b = 0; b < slices; ++b) s += __ldcg(pr + size_t(b) * NP);
   }
   return s;
 }
@@ -243,10 +302,9 @@ constexpr int finish_span = slice * finish_u;
 /// grid (m, spans + 1): block y < spans scales positions [finish_span y, +finish_span) of row x
 /// by its RMS and the norm weight; block y == spans finishes pre, post and comb of row x.
 template <int HC>
-__global__ void __launch_bounds__(slice) mix_finish(int d, int slices, const float* partials, const float* scale,
-                                                    const float* base, int iters, float hc_eps, float norm_eps,
-                                                    float* pre, float* post, float* comb, const float* norm_w,
-                                                    float* x_out) {
+__global__ void __launch_bounds__(slice)
+    mix_finish(int d, int slices, const float* partials, const float* scale, const float* base, int iters, float hc_eps,
+               float norm_eps, float* pre, float* post, float* comb, const float* norm_w, float* x_out) {
   cuda::detail::dependent_start();
   constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
   const int r = blockIdx.x, spans = int(gridDim.y) - 1;
@@ -266,39 +324,188 @@ __global__ void __launch_bounds__(slice) mix_finish(int d, int slices, const flo
   __shared__ float mix[n_mix + 1];
   for (int o = threadIdx.x; o <= n_mix; o += blockDim.x) mix[o] = sum_slices<n_part>(partials, r, slices, o);
   __syncthreads();
-  if constexpr (HC * HC <= 32) {
-    if (threadIdx.x < 32) sinkhorn_warp<HC>(mix, d, r, scale, base, iters, hc_eps, norm_eps, pre, post, comb);
-  } else if (threadIdx.x == 0) {
-    const float inv_rms = 1.0f / sqrtf(mix[n_mix] / float(HC * d) + norm_eps);
-    for (int j = 0; j < HC; ++j) {
-      pre[r * HC + j] = sigmoid_fast(mix[j] * inv_rms * scale[0] + base[j]) + hc_eps;
-      post[r * HC + j] = 2.0f * sigmoid_fast(mix[HC + j] * inv_rms * scale[1] + base[HC + j]);
-    }
-    float c[HC * HC];
-    for (int q = 0; q < HC * HC; ++q) c[q] = mix[2 * HC + q] * inv_rms * scale[2] + base[2 * HC + q];
-    for (int j = 0; j < HC; ++j) {
-      float* row = c + j * HC;
-      float mx = row[0];
-      for (int k = 1; k < HC; ++k) mx = mx < row[k] ? row[k] : mx;
-      float sum = 0.0f;
-      for (int k = 0; k < HC; ++k) sum += row[k] = exp_f(row[k] - mx);
-      for (int k = 0; k < HC; ++k) row[k] = row[k] / sum + hc_eps;
-    }
-    for (int it = 0; it < iters; ++it) {
-      if (it > 0)
-        for (int j = 0; j < HC; ++j) {
-          float sum = 0.0f;
-          for (int k = 0; k < HC; ++k) sum += c[j * HC + k];
-          for (int k = 0; k < HC; ++k) c[j * HC + k] /= sum + hc_eps;
-        }
-      for (int k = 0; k < HC; ++k) {
-        float sum = 0.0f;
-        for (int j = 0; j < HC; ++j) sum += c[j * HC + k];
-        for (int j = 0; j < HC; ++j) c[j * HC + k] /= sum + hc_eps;
-      }
-    }
-    for (int q = 0; q < HC * HC; ++q) comb[size_t(r) * HC * HC + q] = c[q];
+  if (threadIdx.x < 32) finish_mix<HC>(mix, d, r, scale, base, iters, hc_eps, norm_eps, pre, post, comb);
+}
+
+/// Rows up to which the boundary is one launch (boundary_fused), and its arrival counters: one
+/// per (row, slice), then one per row.
+constexpr int fused_max_rows = hc_one_launch_capacity;
+constexpr int fused_max_slices = 64;
+
+/// Partial sums a block of boundary_fused computes.
+constexpr int fused_sums = 4;
+
+/// A release (before an arrival) or acquire (after seeing the last one) fence at device scope.
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
+/// The boundary of a few rows in one launch, grid (slices, m, ceil(n_part / fused_sums)): block
+/// (x, r, z) applies the slice's HCPost and collapse (as post_mix_partials at R = 1) and computes
+/// partial sums [fused_sums z, + fused_sums) only (a plain xor fold per sum: the pairs of the
+/// transposing fold, so the same bits), so that a decode row's HCMix weights are read by 7x the
+/// blocks, each computing its own sums only, after one round of loads. X is written after every block
+/// of the slice has read it: the slice's last block to arrive writes it (they all hold the same
+/// values). The row's last block to arrive adds the partials, as mix_finish does, and finishes
+/// the row: warp 0 pre, post and comb (every block of the row has read post and comb by then),
+/// the other warps the normalized input. The same operations in the same order as the two
+/// launches, so the same bits. The last blocks set their counters back to zero for the next
+/// launch.
+template <int HC>
+__global__ void __launch_bounds__(slice)
+    boundary_fused(float* X, int m, int d, const float* f, float* post, float* comb, const float* fn,
+                   const float* collapse_pre, float* x_out, float* partials, const float* scale, const float* base,
+                   int iters, float hc_eps, float norm_eps, float* pre, const float* norm_w, unsigned* arrivals) {
+  constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
+  // the finish's constants are weights (no kernel writes them): loaded before the wait, so the
+  // last block's serial chain does not wait on them
+  __shared__ float scale_s[3], base_s[n_mix];
+  for (int t = threadIdx.x; t < n_mix + 3; t += blockDim.x) {
+    if (t < n_mix)
+      base_s[t] = base[t];
+    else
+      scale_s[t - n_mix] = scale[t - n_mix];
   }
+  cuda::detail::dependent_start();
+  const int r = blockIdx.y, slices = gridDim.x, i = blockIdx.x * slice + threadIdx.x, o0 = blockIdx.z * fused_sums;
+  const bool live = i < d;
+  // every load first (no store before them, so the compiler issues them together): one memory
+  // latency, not one per step
+  const float* xr = X + size_t(r) * HC * d;
+  float v[HC], cpre[HC], cm[HC * HC], pw[HC], w[fused_sums][HC], fi = 0.0f;
+#pragma unroll
+  for (int j = 0; j < HC; ++j) v[j] = live ? xr[size_t(j) * d + i] : 0.0f;
+#pragma unroll
+  for (int j = 0; j < HC; ++j) cpre[j] = collapse_pre[r * HC + j];
+  if (f != nullptr) {
+    fi = live ? f[size_t(r) * d + i] : 0.0f;
+#pragma unroll
+    for (int q = 0; q < HC * HC; ++q) cm[q] = comb[size_t(r) * HC * HC + q];
+#pragma unroll
+    for (int k = 0; k < HC; ++k) pw[k] = post[r * HC + k];
+  }
+#pragma unroll
+  for (int u = 0; u < fused_sums; ++u)
+#pragma unroll
+    for (int j = 0; j < HC; ++j)
+      w[u][j] = live && o0 + u < n_mix ? fn[size_t(o0 + u) * HC * d + size_t(j) * d + i] : 0.0f;
+  // HCPost (load_post's operations) and the collapse (collapse_slice's)
+  if (f != nullptr && live) {
+    float out[HC];
+#pragma unroll
+    for (int k = 0; k < HC; ++k) {
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < HC; ++j) s = __fadd_rn(s, __fmul_rn(cm[j * HC + k], v[j]));
+      out[k] = round_bf16(__fadd_rn(__fmul_rn(pw[k], fi), s));
+    }
+#pragma unroll
+    for (int k = 0; k < HC; ++k) v[k] = out[k];
+  }
+  float c = 0.0f;
+  if (live) {
+#pragma unroll
+    for (int j = 0; j < HC; ++j) c += cpre[j] * v[j];
+    if (blockIdx.z == 0) x_out[size_t(r) * d + i] = c;
+  }
+  const float sq = c * c;
+  // this block's sums: mix_group's operations for each
+  float acc[fused_sums];
+#pragma unroll
+  for (int u = 0; u < fused_sums; ++u) {
+    const int o = o0 + u;
+    float a = 0.0f;
+    if (o < n_mix) {
+#pragma unroll
+      for (int j = 0; j < HC; ++j) a += v[j] * w[u][j];
+    } else if (o == n_mix) {
+#pragma unroll
+      for (int j = 0; j < HC; ++j) a += v[j] * v[j];
+    } else if (o == n_mix + 1) {
+      a = sq;
+    }
+    acc[u] = a;
+  }
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1)
+#pragma unroll
+    for (int u = 0; u < fused_sums; ++u) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], s);
+  __shared__ float warp_sums[slice / 32][fused_sums];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+  if (lane == 0)
+#pragma unroll
+    for (int u = 0; u < fused_sums; ++u) warp_sums[warp][u] = acc[u];
+  __syncthreads();
+  if (threadIdx.x < fused_sums && o0 + int(threadIdx.x) < n_part) {
+    float a = 0.0f;
+    for (int w = 0; w < slice / 32; ++w) a += warp_sums[w][threadIdx.x];
+    partials[(size_t(r) * slices + blockIdx.x) * n_part + o0 + threadIdx.x] = a;
+  }
+
+  // arrivals: the block's writes, a barrier, then thread 0's release fence and counts
+  __shared__ bool last_of_slice, last_of_row;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned* slice_count = arrivals + size_t(r) * fused_max_slices + blockIdx.x;
+    unsigned* row_count = arrivals + size_t(fused_max_rows) * fused_max_slices + r;
+    fence_acq_rel_gpu();
+    const unsigned at_slice = atomicAdd(slice_count, 1u), at_row = atomicAdd(row_count, 1u);  // both in flight
+    last_of_slice = at_slice == gridDim.z - 1;
+    last_of_row = at_row == slices * gridDim.z - 1;
+    if (last_of_slice) *slice_count = 0u;
+    if (last_of_row) {
+      *row_count = 0u;
+      fence_acq_rel_gpu();  // acquire: the other blocks' partials and x_out, for the finish below
+    }
+  }
+  __syncthreads();
+  if (last_of_slice && f != nullptr && live) {
+#pragma unroll
+    for (int k = 0; k < HC; ++k) X[size_t(r) * HC * d + size_t(k) * d + i] = v[k];
+  }
+  if (!last_of_row) return;
+  __shared__ float mix[n_mix + 1];
+  __shared__ float inv_s;
+  for (int o = threadIdx.x; o <= n_mix; o += blockDim.x) mix[o] = sum_slices<n_part>(partials, r, slices, o);
+  if (threadIdx.x == blockDim.x - 1)
+    inv_s = 1.0f / sqrtf(sum_slices<n_part>(partials, r, slices, n_mix + 1) / float(d) + norm_eps);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    finish_mix<HC>(mix, d, r, scale_s, base_s, iters, hc_eps, norm_eps, pre, post, comb);
+    return;
+  }
+  // the other warps normalize the row, U positions' loads a thread before its stores
+  constexpr int U = 16;
+  float* out = x_out + size_t(r) * d;
+  const int first = threadIdx.x - 32, stride = blockDim.x - 32;
+  for (int k0 = first; k0 < d; k0 += stride * U) {
+    float xv[U], wv[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = k0 + u * stride;
+      xv[u] = k < d ? __ldcg(out + k) : 0.0f;
+      wv[u] = k < d ? norm_w[k] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (k0 + u * stride < d) out[k0 + u * stride] = (xv[u] * inv_s) * wv[u];
+  }
+}
+
+/// This thread's arrival counters on the current device (zero between launches).
+unsigned* fused_arrivals() {
+  struct counters {
+    int device = -1;
+    unsigned* p = nullptr;
+  };
+  thread_local counters c;
+  int dev = 0;
+  CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
+  if (c.device != dev) {  // first use on this device (a thread drives one device at a time; kept for the process)
+    const size_t bytes = sizeof(unsigned) * fused_max_rows * (fused_max_slices + 1);
+    CEDAR_CUDA_CHECK(cudaMalloc(&c.p, bytes));
+    CEDAR_CUDA_CHECK(cudaMemset(c.p, 0, bytes));
+    c.device = dev;
+  }
+  return c.p;
 }
 
 /// Rows per block of the kernels that read a weight once per R rows (the results do not depend
@@ -320,19 +527,37 @@ void launch_post_mix(float* X, int m, int d, const float* f, const float* post, 
 }
 
 template <int HC>
-void boundary(float* X, int m, int d, const float* f, float* post, float* comb, const hc_mix_params& p,
-              float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out) {
-  constexpr int n_mix = HC * HC + 2 * HC;
+void boundary(float* X, int m, int d, const float* f, float* post, float* comb, const hc_mix_params& p, float* pre_out,
+              const float* collapse_pre, const float* norm_w, float* x_out, hc_launches launches) {
+  constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
   const int slices = (d + slice - 1) / slice;
-  scratch<float> partials(size_t(m) * slices * (n_mix + 2));
+  scratch<float> partials(size_t(m) * slices * n_part);
+  const bool one_fits = m <= fused_max_rows && slices <= fused_max_slices;
+  CEDAR_CUDA_REQUIRE(launches != hc_launches::one || one_fits, "hc_boundary: one launch takes at most 8 rows of d <= 16384");
+  if (launches == hc_launches::one || (launches == hc_launches::automatic && one_fits && m <= hc_one_launch_max_rows)) {
+    const int groups = (n_part + fused_sums - 1) / fused_sums;  // 7 at hc = 4: 140 blocks a decode row (d = 5120)
+    cuda::detail::launch_dependent(boundary_fused<HC>, dim3(slices, m, groups), dim3(slice), 0, X, m, d, f, post, comb,
+                                   p.fn, collapse_pre, x_out, partials.get(), p.scale, p.base, p.sinkhorn_iters,
+                                   p.hc_eps, p.norm_eps, pre_out, norm_w, fused_arrivals());
+    CEDAR_CUDA_LAUNCHED();
+    return;
+  }
   const auto launch = [&](auto kernel) {
     kernel(X, m, d, f, post, comb, p.fn, collapse_pre, x_out, slices, partials.get());
   };
   switch (rows_per_block(m, slices)) {
-    case 8: launch(launch_post_mix<HC, 8>); break;
-    case 4: launch(launch_post_mix<HC, 4>); break;
-    case 2: launch(launch_post_mix<HC, 2>); break;
-    default: launch(launch_post_mix<HC, 1>); break;
+    case 8:
+      launch(launch_post_mix<HC, 8>);
+      break;
+    case 4:
+      launch(launch_post_mix<HC, 4>);
+      break;
+    case 2:
+      launch(launch_post_mix<HC, 2>);
+      break;
+    default:
+      launch(launch_post_mix<HC, 1>);
+      break;
   }
   CEDAR_CUDA_LAUNCHED();
   const int spans = (d + finish_span - 1) / finish_span;
@@ -352,9 +577,9 @@ __device__ __forceinline__ float softplus_fast(float x) { return x > 20.0f ? x :
 
 /// grid ceil(m / 8): warp w of block x picks the experts of row 8 x + w from its gate logits
 /// s [m, n], which it turns into scores sqrt(softplus(.)) in place first.
-__global__ void __launch_bounds__(route_warps * 32) route_pick_kernel(float* s, int m, int n, const float* bias,
-                                                                      int topk, float route_scale, int32_t* sel,
-                                                                      float* weights) {
+__global__ void __launch_bounds__(route_warps * 32)
+    route_pick_kernel(float* s, int m, int n, const float* bias, int topk, float route_scale, int32_t* sel,
+                      float* weights) {
   cuda::detail::dependent_start();
   const int lane = threadIdx.x & 31, r = blockIdx.x * route_warps + int(threadIdx.x / 32);
   if (r >= m) return;  // r is uniform across the warp
@@ -415,8 +640,7 @@ __global__ void __launch_bounds__(route_warps * 32) route_pick_kernel(float* s, 
 
 /// One block per (row, copy): the three sums of the gate by block reduction, then every channel.
 __global__ void __launch_bounds__(slice) engram_gate_kernel(float* X, int hc, int d, const float* kv,
-                                                           const float* q_weight, const float* k_weight,
-                                                           float eps) {
+                                                            const float* q_weight, const float* k_weight, float eps) {
   cuda::detail::dependent_start();
   __shared__ float red[slice / 32];
   const long long rh = blockIdx.x;
@@ -456,8 +680,8 @@ __global__ void gather_kernel(const float* src, const int32_t* rows, int width, 
 
 constexpr int greedy_threads = 1024;
 
-__global__ void __launch_bounds__(greedy_threads) greedy_kernel(const float* logits, int vocab, int32_t* tokens,
-                                                                float* logprobs) {
+__global__ void __launch_bounds__(greedy_threads)
+    greedy_kernel(const float* logits, int vocab, int32_t* tokens, float* logprobs) {
   cuda::detail::dependent_start();
   __shared__ float best_v[greedy_threads / 32];
   __shared__ int best_i[greedy_threads / 32];
@@ -521,13 +745,13 @@ void greedy_rows(const float* logits, int m, int vocab, int32_t* tokens, float* 
 }
 
 void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post, float* comb, const hc_mix_params& mix,
-                 float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out) {
+                 float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out, hc_launches launches) {
   if (m <= 0) return;
   switch (hc) {
-    case 1: return boundary<1>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out);
-    case 2: return boundary<2>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out);
-    case 4: return boundary<4>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out);
-    case 8: return boundary<8>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out);
+    case 1: return boundary<1>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+    case 2: return boundary<2>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+    case 4: return boundary<4>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+    case 8: return boundary<8>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
     default: CEDAR_CUDA_REQUIRE(false, "hc_boundary: hc must be 1, 2, 4 or 8");
   }
 }

@@ -25,14 +25,22 @@ struct hc_mix_params {
   float hc_eps = 0, norm_eps = 0;
 };
 
+/// How hc_boundary runs: one launch for a single row (d <= 16384; `cedar kernel-lab --op mhc`:
+/// at 2 rows and more, two launches are as fast or faster), two above; or either, for the
+/// kernel lab and the tests (the same bits).
+enum class hc_launches { automatic, one, two };
+constexpr int hc_one_launch_max_rows = 1;
+constexpr int hc_one_launch_capacity = 8;  ///< rows hc_launches::one takes
+
 /// One sublayer boundary for m rows of the residual X [m, hc, d] (device arrays):
 ///  1. if f != null: X <- hc_post(f [m, d], X, post, comb) (the previous sublayer's output);
 ///  2. pre_out, post, comb <- hc_mix(X, mix) (post and comb are overwritten after step 1 read them);
 ///  3. x_out [m, d] <- rmsnorm(hc_collapse(X, collapse_pre [m, hc]), norm_w, mix.norm_eps).
-/// collapse_pre must not alias pre_out. Two launches; no host synchronization.
+/// collapse_pre must not alias pre_out. One or two launches; no host synchronization.
 void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post /*[m, hc]*/,
                  float* comb /*[m, hc, hc]*/, const hc_mix_params& mix, float* pre_out /*[m, hc]*/,
-                 const float* collapse_pre, const float* norm_w /*[d]*/, float* x_out);
+                 const float* collapse_pre, const float* norm_w /*[d]*/, float* x_out,
+                 hc_launches launches = hc_launches::automatic);
 
 /// cuda::moe_route in two launches: s = sqrt(softplus(y gate^T)), top-k of s + bias (ties to the
 /// lowest expert), weights = s[sel] / sum * route_scale. gate.out <= 1024, topk <= 16.
