@@ -3,8 +3,13 @@
 // CPU op on sampled rows, then timed with the weights rotated through copies larger than L2).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
+
+#ifdef CEDAR_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.hpp"
+#endif
 
 namespace cedar::lab {
 
@@ -58,5 +63,25 @@ std::vector<lab_case> run_mhc_cases(bool quick);
 /// cuBLASLt FP8 at the same shape), a threshold sweep (gemv vs bf16 path, m = 16..256), the bf16
 /// GEMV at m = 1 (head, wo_a, router, compressor) and fast::moe_ffn at 8192 tokens.
 std::vector<lab_case> run_prefill_cases(bool quick);
+
+#ifdef CEDAR_HAVE_CUDA
+/// A device buffer of n T's, freed on scope exit.
+template <class T>
+struct dbuf {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit dbuf(std::size_t count)
+      : p(static_cast<T*>(cuda::device_alloc(std::max<std::size_t>(count, 1) * sizeof(T)))), n(count) {}
+  explicit dbuf(const std::vector<T>& v) : dbuf(v.size()) { cuda::copy_to_device(p, v.data(), v.size() * sizeof(T)); }
+  ~dbuf() { cuda::device_free(p); }
+  dbuf(const dbuf&) = delete;
+  dbuf& operator=(const dbuf&) = delete;
+  std::vector<T> host() const {
+    std::vector<T> v(n);
+    cuda::copy_to_host(v.data(), p, n * sizeof(T));
+    return v;
+  }
+};
+#endif
 
 }  // namespace cedar::lab

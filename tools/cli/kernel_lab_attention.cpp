@@ -28,23 +28,6 @@ constexpr int heads = 64, dim = 512, window = 128, topk_k = 512, index_heads = 3
 constexpr int context = 8192, ratio = 2, page_tokens = 256;
 constexpr int entries = context / ratio, entries_per_page = page_tokens / ratio, pages_per_item = context / page_tokens;
 
-/// A device buffer of n T's, freed on scope exit.
-template <class T>
-struct dbuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dbuf(std::size_t count) : p(static_cast<T*>(cuda::device_alloc(std::max<std::size_t>(count, 1) * sizeof(T)))), n(count) {}
-  explicit dbuf(const std::vector<T>& v) : dbuf(v.size()) { cuda::copy_to_device(p, v.data(), v.size() * sizeof(T)); }
-  ~dbuf() { cuda::device_free(p); }
-  dbuf(const dbuf&) = delete;
-  dbuf& operator=(const dbuf&) = delete;
-  std::vector<T> host() const {
-    std::vector<T> v(n);
-    cuda::copy_to_host(v.data(), p, n * sizeof(T));
-    return v;
-  }
-};
-
 /// One decode batch: every item at position context - 1 with its pages, ring and top-k.
 struct decode_batch {
   int batch;

@@ -1,10 +1,11 @@
 // The mHC boundary cases of `cedar kernel-lab` (kernel_lab.hpp): one sublayer boundary of the
 // V4.1-Flash residual (hc = 4 copies of d = 5120, 20 Sinkhorn iterations: HCPost of the
 // sublayer before, HCMix, collapse, RMSNorm) at 1, 2, 8 and 64 rows. fast::hc_boundary in one
-// launch (which it takes for one row; up to 8, to show why not more) and in two, against the exact CUDA ops (hc_post, hc_mix, hc_collapse,
-// rmsnorm), each checked against the CPU ops on fresh random inputs; and the one launch with no
-// Sinkhorn iteration (not checked): what the serial chain of 2 x 20 normalizations costs. Bytes
-// are what a call must move: the HCMix weights, X read and written, f, the normalized input.
+// launch (which it takes for one row; up to 8 here, to show why not more) and in two, against
+// the exact CUDA ops (hc_post, hc_mix, hc_collapse, rmsnorm), each checked against the CPU ops
+// on fresh random inputs; and the one launch with no Sinkhorn iteration (not checked): what the
+// serial chain of 2 x 20 normalizations costs. Bytes are what a call must move: the HCMix
+// weights, X read and written, f, the normalized input.
 #ifdef CEDAR_HAVE_CUDA
 
 #include <algorithm>
@@ -25,24 +26,6 @@ namespace fast = cuda::fast;
 
 constexpr int hc = 4, dim = 5120, n_mix = hc * hc + 2 * hc, iters = 20;
 constexpr float hc_eps = 1e-6f, eps = 1e-6f;
-
-/// Device copies of a vector, freed on scope exit.
-struct dvec {
-  float* p = nullptr;
-  std::size_t n = 0;
-  explicit dvec(const std::vector<float>& v)
-      : p(static_cast<float*>(cuda::device_alloc(std::max<std::size_t>(v.size(), 1) * sizeof(float)))), n(v.size()) {
-    cuda::copy_to_device(p, v.data(), n * sizeof(float));
-  }
-  ~dvec() { cuda::device_free(p); }
-  dvec(const dvec&) = delete;
-  dvec& operator=(const dvec&) = delete;
-  std::vector<float> host() const {
-    std::vector<float> v(n);
-    cuda::copy_to_host(v.data(), p, n * sizeof(float));
-    return v;
-  }
-};
 
 std::vector<float> uniform(std::mt19937_64& rng, std::size_t n, float lo, float hi) {
   std::uniform_real_distribution<float> u(lo, hi);
@@ -89,10 +72,19 @@ struct boundary_case {
 
 /// The device buffers of one variant's run.
 struct boundary_run {
-  dvec X, f, fn, scale, base, post, comb, cpre, norm_w, pre, x;
+  dbuf<float> X, f, fn, scale, base, post, comb, cpre, norm_w, pre, x;
   explicit boundary_run(const boundary_case& c)
-      : X(c.X), f(c.f), fn(c.fn), scale(c.scale), base(c.base), post(c.post0), comb(c.comb0), cpre(c.cpre),
-        norm_w(c.norm_w), pre(c.pre), x(c.x) {}
+      : X(c.X),
+        f(c.f),
+        fn(c.fn),
+        scale(c.scale),
+        base(c.base),
+        post(c.post0),
+        comb(c.comb0),
+        cpre(c.cpre),
+        norm_w(c.norm_w),
+        pre(c.pre),
+        x(c.x) {}
   void fast_call(int m, fast::hc_launches launches, int sinkhorn_iters) {
     const fast::hc_mix_params p{fn.p, scale.p, base.p, sinkhorn_iters, hc_eps, eps};
     fast::hc_boundary(X.p, m, hc, dim, f.p, post.p, comb.p, p, pre.p, cpre.p, norm_w.p, x.p, launches);
