@@ -60,6 +60,51 @@ __device__ __forceinline__ void fold_half(float (&val)[32], int lane) {
   }
 }
 
+/// The per-position operations both boundary kernels (post_mix_partials, boundary_fused) run,
+/// kept in one place so that their bits stay the same. c, p: comb [hc, hc] and post [hc] of
+/// the row (global memory or registers).
+/// HCPost of one position (hc_post's bits): v[k] <- round_bf16(p[k] fi + sum_j c[j, k] v[j]).
+template <int HC>
+__device__ __forceinline__ void hc_post_position(const float* c, const float* p, float fi, float (&v)[HC]) {
+  float out[HC];
+#pragma unroll
+  for (int k = 0; k < HC; ++k) {
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) s = __fadd_rn(s, __fmul_rn(c[j * HC + k], v[j]));
+    out[k] = round_bf16(__fadd_rn(__fmul_rn(p[k], fi), s));
+  }
+#pragma unroll
+  for (int k = 0; k < HC; ++k) v[k] = out[k];
+}
+
+/// The collapsed input at one position (hc_collapse's operations); pre: the row's [hc].
+template <int HC>
+__device__ __forceinline__ float collapse_position(const float* pre, const float (&v)[HC]) {
+  float c = 0.0f;
+#pragma unroll
+  for (int j = 0; j < HC; ++j) c += pre[j] * v[j];
+  return c;
+}
+
+/// A position's term of partial sum o: HCMix dot o (o < n_mix, its weights w), then the
+/// residual's sum of squares (o = n_mix) and the collapsed input's square sq (o = n_mix + 1).
+template <int HC>
+__device__ __forceinline__ float mix_term(int o, const float (&v)[HC], const float (&w)[HC], float sq) {
+  constexpr int n_mix = HC * HC + 2 * HC;
+  float acc = 0.0f;
+  if (o < n_mix) {
+#pragma unroll
+    for (int j = 0; j < HC; ++j) acc += v[j] * w[j];
+  } else if (o == n_mix) {
+#pragma unroll
+    for (int j = 0; j < HC; ++j) acc += v[j] * v[j];
+  } else if (o == n_mix + 1) {
+    acc = sq;
+  }
+  return acc;
+}
+
 /// Group GRP of a lane's R * n_part sums in post_mix_partials (sums g = o R + q, 32 a group):
 /// computes them, folds them over the warp transposing (below) and stores lane l's, sum
 /// 32 GRP + l, in sums [R][n_part]; then the next group. A template per group, so that every
@@ -82,19 +127,7 @@ struct mix_group {
 #pragma unroll
         for (int j = 0; j < HC; ++j) w[j] = live && o < n_mix ? fn[size_t(o) * HC * d + size_t(j) * d + i] : 0.0f;
 #pragma unroll
-        for (int q = 0; q < R; ++q) {
-          float acc = 0.0f;
-          if (o < n_mix) {
-#pragma unroll
-            for (int j = 0; j < HC; ++j) acc += v[q][j] * w[j];
-          } else if (o == n_mix) {
-#pragma unroll
-            for (int j = 0; j < HC; ++j) acc += v[q][j] * v[q][j];
-          } else if (o == n_mix + 1) {
-            acc = sq[q];
-          }
-          val[u * R + q] = acc;
-        }
+        for (int q = 0; q < R; ++q) val[u * R + q] = mix_term<HC>(o, v[q], w, sq[q]);
       }
       // at offset s a lane keeps half of its values (the upper half when its bit s is set) and
       // adds its partner's copy of them: 31 shuffles for 32 sums, and lane l ends with sum l
@@ -110,11 +143,11 @@ struct mix_group {
   }
 };
 
-/// The residual slice of rows [r0, r0 + R) at position i into v (HCPost of f applied first when
-/// f != null: hc_post's bits), written back to X when write_x.
+/// The residual slice of rows [r0, r0 + R) at position i into v, HCPost of f applied first
+/// (and written back to X) when f != null.
 template <int HC, int R>
 __device__ __forceinline__ void load_post(float* X, int m, int d, const float* f, const float* post, const float* comb,
-                                          int r0, int i, bool write_x, float (&v)[R][HC]) {
+                                          int r0, int i, float (&v)[R][HC]) {
   const bool live = i < d;
 #pragma unroll
   for (int q = 0; q < R; ++q) {
@@ -124,38 +157,24 @@ __device__ __forceinline__ void load_post(float* X, int m, int d, const float* f
 #pragma unroll
     for (int j = 0; j < HC; ++j) v[q][j] = here ? xr[size_t(j) * d + i] : 0.0f;
     if (f != nullptr && here) {
-      const float* c = comb + size_t(r) * HC * HC;
-      const float fi = f[size_t(r) * d + i];
-      float out[HC];
+      hc_post_position<HC>(comb + size_t(r) * HC * HC, post + r * HC, f[size_t(r) * d + i], v[q]);
 #pragma unroll
-      for (int k = 0; k < HC; ++k) {
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < HC; ++j) s = __fadd_rn(s, __fmul_rn(c[j * HC + k], v[q][j]));
-        out[k] = round_bf16(__fadd_rn(__fmul_rn(post[r * HC + k], fi), s));  // hc_post's bits
-      }
-#pragma unroll
-      for (int k = 0; k < HC; ++k) {
-        if (write_x) xr[size_t(k) * d + i] = out[k];
-        v[q][k] = out[k];
-      }
+      for (int k = 0; k < HC; ++k) xr[size_t(k) * d + i] = v[q][k];
     }
   }
 }
 
-/// The collapsed input of the next sublayer at position i (hc_collapse's operations), written
-/// to x_out when write; returns its squares in sq.
+/// The collapsed input of the next sublayer at position i, written to x_out; its squares in sq.
 template <int HC, int R>
 __device__ __forceinline__ void collapse_slice(int m, int d, const float* collapse_pre, float* x_out, int r0, int i,
-                                               bool write, const float (&v)[R][HC], float (&sq)[R]) {
+                                               const float (&v)[R][HC], float (&sq)[R]) {
 #pragma unroll
   for (int q = 0; q < R; ++q) {
     const int r = r0 + q;
     float c = 0.0f;
     if (i < d && r < m) {
-#pragma unroll
-      for (int j = 0; j < HC; ++j) c += collapse_pre[r * HC + j] * v[q][j];
-      if (write) x_out[size_t(r) * d + i] = c;
+      c = collapse_position<HC>(collapse_pre + r * HC, v[q]);
+      x_out[size_t(r) * d + i] = c;
     }
     sq[q] = c * c;
   }
@@ -171,8 +190,8 @@ __global__ void __launch_bounds__(slice)
   constexpr int n_part = HC * HC + 2 * HC + 2;
   const int r0 = blockIdx.y * R, i = blockIdx.x * slice + threadIdx.x;
   float v[R][HC], sq[R];
-  load_post<HC, R>(X, m, d, f, post, comb, r0, i, true, v);
-  collapse_slice<HC, R>(m, d, collapse_pre, x_out, r0, i, true, v, sq);
+  load_post<HC, R>(X, m, d, f, post, comb, r0, i, v);
+  collapse_slice<HC, R>(m, d, collapse_pre, x_out, r0, i, v, sq);
   // each warp folds its 32 positions of every dot (and of the sums of squares); the block then
   // adds the warps' sums in warp order: one barrier instead of one per dot. The R * n_part
   // sums of a lane go 32 at a time (o-major: sum g = o R + q) through a transposing fold: at
@@ -387,43 +406,16 @@ __global__ void __launch_bounds__(slice)
 #pragma unroll
     for (int j = 0; j < HC; ++j)
       w[u][j] = live && o0 + u < n_mix ? fn[size_t(o0 + u) * HC * d + size_t(j) * d + i] : 0.0f;
-  // HCPost (load_post's operations) and the collapse (collapse_slice's)
-  if (f != nullptr && live) {
-    float out[HC];
-#pragma unroll
-    for (int k = 0; k < HC; ++k) {
-      float s = 0.0f;
-#pragma unroll
-      for (int j = 0; j < HC; ++j) s = __fadd_rn(s, __fmul_rn(cm[j * HC + k], v[j]));
-      out[k] = round_bf16(__fadd_rn(__fmul_rn(pw[k], fi), s));
-    }
-#pragma unroll
-    for (int k = 0; k < HC; ++k) v[k] = out[k];
-  }
+  if (f != nullptr && live) hc_post_position<HC>(cm, pw, fi, v);
   float c = 0.0f;
   if (live) {
-#pragma unroll
-    for (int j = 0; j < HC; ++j) c += cpre[j] * v[j];
+    c = collapse_position<HC>(cpre, v);
     if (blockIdx.z == 0) x_out[size_t(r) * d + i] = c;
   }
   const float sq = c * c;
-  // this block's sums: mix_group's operations for each
-  float acc[fused_sums];
+  float acc[fused_sums];  // this block's sums
 #pragma unroll
-  for (int u = 0; u < fused_sums; ++u) {
-    const int o = o0 + u;
-    float a = 0.0f;
-    if (o < n_mix) {
-#pragma unroll
-      for (int j = 0; j < HC; ++j) a += v[j] * w[u][j];
-    } else if (o == n_mix) {
-#pragma unroll
-      for (int j = 0; j < HC; ++j) a += v[j] * v[j];
-    } else if (o == n_mix + 1) {
-      a = sq;
-    }
-    acc[u] = a;
-  }
+  for (int u = 0; u < fused_sums; ++u) acc[u] = mix_term<HC>(o0 + u, v, w[u], sq);
 #pragma unroll
   for (int s = 16; s > 0; s >>= 1)
 #pragma unroll
@@ -533,7 +525,8 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
   const int slices = (d + slice - 1) / slice;
   scratch<float> partials(size_t(m) * slices * n_part);
   const bool one_fits = m <= fused_max_rows && slices <= fused_max_slices;
-  CEDAR_CUDA_REQUIRE(launches != hc_launches::one || one_fits, "hc_boundary: one launch takes at most 8 rows of d <= 16384");
+  CEDAR_CUDA_REQUIRE(launches != hc_launches::one || one_fits,
+                     "hc_boundary: one launch takes at most 8 rows of d <= 16384");
   if (launches == hc_launches::one || (launches == hc_launches::automatic && one_fits && m <= hc_one_launch_max_rows)) {
     const int groups = (n_part + fused_sums - 1) / fused_sums;  // 7 at hc = 4: 140 blocks a decode row (d = 5120)
     cuda::detail::launch_dependent(boundary_fused<HC>, dim3(slices, m, groups), dim3(slice), 0, X, m, d, f, post, comb,
@@ -748,11 +741,16 @@ void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post, fl
                  float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out, hc_launches launches) {
   if (m <= 0) return;
   switch (hc) {
-    case 1: return boundary<1>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
-    case 2: return boundary<2>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
-    case 4: return boundary<4>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
-    case 8: return boundary<8>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
-    default: CEDAR_CUDA_REQUIRE(false, "hc_boundary: hc must be 1, 2, 4 or 8");
+    case 1:
+      return boundary<1>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+    case 2:
+      return boundary<2>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+    case 4:
+      return boundary<4>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+    case 8:
+      return boundary<8>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+    default:
+      CEDAR_CUDA_REQUIRE(false, "hc_boundary: hc must be 1, 2, 4 or 8");
   }
 }
 
