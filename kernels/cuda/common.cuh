@@ -238,6 +238,28 @@ __device__ __forceinline__ float exp_f(float x) { return libm_port::expf(x); }
 __device__ __forceinline__ float log1p_f(float x) { return libm_port::log1pf(x); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
 
+// ---- RoPE ------------------------------------------------------------------------------------
+
+constexpr int max_rope_half = 128;
+/// A launch's RoPE frequencies (rope_frequencies, internal.cuh), by value.
+struct rope_table {
+  double freqs[max_rope_half];
+};
+
+/// cos and sin of pair i at position pos, in double and rounded once (as the CPU); inverse
+/// rotates the other way.
+__device__ __forceinline__ void rope_cos_sin(double pos, double freq, bool inverse, float& c, float& s) {
+  const double angle = pos * freq;
+  c = float(cos(angle));
+  s = inverse ? -float(sin(angle)) : float(sin(angle));
+}
+
+/// The pair (a, b) rotated by (c, s) into v[0], v[1] (the CPU's products and sums).
+__device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float* v) {
+  v[0] = a * c - b * s;
+  v[1] = a * s + b * c;
+}
+
 // ---- the warp dot in dot_order ---------------------------------------------------------------
 
 /// Folds the 32 lane partials as the CPU folds its two 16-lane accumulators: lane l + lane l+16,

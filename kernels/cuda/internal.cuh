@@ -27,6 +27,9 @@ void quant_rows_fp8(const float* x, int ldx, int m, int in, float* xq);
 /// traps), on the current stream.
 void engram_gather(const cpu::engram_weights& w, const int64_t* rows, long long n, float* emb);
 
+/// The RoPE frequencies of p (rope_dim / 2 of them), exactly cpu::rope_frequencies.
+void rope_frequencies(const cpu::rope_params& p, double* freqs);
+
 /// out[i] = 0 + a[i] (the CPU's `zeroed buffer += a`), or out[i] += a[i].
 void add_into(float* out, const float* a, long long n);
 

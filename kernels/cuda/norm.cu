@@ -23,11 +23,7 @@ __global__ void rmsnorm_kernel(const float* x, int m, int d, const float* w, flo
   scale_by_weight<8>(xr, yr, d, threadIdx.x & 31, 32, inv_rms, w);
 }
 
-constexpr int max_rope_half = 128;
 constexpr int rope_heads = 8;  ///< heads per block
-struct rope_table {
-  double freqs[max_rope_half];
-};
 
 /// grid (rows, ceil(num_heads / rope_heads)): block (r, g) rotates heads [rope_heads g, +rope_heads)
 /// of row r (a decode row's 64 query heads are 8 blocks, not one); cos and sin of each pair in
@@ -40,11 +36,7 @@ __global__ void rope_kernel(float* x, int num_heads, int head_dim, int rope_dim,
   const int half = rope_dim / 2;
   const double pos = double(positions[r]);
   const int h0 = blockIdx.y * rope_heads, heads = min(rope_heads, num_heads - h0);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const double angle = pos * t.freqs[i];
-    cos_s[i] = float(cos(angle));
-    sin_s[i] = inverse ? -float(sin(angle)) : float(sin(angle));
-  }
+  for (int i = threadIdx.x; i < half; i += blockDim.x) rope_cos_sin(pos, t.freqs[i], inverse, cos_s[i], sin_s[i]);
   __syncthreads();
   // U pairs a thread at a time, loaded before any is stored (one latency per U pairs)
   constexpr int U = 4;
@@ -66,30 +58,11 @@ __global__ void rope_kernel(float* x, int num_heads, int head_dim, int rope_dim,
       const int h = h0 + job / half, i = job % half;
       const float c = cos_s[i], s = sin_s[i];
       float* v = x + (size_t(r) * num_heads + h) * head_dim + (head_dim - rope_dim);
-      v[2 * i] = a[u] * c - b[u] * s;
-      v[2 * i + 1] = a[u] * s + b[u] * c;
+      rope_rotate(a[u], b[u], c, s, v + 2 * i);
     }
   }
 }
 
-/// The host frequencies, exactly cpu::rope_frequencies.
-void frequencies(const cpu::rope_params& p, double* freqs) {
-  const int half = p.rope_dim / 2;
-  for (int i = 0; i < half; ++i) freqs[i] = std::pow(p.theta, -2.0 * i / p.rope_dim);
-  if (!p.yarn) return;
-  const double pi = 3.14159265358979323846;
-  const auto correction_dim = [&](double rotations) {
-    return p.rope_dim * std::log(double(p.original_max_pos) / (rotations * 2.0 * pi)) /
-           (2.0 * std::log(p.theta));
-  };
-  const double low = std::max(std::floor(correction_dim(p.beta_fast)), 0.0);
-  double high = std::min(std::ceil(correction_dim(p.beta_slow)), double(p.rope_dim - 1));
-  if (high == low) high += 0.001;
-  for (int i = 0; i < half; ++i) {
-    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
-    freqs[i] = freqs[i] / p.yarn_factor * ramp + freqs[i] * (1.0 - ramp);
-  }
-}
 
 /// Per row (one warp): scale the mix logits by the row's inverse RMS, then pre, post and the
 /// Sinkhorn-normalized comb, serially on lane 0 in the CPU's order.
@@ -170,6 +143,26 @@ __global__ void hc_post_kernel(const float* f, const float* X, const float* post
 }
 
 }  // namespace
+
+/// The host frequencies, exactly cpu::rope_frequencies.
+void rope_frequencies(const cpu::rope_params& p, double* freqs) {
+  const int half = p.rope_dim / 2;
+  for (int i = 0; i < half; ++i) freqs[i] = std::pow(p.theta, -2.0 * i / p.rope_dim);
+  if (!p.yarn) return;
+  const double pi = 3.14159265358979323846;
+  const auto correction_dim = [&](double rotations) {
+    return p.rope_dim * std::log(double(p.original_max_pos) / (rotations * 2.0 * pi)) /
+           (2.0 * std::log(p.theta));
+  };
+  const double low = std::max(std::floor(correction_dim(p.beta_fast)), 0.0);
+  double high = std::min(std::ceil(correction_dim(p.beta_slow)), double(p.rope_dim - 1));
+  if (high == low) high += 0.001;
+  for (int i = 0; i < half; ++i) {
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    freqs[i] = freqs[i] / p.yarn_factor * ramp + freqs[i] * (1.0 - ramp);
+  }
+}
+
 }  // namespace detail
 
 using namespace detail;
@@ -184,7 +177,7 @@ void rope(float* x, int m, int num_heads, int head_dim, const int32_t* positions
   CEDAR_CUDA_REQUIRE(p.rope_dim / 2 <= max_rope_half && p.rope_dim <= head_dim, "rope: rope_dim");
   if (m <= 0) return;
   rope_table t{};
-  frequencies(p, t.freqs);
+  detail::rope_frequencies(p, t.freqs);
   const dim3 grid(unsigned(m), unsigned((num_heads + rope_heads - 1) / rope_heads));
   CEDAR_CUDA_REQUIRE(grid.y <= 65535, "rope: at most 524280 heads");
   cuda::detail::launch_dependent(rope_kernel, grid, dim3(256), 0, x, num_heads, head_dim, p.rope_dim, positions, t,

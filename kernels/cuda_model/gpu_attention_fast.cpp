@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/cuda/fast/attention.hpp"
+#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
 #include "kernels/model/kv_io.hpp"
 
@@ -225,7 +226,7 @@ fast::kv_source_view source_view(const kv_source_layout& s) {
 // indexer_layer.cpp for every row of the batch: scores of rows with different items side by
 // side ([rows, widest visible count], -inf past each row's own), so the level-1 blocks, the
 // candidate mask and the exact top-k each run once over all rows.
-void gpu_model::impl::indexer_fast(int l, gbatch& b, const float* qr, const float* x) const {
+void gpu_model::impl::indexer_fast(int l, gbatch& b, const attn_rows& in) const {
   fast_attention_state& st = *b.fast;
   const layer_info& li = args.layers[l];
   const dev_layer& w = layers[l];
@@ -242,10 +243,10 @@ void gpu_model::impl::indexer_fast(int l, gbatch& b, const float* qr, const floa
   }
   if (num_keys == 0) return;
   dvec<float> q(std::size_t(n) * nih * dih), hw(std::size_t(n) * nih);
-  linear(qr, n, w.i_wq_b, q.get());
+  fast::linear_fp8(in.qr, n, w.i_wq_b, q.get(), in.qr_codes, in.qr_scales);
   cuda::rope(q.get(), n, nih, dih, b.d_positions.get(), rope[l], false);
   cuda::fake_quant_fp4_pow2_rows(q.get(), n, nih * dih);
-  linear(x, n, w.i_weights_proj, hw.get());
+  linear(in.x, n, w.i_weights_proj, hw.get());
   cuda::scale_values(hw.get(), hw.size(), float(1.0 / std::sqrt(double(dih)) / std::sqrt(double(nih))));
   const fast::kv_items items = st.items(false);
   dvec<int32_t> visible{std::size_t(n)};
@@ -277,27 +278,26 @@ void gpu_model::impl::indexer_fast(int l, gbatch& b, const float* qr, const floa
   }
 }
 
-void gpu_model::impl::attend_fast(int l, gbatch& b, const float* qr, const float* x, const float* q,
-                                  const float* kv, float* o) const {
+void gpu_model::impl::attend_fast(int l, gbatch& b, const attn_rows& in, float* o) const {
   const layer_info& li = args.layers[l];
   const int n = b.num_rows, D = args.hidden_size, dh = args.head_dim, W = args.sliding_window;
   fast_attention_state& st = fast_state(b);
   if (li.is_kv_source) {
     phase_profile::scope t(profile, phase_profile::compressor);
-    if (!compressor_rows(l, b, x))
+    if (!compressor_rows(l, b, in.x))
       for (gitem& it : b.items)
-        if (it.num_rows > 0) compressor(l, it, x + std::size_t(it.row_begin) * D);
+        if (it.num_rows > 0) compressor(l, it, in.x + std::size_t(it.row_begin) * D);
   }
   if (li.is_index_source) {
     phase_profile::scope t(profile, phase_profile::indexer);
-    indexer_fast(l, b, qr, x);
+    indexer_fast(l, b, in);
   }
   phase_profile::scope t(profile, phase_profile::attend);
   const bool truncated = l >= args.truncate_from_layer;
   const fast::kv_items items = st.items(truncated);
 
   fast::sparse_attention_params p;
-  p.q = q, p.kv = kv, p.sink = layers[l].sink, p.out = o;
+  p.q = in.q, p.kv = in.kv, p.sink = layers[l].sink, p.out = o;
   p.rows = n, p.heads = args.num_attention_heads, p.dim = dh;
   p.window = W, p.layer = li.layer_idx, p.ring_record_bytes = layout.swa_record_bytes;
   p.scale = 1.0f / std::sqrt(float(dh));
@@ -310,11 +310,11 @@ void gpu_model::impl::attend_fast(int l, gbatch& b, const float* qr, const float
   // this call's window rows as the ring's FP8 records: the attention reads them (a quarter of
   // the fp32 rows' bytes; at prefill the window's newest rows are most of its gather), then
   // they go to the ring
-  dvec<uint8_t> rec(std::size_t(n) * layout.swa_record_bytes);
-  cuda::pack_fp8_rows(kv, n, dh, rec.get());
-  p.kv_records = rec.get();
+  dvec<uint8_t> packed(in.kv_records ? 0 : std::size_t(n) * layout.swa_record_bytes);
+  if (!in.kv_records) cuda::pack_fp8_rows(in.kv, n, dh, packed.get());
+  p.kv_records = in.kv_records ? in.kv_records : packed.get();
   fast::sparse_attention(p, items);
-  fast::store_ring(rec.get(), n, layout.swa_record_bytes, items, li.layer_idx, W);
+  fast::store_ring(p.kv_records, n, layout.swa_record_bytes, items, li.layer_idx, W);
 }
 
 }  // namespace cedar

@@ -143,6 +143,18 @@ struct gitem {
 
 struct fast_attention_state;  // fast kernel set (gpu_attention_fast.cpp)
 
+/// What the attention sublayer's fast steps read ([rows, width] device arrays): the normalized
+/// q latent qr (with its FP8 codes and scales when a decode linear takes them, else null), the
+/// sublayer input x, the rotated queries q, and the window rows kv (with their ring records, or
+/// null: packed from kv).
+struct attn_rows {
+  const float* qr = nullptr;
+  const uint8_t* qr_codes = nullptr;
+  const float* qr_scales = nullptr;
+  const float *x = nullptr, *q = nullptr, *kv = nullptr;
+  const uint8_t* kv_records = nullptr;
+};
+
 struct gbatch {
   int num_rows = 0;
   std::vector<gitem> items;
@@ -211,7 +223,8 @@ struct gpu_model::impl {
   void linear_pair(const float* x, int m, const fp8_weight& a, float* ya, const fp8_weight& b, float* yb) const;
   /// The attention output projection (cuda::grouped_output's contract).
   void grouped_output(const float* o, int m, const dev_layer& w, float* out) const;
-  /// The routed and shared experts (cuda::moe_ffn's contract; sel, weights on the device).
+  /// The routed and shared experts (cuda::moe_ffn's contract; sel, weights on the device), out
+  /// rounded to bf16.
   void experts(const float* y, int m, const int32_t* sel, const float* weights, const dev_layer& w,
                float* out) const;
 
@@ -230,9 +243,8 @@ struct gpu_model::impl {
   // fast kernel set (gpu_attention_fast.cpp): all items at once through device page tables
   bool fast_attention() const;
   fast_attention_state& fast_state(gbatch& b) const;
-  void attend_fast(int l, gbatch& b, const float* qr, const float* x, const float* q, const float* kv,
-                   float* o) const;
-  void indexer_fast(int l, gbatch& b, const float* qr, const float* x) const;
+  void attend_fast(int l, gbatch& b, const attn_rows& in, float* o) const;
+  void indexer_fast(int l, gbatch& b, const attn_rows& in) const;
   bool compressor_rows(int l, gbatch& b, const float* x) const;
   void store_entries(const gitem& it, int slot, int64_t first, int num, const float* x, int d, bool latent) const;
   void moe(int l, const float* y, int n, float* out) const;

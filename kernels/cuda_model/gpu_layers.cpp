@@ -10,6 +10,7 @@
 #include <cmath>
 #include <optional>
 
+#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
 #include "kernels/model/kv_io.hpp"
@@ -166,19 +167,44 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) co
   std::optional<phase_profile::scope> proj_time(std::in_place, profile, phase_profile::attn_proj);
   dvec<float> qr(std::size_t(n) * a.q_lora_rank), kv(std::size_t(n) * dh);
   linear_pair(x, n, w.wq_a, qr.get(), w.wkv, kv.get());  // both read x
-  cuda::rmsnorm(qr.get(), n, a.q_lora_rank, w.q_norm, eps, qr.get());
   dvec<float> q(std::size_t(n) * nh * dh);
-  linear(qr.get(), n, w.wq_b, q.get());
+  const bool fast_attn = fast_attention();
+  // the fast set: each row chain in one launch (RMSNorm with wq_b's codes; RMSNorm, RoPE, FP8
+  // fake quantization and the ring records), the same bits as the separate ops
+  const bool qr_codes = kernels == gpu_kernels::fast && cuda::fast::linear_fp8_takes_codes(n, w.wq_b);
+  dvec<uint8_t> qr_q(qr_codes ? std::size_t(n) * a.q_lora_rank : 0);
+  dvec<float> qr_s(qr_codes ? std::size_t(n) * (a.q_lora_rank / 32) : 0);
+  dvec<uint8_t> kv_rec(fast_attn ? std::size_t(n) * layout.swa_record_bytes : 0);
+  if (qr_codes) {
+    cuda::fast::row_finish f;
+    f.norm_w = w.q_norm, f.eps = eps, f.codes = qr_q.get(), f.scales = qr_s.get();
+    cuda::fast::finish_rows(qr.get(), n, a.q_lora_rank, f, qr.get());
+    cuda::fast::linear_fp8(qr.get(), n, w.wq_b, q.get(), qr_q.get(), qr_s.get());
+  } else {
+    cuda::rmsnorm(qr.get(), n, a.q_lora_rank, w.q_norm, eps, qr.get());
+    linear(qr.get(), n, w.wq_b, q.get());
+  }
   cuda::rope(q.get(), n, nh, dh, pos, rope[l], false);
-
-  cuda::rmsnorm(kv.get(), n, dh, w.kv_norm, eps, kv.get());
-  cuda::rope(kv.get(), n, 1, dh, pos, rope[l], false);
-  cuda::fake_quant_fp8_rows(kv.get(), n, dh);
+  if (fast_attn) {
+    CEDAR_OP_CHECK(layout.swa_record_bytes == std::size_t(dh + dh / 32), "ring records: FP8 codes and scales");
+    cuda::fast::row_finish f;
+    f.norm_w = w.kv_norm, f.eps = eps, f.positions = pos, f.rope = &rope[l], f.fake_fp8 = true;
+    f.record = kv_rec.get();
+    cuda::fast::finish_rows(kv.get(), n, dh, f, kv.get());
+  } else {
+    cuda::rmsnorm(kv.get(), n, dh, w.kv_norm, eps, kv.get());
+    cuda::rope(kv.get(), n, 1, dh, pos, rope[l], false);
+    cuda::fake_quant_fp8_rows(kv.get(), n, dh);
+  }
 
   proj_time.reset();
   dvec<float> o(std::size_t(n) * nh * dh);
-  if (fast_attention()) {
-    attend_fast(l, b, qr.get(), x, q.get(), kv.get(), o.get());
+  if (fast_attn) {
+    attn_rows in;
+    in.qr = qr.get(), in.x = x, in.q = q.get(), in.kv = kv.get(), in.kv_records = kv_rec.get();
+    if (qr_codes && a.q_lora_rank == layers[l].i_wq_b.in && cuda::fast::linear_fp8_takes_codes(n, layers[l].i_wq_b))
+      in.qr_codes = qr_q.get(), in.qr_scales = qr_s.get();
+    attend_fast(l, b, in, o.get());
   } else {
     phase_profile::scope t(profile, phase_profile::attend);
     for (gitem& it : b.items) {
@@ -214,8 +240,7 @@ void gpu_model::impl::moe(int l, const float* y, int n, float* out) const {
       cuda::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get());
   }
   phase_profile::scope t(profile, phase_profile::experts);
-  experts(y, n, sel.get(), weights.get(), w, out);
-  cuda::round_bf16(out, std::size_t(n) * args.hidden_size);
+  experts(y, n, sel.get(), weights.get(), w, out);  // rounded to bf16
 }
 
 void gpu_model::impl::apply_engram(int l, gbatch& b) const {

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/formats.hpp"
 #include "kernels/ops.hpp"
@@ -40,16 +41,16 @@ void check_boundary(int m, int d, bool with_post) {
   // CPU: hc_post, hc_mix, hc_collapse, rmsnorm
   std::vector<float> X1 = X, pre(size_t(m) * hc), post(pre.size()), comb(size_t(m) * hc * hc), c(size_t(m) * d);
   if (with_post) cpu::hc_post(f.data(), X.data(), post0.data(), comb0.data(), m, hc, d, X1.data());
-  cpu::hc_mix(X1.data(), m, hc, d, fn.data(), scale.data(), base.data(), iters, hc_eps, eps, pre.data(),
-              post.data(), comb.data());
+  cpu::hc_mix(X1.data(), m, hc, d, fn.data(), scale.data(), base.data(), iters, hc_eps, eps, pre.data(), post.data(),
+              comb.data());
   cpu::hc_collapse(X1.data(), cpre.data(), m, hc, d, c.data());
   cpu::rmsnorm(c.data(), m, d, norm_w.data(), eps, c.data());
 
-  dev<float> dX(X), df(f), dfn(fn), dscale(scale), dbase(base), dpost(post0), dcomb(comb0), dcpre(cpre),
-      dnorm(norm_w), dpre(pre.size()), dx(size_t(m) * d);
+  dev<float> dX(X), df(f), dfn(fn), dscale(scale), dbase(base), dpost(post0), dcomb(comb0), dcpre(cpre), dnorm(norm_w),
+      dpre(pre.size()), dx(size_t(m) * d);
   const cuda::fast::hc_mix_params p{dfn.get(), dscale.get(), dbase.get(), iters, hc_eps, eps};
-  cuda::fast::hc_boundary(dX.get(), m, hc, d, with_post ? df.get() : nullptr, dpost.get(), dcomb.get(), p,
-                          dpre.get(), dcpre.get(), dnorm.get(), dx.get());
+  cuda::fast::hc_boundary(dX.get(), m, hc, d, with_post ? df.get() : nullptr, dpost.get(), dcomb.get(), p, dpre.get(),
+                          dcpre.get(), dnorm.get(), dx.get());
   const std::string tag = " m=" + std::to_string(m) + " d=" + std::to_string(d) + (with_post ? " +post" : "");
   check_close("hc_boundary X" + tag, dX.host().data(), X1.data(), X1.size(), 0.0);
   check_close("hc_boundary pre" + tag, dpre.host().data(), pre.data(), pre.size(), reorder_bound);
@@ -61,8 +62,8 @@ void check_boundary(int m, int d, bool with_post) {
   for (const auto launches : {cuda::fast::hc_launches::one, cuda::fast::hc_launches::two}) {
     if (launches == cuda::fast::hc_launches::one && m > cuda::fast::hc_one_launch_capacity) continue;
     dev<float> bX(X), bpost(post0), bcomb(comb0), bpre(pre.size()), bx(size_t(m) * d);
-    cuda::fast::hc_boundary(bX.get(), m, hc, d, with_post ? df.get() : nullptr, bpost.get(), bcomb.get(), p,
-                            bpre.get(), dcpre.get(), dnorm.get(), bx.get(), launches);
+    cuda::fast::hc_boundary(bX.get(), m, hc, d, with_post ? df.get() : nullptr, bpost.get(), bcomb.get(), p, bpre.get(),
+                            dcpre.get(), dnorm.get(), bx.get(), launches);
     const std::string same = std::string("hc_boundary: ") +
                              (launches == cuda::fast::hc_launches::one ? "one launch" : "two launches") +
                              " gives the same bits" + tag;
@@ -150,5 +151,67 @@ TEST_CASE("fast engram: the CPU op within one bf16 step of the largest residual 
     cpu::engram(h.X.data(), m, hc, d, h.rows.data(), per, h.weights(), 1e-6f);
     cuda::fast::engram(g.X.get(), m, hc, d, g.rows.get(), per, g.weights(), 1e-6f);
     check_close("fast engram m=" + std::to_string(m), g.X.host().data(), h.X.data(), h.X.size(), 1.0 / 128);
+  }
+}
+
+namespace {
+
+/// finish_rows against the separate ops it replaces, same inputs: y, the record and the codes
+/// byte for byte. kv: RMSNorm, RoPE (YaRN), FP8 fake quantization, the ring record; q: RMSNorm
+/// and the next linear's activation codes.
+void check_finish(int m, int d, bool kv) {
+  std::mt19937_64 rng(77 + m * 3 + d);
+  const auto x = activations(rng, m, d);
+  const auto norm_w = ref::random_floats(rng, d, 0.5f, 1.5f);
+  std::vector<int32_t> pos(m);
+  for (int r = 0; r < m; ++r) pos[r] = int32_t(rng() % 70000);
+  cpu::rope_params rp;
+  rp.rope_dim = 64, rp.yarn = true;
+  const float eps = 1e-6f;
+  dev<float> dx(x), dw(norm_w), ref_y(x), fused_y(size_t(m) * d);
+  dev<int32_t> dpos(pos);
+  const size_t rec_bytes = size_t(d) + d / 32;
+  dev<uint8_t> ref_rec(size_t(m) * rec_bytes), rec(size_t(m) * rec_bytes), ref_q(size_t(m) * d), q(size_t(m) * d);
+  dev<float> ref_s(size_t(m) * (d / 32)), s(size_t(m) * (d / 32));
+  cuda::rmsnorm(ref_y.get(), m, d, dw.get(), eps, ref_y.get());
+  cuda::fast::row_finish f;
+  f.norm_w = dw.get(), f.eps = eps;
+  if (kv) {
+    cuda::rope(ref_y.get(), m, 1, d, dpos.get(), rp, false);
+    cuda::fake_quant_fp8_rows(ref_y.get(), m, d);
+    cuda::pack_fp8_rows(ref_y.get(), m, d, ref_rec.get());
+    f.positions = dpos.get(), f.rope = &rp, f.fake_fp8 = true, f.record = rec.get();
+  } else {
+    cuda::fast::quantize_rows_fp8(ref_y.get(), m, d, ref_q.get(), ref_s.get());
+    f.codes = q.get(), f.scales = s.get();
+  }
+  cuda::fast::finish_rows(dx.get(), m, d, f, fused_y.get());
+  const std::string tag =
+      std::string(kv ? " (kv chain)" : " (q chain)") + " m=" + std::to_string(m) + " d=" + std::to_string(d);
+  CHECK_MESSAGE(ref::same_bits(fused_y.host().data(), ref_y.host().data(), size_t(m) * d),
+                (std::string("finish_rows y") + tag));
+  if (kv) {
+    CHECK_MESSAGE(rec.host() == ref_rec.host(), (std::string("finish_rows record") + tag));
+  } else {
+    CHECK_MESSAGE(q.host() == ref_q.host(), (std::string("finish_rows codes") + tag));
+    CHECK_MESSAGE(ref::same_bits(s.host().data(), ref_s.host().data(), size_t(m) * (d / 32)),
+                  (std::string("finish_rows scales") + tag));
+  }
+  // in place (y == x), as the model calls it
+  cuda::fast::finish_rows(dx.get(), m, d, f, dx.get());
+  CHECK_MESSAGE(ref::same_bits(dx.host().data(), ref_y.host().data(), size_t(m) * d),
+                (std::string("finish_rows in place") + tag));
+}
+
+}  // namespace
+
+TEST_CASE("fast finish_rows: the bits of RMSNorm, RoPE, fake quantization, records and codes run apart") {
+  if (!have_gpu()) return;
+  for (const bool kv : {true, false}) {
+    check_finish(1, 512, kv);
+    check_finish(1, 1536, kv);
+    check_finish(7, 1024, kv);
+    check_finish(300, 512, kv);
+    check_finish(2, 96, kv);  // a row shorter than the block
   }
 }

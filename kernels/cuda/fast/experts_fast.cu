@@ -106,6 +106,31 @@ __global__ void swiglu_kernel(float* g, const float* u, int cap, int inter, cons
   g[i] = weights ? weights[slot_src ? slot_src[s] : s] * h : h;
 }
 
+/// swiglu_kernel's h, then quantize_rows_fp8 of it (one warp per group of 32): codes [cap,
+/// inter] and scales [cap, inter / 32], the bits of the two launches; h itself is kept in g
+/// when keep_h (a bf16 path may read it).
+__global__ void swiglu_codes_kernel(float* g, const float* u, int cap, int inter, const int32_t* slot_src,
+                                    const float* weights, const int* total, float limit, bool keep_h, uint8_t* codes,
+                                    float* scales) {
+  cuda::detail::dependent_start();
+  const long long gi = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32, gpr = inter / 32;
+  if (gi >= (long long)cap * gpr) return;  // gi is uniform across the warp
+  const int s = int(gi / gpr);
+  const long long i = gi * 32 + lane;
+  float h = 0.0f;
+  if (!(total && s >= *total)) {
+    h = silu_f(cuda::detail::std_min(g[i], limit)) * cuda::detail::clampf(u[i], -limit, limit);
+    if (weights) h = weights[slot_src ? slot_src[s] : s] * h;
+  }
+  if (keep_h) g[i] = h;
+  float amax = fabsf(h);
+  for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float sc = cuda::detail::fp8_group_scale(amax);
+  codes[i] = cuda::detail::f32_to_e4m3(cuda::detail::clampf(h / sc, -448.0f, 448.0f));
+  if (lane == 0) scales[gi] = sc;
+}
+
 /// The same on gu [cap, 2 inter] (g then u), written as the fake-quantized bf16 h [cap, inter]
 /// (one warp per group of 32).
 __global__ void swiglu_bf16_kernel(const float* gu, int cap, int inter, const int32_t* slot_src, const float* weights,
@@ -129,9 +154,10 @@ __global__ void swiglu_bf16_kernel(const float* gu, int cap, int inter, const in
   out[size_t(s) * inter + j * 32 + lane] = cuda::detail::f32_to_bf16(q);
 }
 
-/// out[r, c] = (0 + down[pos(r, 0), c] + ... in top-k order) + shared[r, c] (0 when null).
+/// out[r, c] = (0 + down[pos(r, 0), c] + ... in top-k order) + shared[r, c] (0 when null),
+/// rounded to bf16 when round_out.
 __global__ void combine_kernel(const float* down, const int32_t* slot_pos, const float* shared, int m, int topk, int d,
-                               float* out) {
+                               bool round_out, float* out) {
   cuda::detail::dependent_start();
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= (long long)m * d) return;
@@ -141,7 +167,8 @@ __global__ void combine_kernel(const float* down, const int32_t* slot_pos, const
     const int p = slot_pos[size_t(r) * topk + i];
     o += p >= 0 ? down[size_t(p) * d + c] : 0.0f;
   }
-  out[e] = o + (shared ? shared[e] : 0.0f);
+  const float v = o + (shared ? shared[e] : 0.0f);
+  out[e] = round_out ? cuda::detail::round_bf16(v) : v;
 }
 
 }  // namespace
@@ -161,6 +188,15 @@ void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, f
   const fp8_weight* w13[2] = {&e.w1, &e.w3};
   float* gu[2] = {g.get(), u.get()};
   linear_fp8_set(y, m, 2, w13, gu, xq, xs);
+  if (linear_fp8_takes_codes(m, e.w2)) {  // decode: SwiGLU and w2's activation codes in one launch
+    scratch<uint8_t> hq(size_t(m) * inter);
+    scratch<float> hs(size_t(m) * (inter / 32));
+    cuda::detail::launch_dependent(swiglu_codes_kernel, dim3(blocks_for((long long)m * inter, 256)), dim3(256), 0,
+                                   g.get(), u.get(), m, inter, nullptr, nullptr, nullptr, limit, false, hq.get(),
+                                   hs.get());
+    linear_fp8(g.get(), m, e.w2, out, hq.get(), hs.get());
+    return;
+  }
   cuda::detail::launch_dependent(swiglu_kernel, dim3(blocks_for((long long)m * inter, 256)), dim3(256), 0, g.get(),
                                  u.get(), m, inter, nullptr, nullptr, nullptr, limit);
   linear_fp8(g.get(), m, e.w2, out);
@@ -246,7 +282,7 @@ void overlapped_experts(const std::vector<int>& counts, size_t elems, Dequant de
 
 void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
              const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared, float limit,
-             float* out) {
+             float* out, bool round_out) {
   CEDAR_CUDA_REQUIRE(num_experts > 0 && num_experts <= max_experts, "expert count");
   if (m <= 0) return;
   const int inter = cuda::detail::expert_inter(experts, num_experts, d);
@@ -299,9 +335,9 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         quantized = true;
         grouped_fp4_pair(xq.get(), xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter, d, g.get(), u.get(),
                          tile);
-        cuda::detail::launch_dependent(swiglu_kernel, dim3(blocks_for((long long)slots * inter, 256)), dim3(256), 0,
-                                       g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit);
-        quantize_rows_fp8(g.get(), slots, inter, hq.get(), hs.get());
+        cuda::detail::launch_dependent(swiglu_codes_kernel, dim3(blocks_for((long long)slots * inter, 256)), dim3(256),
+                                       0, g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit, false,
+                                       hq.get(), hs.get());
         grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile);
       } else {
         // prefill: the 64 (or so) counts to the host, then per-expert bf16 GEMMs on sorted rows
@@ -353,9 +389,10 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
     if (inter > 0) {
       cuda::detail::launch_dependent(combine_kernel, dim3(blocks_for((long long)rows * d, 256)), dim3(256), 0,
                                      down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, rows, topk, d,
-                                     out + size_t(r0) * d);
+                                     round_out, out + size_t(r0) * d);
     } else if (shared != nullptr) {
       cuda::copy_device(out + size_t(r0) * d, shared_out.get(), sizeof(float) * rows * d);
+      if (round_out) cuda::round_bf16(out + size_t(r0) * d, size_t(rows) * d);
     } else {
       CEDAR_CUDA_CHECK(cudaMemsetAsync(out + size_t(r0) * d, 0, sizeof(float) * rows * d, stream()));
     }

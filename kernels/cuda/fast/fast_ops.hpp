@@ -137,7 +137,12 @@ struct tuning {
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();
 
-void linear_fp8(const float* x, int m, const fp8_weight& w, float* y);
+/// xq / xs, when given, are x's codes and scales from quantize_rows_fp8 (or finish_rows), used
+/// where linear_fp8_takes_codes(m, w) (else x is read).
+void linear_fp8(const float* x, int m, const fp8_weight& w, float* y, const uint8_t* xq = nullptr,
+                const float* xs = nullptr);
+/// Whether linear_fp8 at m rows streams w on a tile of x's FP8 codes (not the bf16 prefill path).
+bool linear_fp8_takes_codes(int m, const fp8_weight& w);
 void linear_fp4(const float* x, int m, const fp4_weight& w, float* y);
 /// `count` (1 to 4) FP8 linears of one x (the same in): y[i] = linear_fp8(x, m, *w[i]) bit for
 /// bit; up to gemv_max_rows x is quantized once (or xq / xs, x's codes and scales from
@@ -149,9 +154,10 @@ void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w
 void linear_bf16(const float* x, int m, const bf16_weight& w, float* y);
 void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out);
 /// experts and shared: HOST arrays of views with device pointers; sel, weights: device.
+/// round_out: out rounded to bf16 as cuda::round_bf16 (in the same launch).
 void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
              const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared,
-             float limit, float* out);
+             float limit, float* out, bool round_out = false);
 
 namespace detail {
 /// W (FP8 or W4A8) -> bf16 [out, in], exact (scales >= 2^-124).

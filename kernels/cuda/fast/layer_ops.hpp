@@ -3,8 +3,9 @@
 // and the MoE router (gate product, then sqrt-softplus, bias, top-k, weights) in two. Same
 // semantics as the exact ops of kernels/cuda (cuda_ops.hpp: hc_post, hc_mix, hc_collapse,
 // rmsnorm, moe_route); sums run in another order, so results agree within fp32 rounding, and a
-// router tie closer than that may pick another expert. Also the Engram step, a row gather and
-// greedy sampling. Plain C++ header, CUDA builds only.
+// router tie closer than that may pick another expert. Also the Engram step, a row gather,
+// greedy sampling, and a decode row's chain of small steps in one launch (the separate ops'
+// bits). Plain C++ header, CUDA builds only.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,24 @@ void moe_route(const float* y /*[m, gate.in]*/, int m, const bf16_weight& gate, 
 /// order than the CPU's serial ones). rows: device [m, rows_per_token].
 void engram(float* X /*[m, hc, d]*/, int m, int hc, int d, const int64_t* rows, int rows_per_token,
             const cpu::engram_weights& w, float eps);
+
+/// The steps finish_rows applies to each row, in this order; each is skipped when its pointer
+/// is null (fake_fp8: when false).
+struct row_finish {
+  const float* norm_w = nullptr;  ///< [d]: rmsnorm with eps (cuda::rmsnorm)
+  float eps = 0;
+  const int32_t* positions = nullptr;      ///< [m]: RoPE of the last rope->rope_dim values (cuda::rope,
+  const cpu::rope_params* rope = nullptr;  ///< one head of d)
+  bool fake_fp8 = false;                   ///< cuda::fake_quant_fp8_rows
+  uint8_t* record = nullptr;               ///< [m, d + d / 32]: cuda::pack_fp8_rows of the result
+  uint8_t* codes = nullptr;                ///< [m, d], scales [m, d / 32]: quantize_rows_fp8 of the
+  float* scales = nullptr;                 ///< result (the next FP8 linear's activation)
+};
+
+/// y [m, d] (may be x) = the steps of f on the rows of x, in one launch (a block per row, d <=
+/// 8192): the bits of the separate ops, for the decode chain where each launch costs more than
+/// its work.
+void finish_rows(const float* x, int m, int d, const row_finish& f, float* y);
 
 /// dst[i, :] = src[rows[i], :] for i < m; rows is a device array, width floats per row.
 void gather_rows(const float* src, const int32_t* rows, int m, int width, float* dst);

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -359,10 +360,9 @@ void prefill_linear(const float* x, int m, const W& w, float* y) {
   gemm_bf16(xb.get(), w.in, m, kept ? kept : wb.get(), w.in, w.out, w.in, y, w.out, false);
 }
 
+/// The tile quantized_linear streams w with at m rows, or nothing: the bf16 prefill path.
 template <bool FP4, class W>
-void quantized_linear(const float* x, int m, const W& w, float* y) {
-  CEDAR_CUDA_REQUIRE(w.in % 32 == 0, "fast linear: in is a multiple of 32");
-  if (m <= 0) return;
+std::optional<tile_kind> quantized_tile(int m, const W& w) {
   const tuning& tune = tuning_now();
   const bool gemv = m <= tune.gemv_max_rows && gemv_shape(w.out, w.in);
   bool kept = false;  // a bf16 copy the model keeps: its GEMM beats the tile
@@ -372,19 +372,25 @@ void quantized_linear(const float* x, int m, const W& w, float* y) {
                      (long long)w.out * w.in >= tune.fp8_narrow_min_weight;
   const bool split = m <= 8 && split_fits(w.out, w.in, tune) && w.out >= tune.split_min_out;
   const bool stream = !split && narrow_fits && m <= 8 && w.out >= tune.dense_stream_min_out;
-  if (gemv || tiled || stream || split) {
-    const tile_kind t = split    ? tile_kind::split4
-                        : stream ? tile_kind::narrow
-                        : gemv   ? tile_kind::gemv
-                                 : tile_kind::narrow32;
-    scratch<uint8_t> xq(size_t(m) * w.in);
-    scratch<float> xs(size_t(m) * (w.in / 32));
-    quantize_rows_fp8(x, m, w.in, xq.get(), xs.get());
-    if constexpr (FP4) gemm_fp4(xq.get(), xs.get(), m, w, y, t);
-    else gemm_fp8(xq.get(), xs.get(), m, w, y, t);
-    return;
+  if (!(gemv || tiled || stream || split)) return std::nullopt;
+  return split ? tile_kind::split4 : stream ? tile_kind::narrow : gemv ? tile_kind::gemv : tile_kind::narrow32;
+}
+
+template <bool FP4, class W>
+void quantized_linear(const float* x, int m, const W& w, float* y, const uint8_t* xq = nullptr,
+                      const float* xs = nullptr) {
+  CEDAR_CUDA_REQUIRE(w.in % 32 == 0, "fast linear: in is a multiple of 32");
+  if (m <= 0) return;
+  const std::optional<tile_kind> t = quantized_tile<FP4>(m, w);
+  if (!t) return prefill_linear(x, m, w, y);
+  scratch<uint8_t> q(xq ? 0 : size_t(m) * w.in);
+  scratch<float> s(xq ? 0 : size_t(m) * (w.in / 32));
+  if (!xq) {
+    quantize_rows_fp8(x, m, w.in, q.get(), s.get());
+    xq = q.get(), xs = s.get();
   }
-  prefill_linear(x, m, w, y);
+  if constexpr (FP4) gemm_fp4(xq, xs, m, w, y, *t);
+  else gemm_fp8(xq, xs, m, w, y, *t);
 }
 
 /// y [m, n] (row stride ldy) = x [m, k] (row stride ldx) W^T for bf16 W, by the split of x into
@@ -403,7 +409,13 @@ void split_gemm(const float* x, int ldx, int m, const uint16_t* w, int n, int k,
 
 }  // namespace
 
-void linear_fp8(const float* x, int m, const fp8_weight& w, float* y) { quantized_linear<false>(x, m, w, y); }
+void linear_fp8(const float* x, int m, const fp8_weight& w, float* y, const uint8_t* xq, const float* xs) {
+  quantized_linear<false>(x, m, w, y, xq, xs);
+}
+
+bool linear_fp8_takes_codes(int m, const fp8_weight& w) {
+  return w.in % 32 == 0 && quantized_tile<false>(m, w).has_value();
+}
 
 void linear_fp4(const float* x, int m, const fp4_weight& w, float* y) { quantized_linear<true>(x, m, w, y); }
 

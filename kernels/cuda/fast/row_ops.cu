@@ -1,0 +1,119 @@
+// finish_rows (layer_ops.hpp): the chain a decode row goes through between two linear layers
+// (RMSNorm, RoPE, FP8 fake quantization, the ring record, the next linear's activation codes) in
+// one launch, a block per row, with each step's own arithmetic: the bits of the separate ops.
+#include <cmath>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fast/layer_ops.hpp"
+#include "kernels/cuda/internal.cuh"
+
+namespace cedar::cuda::fast {
+namespace {
+
+using cuda::detail::clampf;
+using cuda::detail::fp8_group_scale;
+using cuda::detail::rope_table;
+using cuda::detail::std_max;
+
+constexpr int finish_threads = 256;
+constexpr int finish_max_dim = 8192;  ///< the row lives in shared memory (32 KB)
+
+/// The device side of row_finish (the RoPE table by value).
+struct finish_args {
+  const float* norm_w;
+  float eps;
+  const int32_t* positions;
+  int rope_dim;
+  bool fake_fp8;
+  uint8_t* record;
+  uint8_t* codes;
+  float* scales;
+};
+
+/// The max of |v| over the 32 lanes of a group: NaN-blind from the left as group_kernel's
+/// std_max fold (fake quantization, records) or as fmaxf (quantize_rows_fp8's codes).
+template <bool StdMax>
+__device__ __forceinline__ float group_max(float v) {
+  float amax = StdMax ? std_max(0.0f, fabsf(v)) : fabsf(v);
+  for (int off = 16; off >= 1; off /= 2) {
+    const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, off);
+    amax = StdMax ? std_max(amax, o) : fmaxf(amax, o);
+  }
+  return amax;
+}
+
+/// grid (m), finish_threads threads, d floats of dynamic shared memory.
+__global__ void __launch_bounds__(finish_threads)
+    finish_kernel(const float* x, int d, finish_args a, rope_table t, float* y) {
+  cuda::detail::dependent_start();
+  extern __shared__ float row[];
+  __shared__ float cos_s[cuda::detail::max_rope_half], sin_s[cuda::detail::max_rope_half];
+  __shared__ float inv_rms;
+  const int r = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = finish_threads / 32;
+  const float* xr = x + size_t(r) * d;
+  for (int i = tid; i < d; i += finish_threads) row[i] = xr[i];
+  const int half = a.rope_dim / 2;
+  if (a.positions)
+    for (int i = tid; i < half; i += finish_threads)
+      cuda::detail::rope_cos_sin(double(a.positions[r]), t.freqs[i], false, cos_s[i], sin_s[i]);
+  __syncthreads();
+  if (a.norm_w) {  // cuda::rmsnorm: the sum of squares by one warp in dot_order
+    if (warp == 0) {
+      const float mean_sq = cuda::detail::warp_dot(row, row, d) / float(d);
+      if (lane == 0) inv_rms = 1.0f / sqrtf(mean_sq + a.eps);
+    }
+    __syncthreads();
+    const float inv = inv_rms;
+    for (int i = tid; i < d; i += finish_threads) row[i] = (row[i] * inv) * a.norm_w[i];
+    __syncthreads();
+  }
+  if (a.positions) {  // cuda::rope of one head of d, the last rope_dim values
+    float* v = row + (d - a.rope_dim);
+    for (int i = tid; i < half; i += finish_threads)
+      cuda::detail::rope_rotate(v[2 * i], v[2 * i + 1], cos_s[i], sin_s[i], v + 2 * i);
+    __syncthreads();
+  }
+  // groups of 32, a warp each
+  float* yr = y + size_t(r) * d;
+  for (int g = warp; g < d / 32; g += warps) {
+    const int i = g * 32 + lane;
+    float v = row[i];
+    if (a.fake_fp8) {  // cuda::fake_quant_fp8_rows
+      const float s = fp8_group_scale(group_max<true>(v));
+      v = cuda::detail::round_to_e4m3(clampf(v / s, -448.0f, 448.0f)) * s;
+    }
+    if (a.record) {  // cuda::pack_fp8_rows: codes [d], then a UE8M0 scale per 32
+      const float s = fp8_group_scale(group_max<true>(v));
+      uint8_t* rec = a.record + size_t(r) * (d + d / 32);
+      rec[i] = cuda::detail::f32_to_e4m3(clampf(v / s, -448.0f, 448.0f));
+      if (lane == 0) rec[d + g] = cuda::detail::pow2_code(s);
+    }
+    if (a.codes) {  // quantize_rows_fp8
+      const float s = fp8_group_scale(group_max<false>(v));
+      a.codes[size_t(r) * d + i] = cuda::detail::f32_to_e4m3(clampf(v / s, -448.0f, 448.0f));
+      if (lane == 0) a.scales[size_t(r) * (d / 32) + g] = s;
+    }
+    yr[i] = v;
+  }
+}
+
+}  // namespace
+
+void finish_rows(const float* x, int m, int d, const row_finish& f, float* y) {
+  CEDAR_CUDA_REQUIRE(d % 32 == 0 && d <= finish_max_dim, "finish_rows: d a multiple of 32, at most 8192");
+  CEDAR_CUDA_REQUIRE((f.codes == nullptr) == (f.scales == nullptr), "finish_rows: codes and scales together");
+  if (m <= 0) return;
+  rope_table t{};
+  finish_args a{f.norm_w, f.eps, f.positions, 0, f.fake_fp8, f.record, f.codes, f.scales};
+  if (f.positions) {
+    CEDAR_CUDA_REQUIRE(f.rope && f.rope->rope_dim % 2 == 0 && f.rope->rope_dim / 2 <= cuda::detail::max_rope_half &&
+                           f.rope->rope_dim <= d,
+                       "finish_rows: rope_dim");
+    a.rope_dim = f.rope->rope_dim;
+    cuda::detail::rope_frequencies(*f.rope, t.freqs);
+  }
+  cuda::detail::launch_dependent(finish_kernel, dim3(unsigned(m)), dim3(finish_threads), sizeof(float) * d, x, d, a, t,
+                                 y);
+}
+
+}  // namespace cedar::cuda::fast
