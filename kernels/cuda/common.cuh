@@ -238,6 +238,16 @@ __device__ __forceinline__ float exp_f(float x) { return libm_port::expf(x); }
 __device__ __forceinline__ float log1p_f(float x) { return libm_port::log1pf(x); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
 
+/// quantize_rows_fp8's rule for a group of 32 values, one a lane (the whole warp calls it): the
+/// group's power-of-two scale (to every lane) and this lane's e4m3 code.
+__device__ __forceinline__ float fp8_group_code(float v, uint8_t& code) {
+  float amax = fabsf(v);
+  for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float s = fp8_group_scale(amax);
+  code = f32_to_e4m3(clampf(v / s, -448.0f, 448.0f));
+  return s;
+}
+
 // ---- RoPE ------------------------------------------------------------------------------------
 
 constexpr int max_rope_half = 128;

@@ -145,14 +145,16 @@ struct fast_attention_state;  // fast kernel set (gpu_attention_fast.cpp)
 
 /// What the attention sublayer's fast steps read ([rows, width] device arrays): the normalized
 /// q latent qr (with its FP8 codes and scales when a decode linear takes them, else null), the
-/// sublayer input x, the rotated queries q, and the window rows kv (with their ring records, or
-/// null: packed from kv).
+/// sublayer input x, the rotated queries q, the window rows kv (with their ring records, or
+/// null: packed from kv), and each row's RoPE cos and sin (or null) with which the attention
+/// rotates its output back.
 struct attn_rows {
   const float* qr = nullptr;
   const uint8_t* qr_codes = nullptr;
   const float* qr_scales = nullptr;
   const float *x = nullptr, *q = nullptr, *kv = nullptr;
   const uint8_t* kv_records = nullptr;
+  const float* rope_cs = nullptr;
 };
 
 struct gbatch {
@@ -219,19 +221,23 @@ struct gpu_model::impl {
   void linear(const float* x, int m, const bf16_weight& w, float* y) const;
   /// The bf16 linear of the kernel set, for ops that take it as a parameter (the compressor).
   cuda::bf16_linear_fn bf16_linear() const;
-  /// Two FP8 linears of one x (the fast set quantizes x once and runs one GEMV for both).
-  void linear_pair(const float* x, int m, const fp8_weight& a, float* ya, const fp8_weight& b, float* yb) const;
+  /// Two FP8 linears of one x (the fast set quantizes x once and runs one GEMV for both; xq /
+  /// xs: x's FP8 codes and scales when already made, else null).
+  void linear_pair(const float* x, int m, const fp8_weight& a, float* ya, const fp8_weight& b, float* yb,
+                   const uint8_t* xq = nullptr, const float* xs = nullptr) const;
   /// The attention output projection (cuda::grouped_output's contract).
   void grouped_output(const float* o, int m, const dev_layer& w, float* out) const;
   /// The routed and shared experts (cuda::moe_ffn's contract; sel, weights on the device), out
   /// rounded to bf16.
   void experts(const float* y, int m, const int32_t* sel, const float* weights, const dev_layer& w,
-               float* out) const;
+               float* out, const uint8_t* yq = nullptr, const float* ys = nullptr) const;
 
   // ---- forward steps ----
   void run_layer(int l, gbatch& b, forward_stats* stats) const;
   void run_layer_fast(int l, gbatch& b) const;
-  void attention(int l, gbatch& b, const float* x, float* out) const;
+  /// xq / xs (fast set, or null): x's FP8 codes and scales, for the projections that read codes.
+  void attention(int l, gbatch& b, const float* x, float* out, const uint8_t* xq = nullptr,
+                 const float* xs = nullptr) const;
   void compressor(int l, gitem& it, const float* x) const;
   /// The index keys of num compressed latents and the latents rotated at their entry
   /// positions (d_pos), each fake-quantized to its storage format and given to store(values,
@@ -247,7 +253,7 @@ struct gpu_model::impl {
   void indexer_fast(int l, gbatch& b, const attn_rows& in) const;
   bool compressor_rows(int l, gbatch& b, const float* x) const;
   void store_entries(const gitem& it, int slot, int64_t first, int num, const float* x, int d, bool latent) const;
-  void moe(int l, const float* y, int n, float* out) const;
+  void moe(int l, const float* y, int n, float* out, const uint8_t* yq = nullptr, const float* ys = nullptr) const;
   void apply_engram(int l, gbatch& b) const;
   /// out [rows, vocab] = the logits of the rows the items ask for; returns rows.
   int head_device(const gbatch& b, dvec<float>& out) const;

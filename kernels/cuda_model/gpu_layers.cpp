@@ -156,7 +156,8 @@ void gpu_model::impl::attend(int l, gitem& it, const float* q, const float* kv, 
   cuda::sparse_attention(q, T, nh, dh, buf.get(), idx.get(), num_idx, layers[l].sink, scale, o);
 }
 
-void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) const {
+void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out, const uint8_t* xq,
+                                const float* xs) const {
   const model_args& a = args;
   const layer_info& li = a.layers[l];
   const dev_layer& w = layers[l];
@@ -166,15 +167,17 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) co
 
   std::optional<phase_profile::scope> proj_time(std::in_place, profile, phase_profile::attn_proj);
   dvec<float> qr(std::size_t(n) * a.q_lora_rank), kv(std::size_t(n) * dh);
-  linear_pair(x, n, w.wq_a, qr.get(), w.wkv, kv.get());  // both read x
+  linear_pair(x, n, w.wq_a, qr.get(), w.wkv, kv.get(), xq, xs);  // both read x
   dvec<float> q(std::size_t(n) * nh * dh);
   const bool fast_attn = fast_attention();
-  // the fast set: each row chain in one launch (RMSNorm with wq_b's codes; RMSNorm, RoPE, FP8
-  // fake quantization and the ring records), the same bits as the separate ops
+  // the fast set: each row chain in one launch, the same bits as the separate ops: RMSNorm with
+  // wq_b's codes; then the kv row's RMSNorm, RoPE, FP8 fake quantization and ring record with
+  // the queries' RoPE (its cos and sin kept for the attention output's inverse)
   const bool qr_codes = kernels == gpu_kernels::fast && cuda::fast::linear_fp8_takes_codes(n, w.wq_b);
   dvec<uint8_t> qr_q(qr_codes ? std::size_t(n) * a.q_lora_rank : 0);
   dvec<float> qr_s(qr_codes ? std::size_t(n) * (a.q_lora_rank / 32) : 0);
   dvec<uint8_t> kv_rec(fast_attn ? std::size_t(n) * layout.swa_record_bytes : 0);
+  dvec<float> rope_cs(fast_attn ? std::size_t(n) * rope[l].rope_dim : 0);
   if (qr_codes) {
     cuda::fast::row_finish f;
     f.norm_w = w.q_norm, f.eps = eps, f.codes = qr_q.get(), f.scales = qr_s.get();
@@ -184,14 +187,15 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) co
     cuda::rmsnorm(qr.get(), n, a.q_lora_rank, w.q_norm, eps, qr.get());
     linear(qr.get(), n, w.wq_b, q.get());
   }
-  cuda::rope(q.get(), n, nh, dh, pos, rope[l], false);
   if (fast_attn) {
     CEDAR_OP_CHECK(layout.swa_record_bytes == std::size_t(dh + dh / 32), "ring records: FP8 codes and scales");
     cuda::fast::row_finish f;
     f.norm_w = w.kv_norm, f.eps = eps, f.positions = pos, f.rope = &rope[l], f.fake_fp8 = true;
-    f.record = kv_rec.get();
+    f.record = kv_rec.get(), f.rope_cs = rope_cs.get();
+    f.rotate = q.get(), f.rotate_heads = nh, f.rotate_head_dim = dh;
     cuda::fast::finish_rows(kv.get(), n, dh, f, kv.get());
   } else {
+    cuda::rope(q.get(), n, nh, dh, pos, rope[l], false);
     cuda::rmsnorm(kv.get(), n, dh, w.kv_norm, eps, kv.get());
     cuda::rope(kv.get(), n, 1, dh, pos, rope[l], false);
     cuda::fake_quant_fp8_rows(kv.get(), n, dh);
@@ -202,6 +206,7 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) co
   if (fast_attn) {
     attn_rows in;
     in.qr = qr.get(), in.x = x, in.q = q.get(), in.kv = kv.get(), in.kv_records = kv_rec.get();
+    in.rope_cs = rope_cs.get();
     if (qr_codes && a.q_lora_rank == layers[l].i_wq_b.in && cuda::fast::linear_fp8_takes_codes(n, layers[l].i_wq_b))
       in.qr_codes = qr_q.get(), in.qr_scales = qr_s.get();
     attend_fast(l, b, in, o.get());
@@ -221,13 +226,13 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out) co
     }
   }
   phase_profile::scope t(profile, phase_profile::out_proj);
-  cuda::rope(o.get(), n, nh, dh, pos, rope[l], true);
+  if (!fast_attn) cuda::rope(o.get(), n, nh, dh, pos, rope[l], true);  // else sparse_attention's
   grouped_output(o.get(), n, w, out);
 }
 
 // ---- MoE, Engram, layer, head ----------------------------------------------------------------------
 
-void gpu_model::impl::moe(int l, const float* y, int n, float* out) const {
+void gpu_model::impl::moe(int l, const float* y, int n, float* out, const uint8_t* yq, const float* ys) const {
   const dev_layer& w = layers[l];
   const int k = args.num_experts_per_tok;
   dvec<int32_t> sel(std::size_t(n) * k);
@@ -240,7 +245,7 @@ void gpu_model::impl::moe(int l, const float* y, int n, float* out) const {
       cuda::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get());
   }
   phase_profile::scope t(profile, phase_profile::experts);
-  experts(y, n, sel.get(), weights.get(), w, out);  // rounded to bf16
+  experts(y, n, sel.get(), weights.get(), w, out, yq, ys);  // rounded to bf16
 }
 
 void gpu_model::impl::apply_engram(int l, gbatch& b) const {

@@ -14,11 +14,11 @@ void gpu_model::impl::linear(const float* x, int m, const fp8_weight& w, float* 
 }
 
 void gpu_model::impl::linear_pair(const float* x, int m, const fp8_weight& a, float* ya, const fp8_weight& b,
-                                  float* yb) const {
+                                  float* yb, const uint8_t* xq, const float* xs) const {
   if (kernels == gpu_kernels::fast) {
     const fp8_weight* w[2] = {&a, &b};
     float* y[2] = {ya, yb};
-    cuda::fast::linear_fp8_set(x, m, 2, w, y);
+    cuda::fast::linear_fp8_set(x, m, 2, w, y, xq, xs);
   } else {
     cuda::linear_fp8(x, m, a, ya);
     cuda::linear_fp8(x, m, b, yb);
@@ -42,11 +42,11 @@ void gpu_model::impl::grouped_output(const float* o, int m, const dev_layer& w, 
 }
 
 void gpu_model::impl::experts(const float* y, int m, const int32_t* sel, const float* weights, const dev_layer& w,
-                              float* out) const {
+                              float* out, const uint8_t* yq, const float* ys) const {
   const cpu::shared_expert_weights* shared = args.n_shared_experts > 0 ? &w.shared : nullptr;
   if (kernels == gpu_kernels::fast) {
     cuda::fast::moe_ffn(y, m, args.hidden_size, sel, weights, args.num_experts_per_tok, w.experts.data(),
-                        int(w.experts.size()), shared, float(args.swiglu_limit), out, true);
+                        int(w.experts.size()), shared, float(args.swiglu_limit), out, true, yq, ys);
   } else {
     cuda::moe_ffn(y, m, args.hidden_size, sel, weights, args.num_experts_per_tok, w.experts.data(),
                   int(w.experts.size()), shared, float(args.swiglu_limit), out);

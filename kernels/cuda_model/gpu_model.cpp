@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
 #include "kernels/model/inventory.hpp"
@@ -107,23 +108,31 @@ void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
               post = buffer(&graph_workspace::post, std::size_t(n) * hc),
               comb = buffer(&graph_workspace::comb, std::size_t(n) * hc * hc),
               x = buffer(&graph_workspace::x, std::size_t(n) * D), f = buffer(&graph_workspace::f, std::size_t(n) * D);
+  // the sublayer input's FP8 codes, written by the boundary when the first linears read codes
+  // (decode: wq_a and wkv; the routed and shared experts)
+  const bool codes = D % 32 == 0 && n <= cuda::fast::tuning_now().gemv_max_rows;
   const auto boundary = [&](const float* f_prev, const dev_hc& m, float* pre_out, const float* collapse_pre,
-                            const float* norm_w) {
+                            const float* norm_w, dvec<uint8_t>& xq, dvec<float>& xs) {
+    if (codes) xq = dvec<uint8_t>(std::size_t(n) * D), xs = dvec<float>(std::size_t(n) * (D / 32));
     const cuda::fast::hc_mix_params p{m.fn, m.scale, m.base, args.hc_sinkhorn_iters, hc_eps, eps};
     cuda::fast::hc_boundary(b.X.get(), n, hc, D, f_prev, post.get(), comb.get(), p, pre_out, collapse_pre, norm_w,
-                            x.get());
+                            x.get(), cuda::fast::hc_launches::automatic, xq.get(), xs.get());
   };
+  dvec<uint8_t> xq;
+  dvec<float> xs;
   {
     phase_profile::scope t(profile, phase_profile::mhc);
-    boundary(nullptr, lw.hc_attn, a_pre.get(), b.pre.get(), lw.attn_norm);
+    boundary(nullptr, lw.hc_attn, a_pre.get(), b.pre.get(), lw.attn_norm, xq, xs);
   }
-  attention(l, b, x.get(), f.get());
+  attention(l, b, x.get(), f.get(), xq.get(), xs.get());
   const auto moe_half = [&] {
+    dvec<uint8_t> yq;
+    dvec<float> ys;
     {
       phase_profile::scope t(profile, phase_profile::mhc);
-      boundary(f.get(), lw.hc_ffn, b.pre.get(), a_pre.get(), lw.ffn_norm);
+      boundary(f.get(), lw.hc_ffn, b.pre.get(), a_pre.get(), lw.ffn_norm, yq, ys);
     }
-    moe(l, x.get(), n, f.get());
+    moe(l, x.get(), n, f.get(), yq.get(), ys.get());
     phase_profile::scope t(profile, phase_profile::mhc);
     cuda::hc_post(f.get(), b.X.get(), post.get(), comb.get(), n, hc, D, b.X.get());
   };

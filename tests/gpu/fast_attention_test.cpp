@@ -18,6 +18,7 @@
 
 #include "config/model_config.hpp"
 #include "kernels/cuda/fast/attention.hpp"
+#include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
 #include "kernels/formats.hpp"
 #include "kernels/model/model.hpp"
@@ -239,6 +240,25 @@ void attention_case(const std::string& name, int dh, int heads, int W, int K, in
   const auto packed = d_out.host();
   CHECK_MESSAGE(std::memcmp(packed.data(), got.data(), sizeof(float) * got.size()) == 0, name,
                 ": fresh rows from records give the fp32 rows' bits");
+  // the output rotated back by sparse_attention (rope_cs, in the combine pass or a pass of its
+  // own) against the separate inverse RoPE: the same bits, with one split and with several
+  cpu::rope_params rp;
+  rp.rope_dim = dh >= 128 ? 64 : 16, rp.yarn = true;
+  std::vector<int32_t> pos;
+  for (const test_item& it : items)
+    for (int t = 0; t < it.num_rows; ++t) pos.push_back(int32_t(it.first_pos + t));
+  dev<int32_t> d_pos(pos);
+  dev<float> d_apart(got);
+  cuda::rope(d_apart.get(), rows, heads, dh, d_pos.get(), rp, true);
+  // the rows' cos and sin as the model gets them: from finish_rows' RoPE of the kv rows
+  dev<float> d_cs(std::size_t(rows) * rp.rope_dim), d_scratch(kv);
+  fast::row_finish f;
+  f.positions = d_pos.get(), f.rope = &rp, f.rope_cs = d_cs.get();
+  fast::finish_rows(d_scratch.get(), rows, dh, f, d_scratch.get());
+  cuda::fill_bytes(d_out.get(), 0xFF, sizeof(float) * got.size());
+  fast::sparse_attention(p, s.view(), d_cs.get(), rp.rope_dim);
+  CHECK_MESSAGE(op_reference::same_bits(d_out.host().data(), d_apart.host().data(), got.size()), name,
+                ": the output rotated back in sparse_attention gives the separate RoPE's bits");
 }
 
 }  // namespace
@@ -257,6 +277,8 @@ TEST_CASE("fast attention: fused sparse attention equals the CPU op within 1e-4 
   attention_case("attention 64x512 window only", 512, 64, 128, 0, 2, fast::kv_format::fp4, real, 14);
   // one item alone: a single block row, so the kernel splits the candidates over blocks
   attention_case("attention 64x512 one decode row", 512, 64, 128, 512, 1, fast::kv_format::fp4, {{8191, 1, 0}}, 15);
+  // enough rows for one split (each block row its own output, no combine)
+  attention_case("attention 64x512 prefill of 80 rows", 512, 64, 128, 512, 2, fast::kv_format::fp4, {{100, 80, 0}}, 16);
 }
 
 namespace {

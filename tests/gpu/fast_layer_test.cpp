@@ -72,6 +72,18 @@ void check_boundary(int m, int d, bool with_post) {
     CHECK_MESSAGE(ref::same_bits(bcomb.host().data(), dcomb.host().data(), comb.size()), same);
     CHECK_MESSAGE(ref::same_bits(bpost.host().data(), dpost.host().data(), post.size()), same);
     CHECK_MESSAGE(ref::same_bits(bpre.host().data(), dpre.host().data(), pre.size()), same);
+    if (d % 32 != 0) continue;
+    // the next linear's codes from the same launch: quantize_rows_fp8 of x_out, byte for byte
+    dev<float> cX(X), cpost(post0), ccomb(comb0), cpre_out(pre.size()), cx(size_t(m) * d), ref_s(size_t(m) * (d / 32)),
+        got_s(size_t(m) * (d / 32));
+    dev<uint8_t> ref_q(size_t(m) * d), got_q(size_t(m) * d);
+    cuda::fast::hc_boundary(cX.get(), m, hc, d, with_post ? df.get() : nullptr, cpost.get(), ccomb.get(), p,
+                            cpre_out.get(), dcpre.get(), dnorm.get(), cx.get(), launches, got_q.get(), got_s.get());
+    cuda::fast::quantize_rows_fp8(dx.get(), m, d, ref_q.get(), ref_s.get());
+    const std::string codes = same + ", and x_out's FP8 codes";
+    CHECK_MESSAGE(ref::same_bits(cx.host().data(), dx.host().data(), size_t(m) * d), codes);
+    CHECK_MESSAGE(got_q.host() == ref_q.host(), codes);
+    CHECK_MESSAGE(ref::same_bits(got_s.host().data(), ref_s.host().data(), size_t(m) * (d / 32)), codes);
   }
   if (m == 1) return;
   // batch invariance: the last row alone gets the bits it got in the batch
@@ -173,6 +185,10 @@ void check_finish(int m, int d, bool kv) {
   const size_t rec_bytes = size_t(d) + d / 32;
   dev<uint8_t> ref_rec(size_t(m) * rec_bytes), rec(size_t(m) * rec_bytes), ref_q(size_t(m) * d), q(size_t(m) * d);
   dev<float> ref_s(size_t(m) * (d / 32)), s(size_t(m) * (d / 32));
+  // query heads the kv chain's launch rotates too (9 heads: a block of 8 and one of 1)
+  const int qh = 9, qd = 128;
+  const auto qv = activations(rng, m, qh * qd);
+  dev<float> ref_q_rot(qv), q_rot(qv);
   cuda::rmsnorm(ref_y.get(), m, d, dw.get(), eps, ref_y.get());
   cuda::fast::row_finish f;
   f.norm_w = dw.get(), f.eps = eps;
@@ -180,7 +196,9 @@ void check_finish(int m, int d, bool kv) {
     cuda::rope(ref_y.get(), m, 1, d, dpos.get(), rp, false);
     cuda::fake_quant_fp8_rows(ref_y.get(), m, d);
     cuda::pack_fp8_rows(ref_y.get(), m, d, ref_rec.get());
+    cuda::rope(ref_q_rot.get(), m, qh, qd, dpos.get(), rp, false);
     f.positions = dpos.get(), f.rope = &rp, f.fake_fp8 = true, f.record = rec.get();
+    f.rotate = q_rot.get(), f.rotate_heads = qh, f.rotate_head_dim = qd;
   } else {
     cuda::fast::quantize_rows_fp8(ref_y.get(), m, d, ref_q.get(), ref_s.get());
     f.codes = q.get(), f.scales = s.get();
@@ -192,6 +210,9 @@ void check_finish(int m, int d, bool kv) {
                 (std::string("finish_rows y") + tag));
   if (kv) {
     CHECK_MESSAGE(rec.host() == ref_rec.host(), (std::string("finish_rows record") + tag));
+    CHECK_MESSAGE(ref::same_bits(q_rot.host().data(), ref_q_rot.host().data(), qv.size()),
+                  (std::string("finish_rows rotated query heads") + tag));
+    f.rotate = nullptr;  // rotated once
   } else {
     CHECK_MESSAGE(q.host() == ref_q.host(), (std::string("finish_rows codes") + tag));
     CHECK_MESSAGE(ref::same_bits(s.host().data(), ref_s.host().data(), size_t(m) * (d / 32)),

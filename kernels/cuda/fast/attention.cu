@@ -159,6 +159,16 @@ __device__ __forceinline__ const uint8_t* entry_record(const kv_items& it, int i
 // ---- sparse attention ------------------------------------------------------------------------
 
 constexpr int heads_per_block = 16;  // one mma M tile
+constexpr int max_rope_half = 64;    ///< RoPE pairs the output's rotation takes (rope_dim <= 128)
+
+/// Row r's RoPE cos and sin (sparse_attention's rope_cs) into shared memory, threads
+/// first, first + stride, ... of the block.
+__device__ __forceinline__ void load_rope(const float* rope_cs, int r, int rope_dim, float* c, float* s,
+                                          int first = int(threadIdx.x), int stride = int(blockDim.x)) {
+  const int half = rope_dim / 2;
+  const float* row = rope_cs + std::size_t(r) * rope_dim;
+  for (int i = first; i < half; i += stride) c[i] = row[i], s[i] = row[half + i];
+}
 constexpr int chunk = 64;            // candidates per step
 /// Warps per block: 8 for the real head_dim, 4 for small ones; warp w owns dims
 /// [w dim / WARPS, (w + 1) dim / WARPS) in both products.
@@ -420,12 +430,14 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 
 constexpr int max_splits = 32;
 
-/// grid (rows, heads): out = sum_s O_s e^(m_s - M) / (e^(sink - M) + sum_s l_s e^(m_s - M)).
+/// grid (rows, heads): out = sum_s O_s e^(m_s - M) / (e^(sink - M) + sum_s l_s e^(m_s - M)),
+/// rotated back by RoPE when rope_dim > 0 (rope_cs: each row's cos, then sin).
 __global__ void combine_kernel(const float* part_o, const float* part_ml, int splits, int heads, int dim,
-                               const float* sink, float* out) {
+                               const float* sink, float* out, const float* rope_cs, int rope_dim) {
   cuda::detail::dependent_start();
   __shared__ float weight[max_splits], ell[max_splits];
   __shared__ float inv_denom;
+  __shared__ float rope_c[max_rope_half], rope_s[max_rope_half];
   const int r = blockIdx.x, h = blockIdx.y;
   const float* ml = part_ml + std::size_t(r) * splits * heads * 2;
   if (threadIdx.x < 32) {  // lane s holds split s (splits <= 32); the max is exact in any order
@@ -443,31 +455,59 @@ __global__ void combine_kernel(const float* part_o, const float* part_ml, int sp
       for (int t = 0; t < splits; ++t) denom += ell[t] * weight[t];
       inv_denom = 1.0f / denom;
     }
+  } else if (rope_dim > 0) {
+    load_rope(rope_cs, r, rope_dim, rope_c, rope_s, int(threadIdx.x) - 32, int(blockDim.x) - 32);
   }
   __syncthreads();
-  // U dimensions a thread, every split's loads of them issued together (splits in order)
-  constexpr int U = 4;
-  for (int d0 = threadIdx.x; d0 < dim; d0 += blockDim.x * U) {
-    float acc[U] = {};
+  // U pairs of dimensions a thread, every split's loads of them issued together (splits in
+  // order, each value its own sum)
+  constexpr int U = 2;
+  const int pairs = dim / 2, rope_lo = dim - rope_dim;
+  for (int j0 = threadIdx.x; j0 < pairs; j0 += blockDim.x * U) {
+    float2 acc[U] = {};
 #pragma unroll 4
     for (int s = 0; s < splits; ++s) {
       const float w = weight[s];
       if (w == 0.0f) continue;
-      const float* po = part_o + ((std::size_t(r) * splits + s) * heads + h) * dim;
-      float v[U];
+      const float2* po = reinterpret_cast<const float2*>(part_o + ((std::size_t(r) * splits + s) * heads + h) * dim);
+      float2 v[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) v[u] = d0 + u * int(blockDim.x) < dim ? po[d0 + u * int(blockDim.x)] : 0.0f;
+      for (int u = 0; u < U; ++u) v[u] = j0 + u * int(blockDim.x) < pairs ? po[j0 + u * int(blockDim.x)] : float2{};
 #pragma unroll
-      for (int u = 0; u < U; ++u) acc[u] += w * v[u];
+      for (int u = 0; u < U; ++u) acc[u].x += w * v[u].x, acc[u].y += w * v[u].y;
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (d0 + u * int(blockDim.x) < dim) out[(std::size_t(r) * heads + h) * dim + d0 + u * int(blockDim.x)] = acc[u] * inv_denom;
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + u * int(blockDim.x);
+      if (j >= pairs) continue;
+      float o[2] = {acc[u].x * inv_denom, acc[u].y * inv_denom};
+      if (rope_dim > 0 && 2 * j >= rope_lo) {  // inverse: sin negated
+        const int i = j - rope_lo / 2;
+        cuda::detail::rope_rotate(o[0], o[1], rope_c[i], -rope_s[i], o);
+      }
+      reinterpret_cast<float2*>(out + (std::size_t(r) * heads + h) * dim)[j] = make_float2(o[0], o[1]);
+    }
+  }
+}
+
+/// grid (rows, ceil(heads / 8)): the inverse RoPE of out [rows, heads, dim] (rope_cs as above),
+/// where no combine pass ran: cuda::rope's inverse with the same cos and sin.
+__global__ void rotate_back_kernel(float* out, int heads, int dim, const float* rope_cs, int rope_dim) {
+  cuda::detail::dependent_start();
+  __shared__ float rope_c[max_rope_half], rope_s[max_rope_half];
+  const int r = blockIdx.x, h0 = blockIdx.y * 8, half = rope_dim / 2;
+  load_rope(rope_cs, r, rope_dim, rope_c, rope_s);
+  __syncthreads();
+  for (int job = threadIdx.x; job < 8 * half; job += blockDim.x) {
+    const int h = h0 + job / half, i = job % half;
+    if (h >= heads) break;
+    float* v = out + (std::size_t(r) * heads + h) * dim + (dim - rope_dim) + 2 * i;
+    cuda::detail::rope_rotate(v[0], v[1], rope_c[i], -rope_s[i], v);
   }
 }
 
 template <int DIM>
-void launch_attention(const sparse_attention_params& p, const kv_items& items) {
+void launch_attention(const sparse_attention_params& p, const kv_items& items, const float* rope_cs, int rope_dim) {
   using L = attn_smem<DIM>;
   static const bool configured = [] {
     CEDAR_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -482,11 +522,18 @@ void launch_attention(const sparse_attention_params& p, const kv_items& items) {
   const int splits = std::max(1, std::min(want, max_chunks));
   scratch<float> part_o(splits > 1 ? std::size_t(p.rows) * splits * p.heads * DIM : 0);
   scratch<float> part_ml(splits > 1 ? std::size_t(p.rows) * splits * p.heads * 2 : 0);
+  if (rope_cs == nullptr) rope_dim = 0;
+  CEDAR_CUDA_REQUIRE(rope_dim % 2 == 0 && rope_dim / 2 <= max_rope_half && rope_dim <= DIM,
+                     "fused attention: rope_dim even, at most 128 and head_dim");
   cuda::detail::launch_dependent(attention_kernel<DIM>, dim3(unsigned(p.rows), unsigned(groups), unsigned(splits)),
                                  dim3(attn_warps<DIM> * 32), L::bytes, p, items, part_o.get(), part_ml.get());
   if (splits > 1) {
     cuda::detail::launch_dependent(combine_kernel, dim3(unsigned(p.rows), unsigned(p.heads)), dim3(128), 0,
-                                   part_o.get(), part_ml.get(), splits, p.heads, DIM, p.sink, p.out);
+                                   part_o.get(), part_ml.get(), splits, p.heads, DIM, p.sink, p.out, rope_cs,
+                                   rope_dim);
+  } else if (rope_dim > 0) {
+    cuda::detail::launch_dependent(rotate_back_kernel, dim3(unsigned(p.rows), unsigned((p.heads + 7) / 8)), dim3(256),
+                                   0, p.out, p.heads, DIM, rope_cs, rope_dim);
   }
 }
 
@@ -642,12 +689,12 @@ __global__ void store_ring_kernel(const uint8_t* rec, std::size_t rec_bytes, kv_
 
 bool supports(int dim, int index_dim) { return (dim == 512 || dim == 64) && (index_dim == 128 || index_dim == 32); }
 
-void sparse_attention(const sparse_attention_params& p, const kv_items& items) {
+void sparse_attention(const sparse_attention_params& p, const kv_items& items, const float* rope_cs, int rope_dim) {
   CEDAR_CUDA_REQUIRE(p.dim == 512 || p.dim == 64, "fused attention: head_dim 512 or 64");
   CEDAR_CUDA_REQUIRE(p.topk_k == 0 || p.topk != nullptr, "top-k list");
   if (p.rows <= 0 || p.heads <= 0) return;
-  if (p.dim == 512) launch_attention<512>(p, items);
-  else launch_attention<64>(p, items);
+  if (p.dim == 512) launch_attention<512>(p, items, rope_cs, rope_dim);
+  else launch_attention<64>(p, items, rope_cs, rope_dim);
 }
 
 void index_scores(const index_scores_params& p, const kv_items& items) {

@@ -71,7 +71,11 @@ bool supports(int dim, int index_dim);
 /// Per row: the window positions max(floor, i - W + 1) .. i (older than the item's first row
 /// from its ring, the others from kv) and the top-k entries' latents from the pages; softmax
 /// with the per-head sink, as cpu::sparse_attention over the CPU model's candidate set.
-void sparse_attention(const sparse_attention_params& p, const kv_items& items);
+/// rope_cs, when given ([rows, rope_dim], rope_dim <= 128: each row's cos, then sin, as
+/// cuda::rope takes them; finish_rows writes it): the output is rotated back (cuda::rope's
+/// inverse, its bits) in the pass that combines the splits, or in a pass of its own.
+void sparse_attention(const sparse_attention_params& p, const kv_items& items, const float* rope_cs = nullptr,
+                      int rope_dim = 0);
 
 struct index_scores_params {
   const float* q = nullptr;  // [rows, heads, dim] index queries, rotated, on the FP4 grid

@@ -124,10 +124,7 @@ __global__ void swiglu_codes_kernel(float* g, const float* u, int cap, int inter
     if (weights) h = weights[slot_src ? slot_src[s] : s] * h;
   }
   if (keep_h) g[i] = h;
-  float amax = fabsf(h);
-  for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-  const float sc = cuda::detail::fp8_group_scale(amax);
-  codes[i] = cuda::detail::f32_to_e4m3(cuda::detail::clampf(h / sc, -448.0f, 448.0f));
+  const float sc = cuda::detail::fp8_group_code(h, codes[i]);
   if (lane == 0) scales[gi] = sc;
 }
 
@@ -282,7 +279,7 @@ void overlapped_experts(const std::vector<int>& counts, size_t elems, Dequant de
 
 void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
              const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared, float limit,
-             float* out, bool round_out) {
+             float* out, bool round_out, const uint8_t* yq, const float* ys) {
   CEDAR_CUDA_REQUIRE(num_experts > 0 && num_experts <= max_experts, "expert count");
   if (m <= 0) return;
   const int inter = cuda::detail::expert_inter(experts, num_experts, d);
@@ -314,8 +311,8 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   scratch<float> down(size_t(cap + 64) * d), shared_out(shared ? size_t(chunk) * d : 0);  // + padding rows
   std::vector<int> host_counts(num_experts);
   // the grouped path's x codes (one pass: chunk == m), which the shared expert reuses
-  scratch<uint8_t> xq(grouped ? size_t(m) * d : 0);
-  scratch<float> xs(grouped ? size_t(m) * (d / 32) : 0);
+  scratch<uint8_t> xq(grouped && !yq ? size_t(m) * d : 0);
+  scratch<float> xs(grouped && !yq ? size_t(m) * (d / 32) : 0);
   bool quantized = false;
   for (int r0 = 0; r0 < m; r0 += chunk) {
     const int rows = std::min(chunk, m - r0), slots = rows * topk;
@@ -331,10 +328,10 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         scratch<float> hs(size_t(slots) * (inter / 32));
         scratch<float> g(size_t(slots) * inter), u(size_t(slots) * inter);
         const int busy = std::min(num_experts, slots);  // groups that can have slots (compacted)
-        quantize_rows_fp8(y_c, rows, d, xq.get(), xs.get());
+        if (yq == nullptr) quantize_rows_fp8(y_c, rows, d, xq.get(), xs.get());
         quantized = true;
-        grouped_fp4_pair(xq.get(), xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter, d, g.get(), u.get(),
-                         tile);
+        grouped_fp4_pair(yq ? yq : xq.get(), yq ? ys : xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter, d,
+                         g.get(), u.get(), tile);
         cuda::detail::launch_dependent(swiglu_codes_kernel, dim3(blocks_for((long long)slots * inter, 256)), dim3(256),
                                        0, g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit, false,
                                        hq.get(), hs.get());
@@ -384,8 +381,8 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
       }
     }
     if (shared != nullptr)
-      shared_expert(y_c, rows, *shared, limit, shared_out.get(), quantized ? xq.get() : nullptr,
-                    quantized ? xs.get() : nullptr);
+      shared_expert(y_c, rows, *shared, limit, shared_out.get(), !quantized ? nullptr : yq ? yq : xq.get(),
+                    !quantized ? nullptr : yq ? ys : xs.get());
     if (inter > 0) {
       cuda::detail::launch_dependent(combine_kernel, dim3(blocks_for((long long)rows * d, 256)), dim3(256), 0,
                                      down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, rows, topk, d,

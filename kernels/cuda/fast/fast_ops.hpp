@@ -150,14 +150,18 @@ void linear_fp4(const float* x, int m, const fp4_weight& w, float* y);
 /// to 8 rows with K >= split_min_k, else the gemv tile).
 void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w, float* const* y,
                     const uint8_t* xq = nullptr, const float* xs = nullptr);
+/// Whether linear_fp8_set at m rows reads xq / xs (else it takes x through linear_fp8).
+bool linear_fp8_set_takes_codes(int m, int count, const fp8_weight* const* w);
 /// x fp32 (not rounded to bf16, as the CPU op), w bf16.
 void linear_bf16(const float* x, int m, const bf16_weight& w, float* y);
 void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out);
 /// experts and shared: HOST arrays of views with device pointers; sel, weights: device.
-/// round_out: out rounded to bf16 as cuda::round_bf16 (in the same launch).
+/// round_out: out rounded to bf16 as cuda::round_bf16 (in the same launch). yq / ys, when given,
+/// are y's codes and scales (quantize_rows_fp8), used where the experts read codes (decode).
 void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
              const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared,
-             float limit, float* out, bool round_out = false);
+             float limit, float* out, bool round_out = false, const uint8_t* yq = nullptr,
+             const float* ys = nullptr);
 
 namespace detail {
 /// W (FP8 or W4A8) -> bf16 [out, in], exact (scales >= 2^-124).

@@ -29,11 +29,7 @@ __global__ void quantize_kernel(const float* x, long long groups, uint8_t* codes
   const long long g = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (g >= groups) return;  // g is uniform across the warp
-  const float v = x[g * 32 + lane];
-  float amax = fabsf(v);
-  for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-  const float s = cuda::detail::fp8_group_scale(amax);
-  codes[g * 32 + lane] = cuda::detail::f32_to_e4m3(cuda::detail::clampf(v / s, -448.0f, 448.0f));
+  const float s = cuda::detail::fp8_group_code(x[g * 32 + lane], codes[g * 32 + lane]);
   if (lane == 0) scales[g] = s;
 }
 

@@ -323,7 +323,8 @@ constexpr int finish_span = slice * finish_u;
 template <int HC>
 __global__ void __launch_bounds__(slice)
     mix_finish(int d, int slices, const float* partials, const float* scale, const float* base, int iters, float hc_eps,
-               float norm_eps, float* pre, float* post, float* comb, const float* norm_w, float* x_out) {
+               float norm_eps, float* pre, float* post, float* comb, const float* norm_w, float* x_out, uint8_t* codes,
+               float* scales) {
   cuda::detail::dependent_start();
   constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
   const int r = blockIdx.x, spans = int(gridDim.y) - 1;
@@ -338,6 +339,13 @@ __global__ void __launch_bounds__(slice)
     const int first = blockIdx.y * finish_span;
     cuda::detail::scale_by_weight<finish_u>(out + first, out + first, min(finish_span, d - first), threadIdx.x,
                                             blockDim.x, inv_s, norm_w + first);
+    if (codes == nullptr) return;
+    // the next linear's codes: a warp's positions of each of the thread's steps are one group
+    // (d % 32 == 0), values this thread just wrote
+    for (int k = first + int(threadIdx.x); k < min(first + finish_span, d); k += blockDim.x) {
+      const float sc = cuda::detail::fp8_group_code(out[k], codes[size_t(r) * d + k]);
+      if (threadIdx.x % 32 == 0) scales[size_t(r) * (d / 32) + k / 32] = sc;
+    }
     return;
   }
   __shared__ float mix[n_mix + 1];
@@ -520,8 +528,10 @@ void launch_post_mix(float* X, int m, int d, const float* f, const float* post, 
 
 template <int HC>
 void boundary(float* X, int m, int d, const float* f, float* post, float* comb, const hc_mix_params& p, float* pre_out,
-              const float* collapse_pre, const float* norm_w, float* x_out, hc_launches launches) {
+              const float* collapse_pre, const float* norm_w, float* x_out, hc_launches launches, uint8_t* codes,
+              float* scales) {
   constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
+  CEDAR_CUDA_REQUIRE(codes == nullptr || (d % 32 == 0 && scales != nullptr), "hc_boundary: codes need d % 32 == 0");
   const int slices = (d + slice - 1) / slice;
   scratch<float> partials(size_t(m) * slices * n_part);
   const bool one_fits = m <= fused_max_rows && slices <= fused_max_slices;
@@ -533,6 +543,9 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
                                    p.fn, collapse_pre, x_out, partials.get(), p.scale, p.base, p.sinkhorn_iters,
                                    p.hc_eps, p.norm_eps, pre_out, norm_w, fused_arrivals());
     CEDAR_CUDA_LAUNCHED();
+    // the codes apart: in this launch the row's one finishing block would quantize all of its
+    // groups in series, on the step's critical path
+    if (codes != nullptr) quantize_rows_fp8(x_out, m, d, codes, scales);
     return;
   }
   const auto launch = [&](auto kernel) {
@@ -555,7 +568,8 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
   CEDAR_CUDA_LAUNCHED();
   const int spans = (d + finish_span - 1) / finish_span;
   cuda::detail::launch_dependent(mix_finish<HC>, dim3(m, spans + 1), dim3(slice), 0, d, slices, partials.get(), p.scale,
-                                 p.base, p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre_out, post, comb, norm_w, x_out);
+                                 p.base, p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre_out, post, comb, norm_w, x_out,
+                                 codes, scales);
 }
 
 // ---- router ----
@@ -738,17 +752,18 @@ void greedy_rows(const float* logits, int m, int vocab, int32_t* tokens, float* 
 }
 
 void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post, float* comb, const hc_mix_params& mix,
-                 float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out, hc_launches launches) {
+                 float* pre_out, const float* collapse_pre, const float* norm_w, float* x_out, hc_launches launches,
+                 uint8_t* codes, float* scales) {
   if (m <= 0) return;
   switch (hc) {
     case 1:
-      return boundary<1>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+      return boundary<1>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches, codes, scales);
     case 2:
-      return boundary<2>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+      return boundary<2>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches, codes, scales);
     case 4:
-      return boundary<4>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+      return boundary<4>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches, codes, scales);
     case 8:
-      return boundary<8>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches);
+      return boundary<8>(X, m, d, f, post, comb, mix, pre_out, collapse_pre, norm_w, x_out, launches, codes, scales);
     default:
       CEDAR_CUDA_REQUIRE(false, "hc_boundary: hc must be 1, 2, 4 or 8");
   }

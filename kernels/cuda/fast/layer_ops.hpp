@@ -37,11 +37,13 @@ constexpr int hc_one_launch_capacity = 8;  ///< rows hc_launches::one takes
 ///  1. if f != null: X <- hc_post(f [m, d], X, post, comb) (the previous sublayer's output);
 ///  2. pre_out, post, comb <- hc_mix(X, mix) (post and comb are overwritten after step 1 read them);
 ///  3. x_out [m, d] <- rmsnorm(hc_collapse(X, collapse_pre [m, hc]), norm_w, mix.norm_eps).
-/// collapse_pre must not alias pre_out. One or two launches; no host synchronization.
+/// collapse_pre must not alias pre_out. One or two launches; no host synchronization. codes /
+/// scales, when given ([m, d], [m, d / 32]; d % 32 == 0): also quantize_rows_fp8 of x_out, for
+/// the FP8 linears that read it.
 void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post /*[m, hc]*/,
                  float* comb /*[m, hc, hc]*/, const hc_mix_params& mix, float* pre_out /*[m, hc]*/,
                  const float* collapse_pre, const float* norm_w /*[d]*/, float* x_out,
-                 hc_launches launches = hc_launches::automatic);
+                 hc_launches launches = hc_launches::automatic, uint8_t* codes = nullptr, float* scales = nullptr);
 
 /// cuda::moe_route in two launches: s = sqrt(softplus(y gate^T)), top-k of s + bias (ties to the
 /// lowest expert), weights = s[sel] / sum * route_scale. gate.out <= 1024, topk <= 16.
@@ -61,6 +63,11 @@ struct row_finish {
   float eps = 0;
   const int32_t* positions = nullptr;      ///< [m]: RoPE of the last rope->rope_dim values (cuda::rope,
   const cpu::rope_params* rope = nullptr;  ///< one head of d)
+  float* rope_cs = nullptr;  ///< [m, rope_dim]: each row's cos (first half) and sin, cuda::rope's values
+  /// [m, rotate_heads, rotate_head_dim]: also RoPE of each head's last rope_dim values at the
+  /// row's position (cuda::rope), by more blocks of the launch
+  float* rotate = nullptr;
+  int rotate_heads = 0, rotate_head_dim = 0;
   bool fake_fp8 = false;                   ///< cuda::fake_quant_fp8_rows
   uint8_t* record = nullptr;               ///< [m, d + d / 32]: cuda::pack_fp8_rows of the result
   uint8_t* codes = nullptr;                ///< [m, d], scales [m, d / 32]: quantize_rows_fp8 of the

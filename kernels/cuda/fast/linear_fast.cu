@@ -419,16 +419,19 @@ bool linear_fp8_takes_codes(int m, const fp8_weight& w) {
 
 void linear_fp4(const float* x, int m, const fp4_weight& w, float* y) { quantized_linear<true>(x, m, w, y); }
 
+bool linear_fp8_set_takes_codes(int m, int count, const fp8_weight* const* w) {
+  bool gemv = m <= tuning_now().gemv_max_rows;
+  for (int i = 0; i < count; ++i) gemv = gemv && gemv_shape(w[i]->out, w[i]->in);
+  return gemv;
+}
+
 void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w, float* const* y,
                     const uint8_t* xq, const float* xs) {
   CEDAR_CUDA_REQUIRE(count >= 1 && count <= 4, "linear_fp8_set: 1 to 4 weights");
   if (m <= 0) return;
-  bool gemv = m <= tuning_now().gemv_max_rows;
-  for (int i = 0; i < count; ++i) {
+  for (int i = 0; i < count; ++i)
     CEDAR_CUDA_REQUIRE(w[i]->in == w[0]->in && w[i]->in % 32 == 0, "linear_fp8_set: one x, in a multiple of 32");
-    gemv = gemv && gemv_shape(w[i]->out, w[i]->in);
-  }
-  if (!gemv) {
+  if (!linear_fp8_set_takes_codes(m, count, w)) {
     for (int i = 0; i < count; ++i) linear_fp8(x, m, *w[i], y[i]);
     return;
   }

@@ -1,6 +1,7 @@
 // finish_rows (layer_ops.hpp): the chain a decode row goes through between two linear layers
 // (RMSNorm, RoPE, FP8 fake quantization, the ring record, the next linear's activation codes) in
-// one launch, a block per row, with each step's own arithmetic: the bits of the separate ops.
+// one launch, a block per row, with each step's own arithmetic: the bits of the separate ops;
+// more blocks of the launch can rotate the row's query heads.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -24,25 +25,29 @@ struct finish_args {
   float eps;
   const int32_t* positions;
   int rope_dim;
+  float* rope_cs;
+  float* rotate;
+  int rotate_heads, rotate_head_dim;
   bool fake_fp8;
   uint8_t* record;
   uint8_t* codes;
   float* scales;
 };
 
-/// The max of |v| over the 32 lanes of a group: NaN-blind from the left as group_kernel's
-/// std_max fold (fake quantization, records) or as fmaxf (quantize_rows_fp8's codes).
-template <bool StdMax>
+/// The max of |v| over the 32 lanes of a group as the fake quantization and records take it
+/// (group_kernel's std_max fold: a NaN value does not count).
 __device__ __forceinline__ float group_max(float v) {
-  float amax = StdMax ? std_max(0.0f, fabsf(v)) : fabsf(v);
-  for (int off = 16; off >= 1; off /= 2) {
-    const float o = __shfl_xor_sync(0xFFFFFFFFu, amax, off);
-    amax = StdMax ? std_max(amax, o) : fmaxf(amax, o);
-  }
+  float amax = std_max(0.0f, fabsf(v));
+  for (int off = 16; off >= 1; off /= 2) amax = std_max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
   return amax;
 }
 
-/// grid (m), finish_threads threads, d floats of dynamic shared memory.
+/// Heads of finish_args::rotate a block rotates.
+constexpr int rotate_heads_per_block = 8;
+
+/// grid (m, 1 + ceil(rotate_heads / 8)), finish_threads threads, d floats of dynamic shared
+/// memory: block (r, 0) runs row r's chain, block (r, y > 0) rotates heads [8 (y - 1), +8) of
+/// row r of a.rotate (cuda::rope's rope_kernel, the same cos and sin).
 __global__ void __launch_bounds__(finish_threads)
     finish_kernel(const float* x, int d, finish_args a, rope_table t, float* y) {
   cuda::detail::dependent_start();
@@ -50,12 +55,40 @@ __global__ void __launch_bounds__(finish_threads)
   __shared__ float cos_s[cuda::detail::max_rope_half], sin_s[cuda::detail::max_rope_half];
   __shared__ float inv_rms;
   const int r = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = finish_threads / 32;
-  const float* xr = x + size_t(r) * d;
-  for (int i = tid; i < d; i += finish_threads) row[i] = xr[i];
   const int half = a.rope_dim / 2;
   if (a.positions)
-    for (int i = tid; i < half; i += finish_threads)
+    for (int i = tid; i < half; i += finish_threads) {
       cuda::detail::rope_cos_sin(double(a.positions[r]), t.freqs[i], false, cos_s[i], sin_s[i]);
+      if (a.rope_cs && blockIdx.y == 0)
+        a.rope_cs[size_t(r) * a.rope_dim + i] = cos_s[i], a.rope_cs[size_t(r) * a.rope_dim + half + i] = sin_s[i];
+    }
+  if (blockIdx.y > 0) {
+    const int h0 = (blockIdx.y - 1) * rotate_heads_per_block;
+    const int heads = min(rotate_heads_per_block, a.rotate_heads - h0), hd = a.rotate_head_dim;
+    __syncthreads();
+    constexpr int U = 4;  // U pairs a thread, loaded before any is stored
+    for (int j0 = tid; j0 < heads * half; j0 += finish_threads * U) {
+      float pa[U], pb[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int job = j0 + u * finish_threads;
+        if (job >= heads * half) continue;
+        const float* v = a.rotate + (size_t(r) * a.rotate_heads + h0 + job / half) * hd + (hd - a.rope_dim);
+        pa[u] = v[2 * (job % half)], pb[u] = v[2 * (job % half) + 1];
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int job = j0 + u * finish_threads;
+        if (job >= heads * half) continue;
+        const int i = job % half;
+        float* v = a.rotate + (size_t(r) * a.rotate_heads + h0 + job / half) * hd + (hd - a.rope_dim);
+        cuda::detail::rope_rotate(pa[u], pb[u], cos_s[i], sin_s[i], v + 2 * i);
+      }
+    }
+    return;
+  }
+  const float* xr = x + size_t(r) * d;
+  for (int i = tid; i < d; i += finish_threads) row[i] = xr[i];
   __syncthreads();
   if (a.norm_w) {  // cuda::rmsnorm: the sum of squares by one warp in dot_order
     if (warp == 0) {
@@ -79,18 +112,17 @@ __global__ void __launch_bounds__(finish_threads)
     const int i = g * 32 + lane;
     float v = row[i];
     if (a.fake_fp8) {  // cuda::fake_quant_fp8_rows
-      const float s = fp8_group_scale(group_max<true>(v));
+      const float s = fp8_group_scale(group_max(v));
       v = cuda::detail::round_to_e4m3(clampf(v / s, -448.0f, 448.0f)) * s;
     }
     if (a.record) {  // cuda::pack_fp8_rows: codes [d], then a UE8M0 scale per 32
-      const float s = fp8_group_scale(group_max<true>(v));
+      const float s = fp8_group_scale(group_max(v));
       uint8_t* rec = a.record + size_t(r) * (d + d / 32);
       rec[i] = cuda::detail::f32_to_e4m3(clampf(v / s, -448.0f, 448.0f));
       if (lane == 0) rec[d + g] = cuda::detail::pow2_code(s);
     }
     if (a.codes) {  // quantize_rows_fp8
-      const float s = fp8_group_scale(group_max<false>(v));
-      a.codes[size_t(r) * d + i] = cuda::detail::f32_to_e4m3(clampf(v / s, -448.0f, 448.0f));
+      const float s = cuda::detail::fp8_group_code(v, a.codes[size_t(r) * d + i]);
       if (lane == 0) a.scales[size_t(r) * (d / 32) + g] = s;
     }
     yr[i] = v;
@@ -104,7 +136,11 @@ void finish_rows(const float* x, int m, int d, const row_finish& f, float* y) {
   CEDAR_CUDA_REQUIRE((f.codes == nullptr) == (f.scales == nullptr), "finish_rows: codes and scales together");
   if (m <= 0) return;
   rope_table t{};
-  finish_args a{f.norm_w, f.eps, f.positions, 0, f.fake_fp8, f.record, f.codes, f.scales};
+  CEDAR_CUDA_REQUIRE(f.rope_cs == nullptr || f.positions != nullptr, "finish_rows: rope_cs needs positions");
+  CEDAR_CUDA_REQUIRE(f.rotate == nullptr || (f.positions != nullptr && f.rope->rope_dim <= f.rotate_head_dim),
+                     "finish_rows: rotate needs positions and rope_dim <= its head_dim");
+  finish_args a{f.norm_w, f.eps, f.positions, 0, f.rope_cs, f.rotate, f.rotate_heads, f.rotate_head_dim,
+                f.fake_fp8, f.record, f.codes, f.scales};
   if (f.positions) {
     CEDAR_CUDA_REQUIRE(f.rope && f.rope->rope_dim % 2 == 0 && f.rope->rope_dim / 2 <= cuda::detail::max_rope_half &&
                            f.rope->rope_dim <= d,
@@ -112,8 +148,9 @@ void finish_rows(const float* x, int m, int d, const row_finish& f, float* y) {
     a.rope_dim = f.rope->rope_dim;
     cuda::detail::rope_frequencies(*f.rope, t.freqs);
   }
-  cuda::detail::launch_dependent(finish_kernel, dim3(unsigned(m)), dim3(finish_threads), sizeof(float) * d, x, d, a, t,
-                                 y);
+  const int rotate_blocks = f.rotate ? (f.rotate_heads + rotate_heads_per_block - 1) / rotate_heads_per_block : 0;
+  cuda::detail::launch_dependent(finish_kernel, dim3(unsigned(m), unsigned(1 + rotate_blocks)), dim3(finish_threads),
+                                 sizeof(float) * d, x, d, a, t, y);
 }
 
 }  // namespace cedar::cuda::fast
