@@ -168,6 +168,10 @@ struct gbatch {
   /// Under CUDA graphs (a row count graph_workspace_for takes): the buffers X, pre and the
   /// layer's sublayer buffers.
   graph_workspace* ws = nullptr;
+  /// Fast kernel set: the last MoE sublayer's output with its HCPost weights, not yet added
+  /// into X: the next layer's first boundary applies it (flush_post where X is read before).
+  bool pending = false;
+  dvec<float> pending_f, pending_post, pending_comb;
 };
 
 
@@ -235,6 +239,8 @@ struct gpu_model::impl {
   // ---- forward steps ----
   void run_layer(int l, gbatch& b, forward_stats* stats) const;
   void run_layer_fast(int l, gbatch& b) const;
+  /// Adds a pending MoE output into X (cuda::hc_post), if any.
+  void flush_post(gbatch& b) const;
   /// xq / xs (fast set, or null): x's FP8 codes and scales, for the projections that read codes.
   void attention(int l, gbatch& b, const float* x, float* out, const uint8_t* xq = nullptr,
                  const float* xs = nullptr) const;

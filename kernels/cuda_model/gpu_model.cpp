@@ -60,6 +60,7 @@ void gpu_model::impl::run_layer(int l, gbatch& b, forward_stats* stats) const {
   const dev_layer& lw = layers[l];
   if (stats) stats->rows_per_layer[l] = n;
   if (args.layers[l].has_engram) {
+    flush_post(b);
     phase_profile::scope t(profile, phase_profile::engram);
     apply_engram(l, b);
   }
@@ -92,11 +93,25 @@ void gpu_model::impl::run_layer(int l, gbatch& b, forward_stats* stats) const {
     phase_profile::scope t(profile, phase_profile::mhc);
     cuda::hc_post(f.get(), b.X.get(), post.get(), comb.get(), n, hc, D, b.X.get());
   }
-  if (stats) stats->max_abs_residual[l] = cuda::max_abs(b.X.get(), std::size_t(n) * hc * D);
+  if (stats) {
+    flush_post(b);
+    stats->max_abs_residual[l] = cuda::max_abs(b.X.get(), std::size_t(n) * hc * D);
+  }
+}
+
+void gpu_model::impl::flush_post(gbatch& b) const {
+  if (!b.pending) return;
+  phase_profile::scope t(profile, phase_profile::mhc);
+  cuda::hc_post(b.pending_f.get(), b.X.get(), b.pending_post.get(), b.pending_comb.get(), b.num_rows, args.hc_mult,
+                args.hidden_size, b.X.get());
+  b.pending = false;
+  b.pending_f = {}, b.pending_post = {}, b.pending_comb = {};
 }
 
 // The fast kernel set's layer: each mHC boundary (HCPost of the sublayer before, HCMix,
 // HCCollapse, RMSNorm) in one or two launches; with a graph workspace the MoE half is one graph.
+// The MoE output's HCPost is left pending for the next layer's first boundary (one launch fewer
+// per layer; the same bits).
 void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
   const int n = b.num_rows, hc = args.hc_mult, D = args.hidden_size;
   const float eps = float(args.rms_norm_eps), hc_eps = float(args.hc_eps);
@@ -104,10 +119,14 @@ void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
   const auto buffer = [&](dvec<float> graph_workspace::*member, std::size_t size) {
     return b.ws ? dvec<float>::borrow((b.ws->*member).get(), size) : dvec<float>(size);
   };
+  // a pending MoE output comes with the buffers it was made in (the workspace's, under graphs)
+  const bool pending = b.pending;
   dvec<float> a_pre = buffer(&graph_workspace::a_pre, std::size_t(n) * hc),
-              post = buffer(&graph_workspace::post, std::size_t(n) * hc),
-              comb = buffer(&graph_workspace::comb, std::size_t(n) * hc * hc),
-              x = buffer(&graph_workspace::x, std::size_t(n) * D), f = buffer(&graph_workspace::f, std::size_t(n) * D);
+              post = pending ? std::move(b.pending_post) : buffer(&graph_workspace::post, std::size_t(n) * hc),
+              comb = pending ? std::move(b.pending_comb) : buffer(&graph_workspace::comb, std::size_t(n) * hc * hc),
+              x = buffer(&graph_workspace::x, std::size_t(n) * D),
+              f = pending ? std::move(b.pending_f) : buffer(&graph_workspace::f, std::size_t(n) * D);
+  b.pending = false;
   // the sublayer input's FP8 codes, written by the boundary when the first linears read codes
   // (decode: wq_a and wkv; the routed and shared experts)
   const bool codes = D % 32 == 0 && n <= cuda::fast::tuning_now().gemv_max_rows;
@@ -122,7 +141,7 @@ void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
   dvec<float> xs;
   {
     phase_profile::scope t(profile, phase_profile::mhc);
-    boundary(nullptr, lw.hc_attn, a_pre.get(), b.pre.get(), lw.attn_norm, xq, xs);
+    boundary(pending ? f.get() : nullptr, lw.hc_attn, a_pre.get(), b.pre.get(), lw.attn_norm, xq, xs);
   }
   attention(l, b, x.get(), f.get(), xq.get(), xs.get());
   const auto moe_half = [&] {
@@ -133,11 +152,11 @@ void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
       boundary(f.get(), lw.hc_ffn, b.pre.get(), a_pre.get(), lw.ffn_norm, yq, ys);
     }
     moe(l, x.get(), n, f.get(), yq.get(), ys.get());
-    phase_profile::scope t(profile, phase_profile::mhc);
-    cuda::hc_post(f.get(), b.X.get(), post.get(), comb.get(), n, hc, D, b.X.get());
   };
   if (b.ws) run_graphed(n, l, moe_half);
   else moe_half();
+  b.pending = true;
+  b.pending_f = std::move(f), b.pending_post = std::move(post), b.pending_comb = std::move(comb);
 }
 
 // Drops, for each item with truncate_below >= 0, its rows below that position (stream.cpp's
@@ -247,9 +266,13 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
       cuda::hc_expand(e.get(), n, hc, D, b.X.get(), b.pre.get());
     }
     for (int l = 0; l < args.num_hidden_layers && b.num_rows > 0; ++l) {
-      if (l == args.truncate_from_layer && truncates) drop_truncated_rows(b, stats);
+      if (l == args.truncate_from_layer && truncates) {
+        flush_post(b);
+        drop_truncated_rows(b, stats);
+      }
       if (b.num_rows > 0) run_layer(l, b, stats);  // a chunk wholly below truncate_below stops here
     }
+    flush_post(b);
     phase_profile::scope t(profile, phase_profile::head);
     rows = head_device(b, logits);
   }
