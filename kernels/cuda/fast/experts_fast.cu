@@ -2,7 +2,8 @@
 //
 // Decode (up to tuning::expert_gemv_max_rows tokens): the slots grouped by expert on the device
 // (no host round trip), each busy expert's FP4 weight streamed through gemm_tiles.cu's narrow
-// tiles (once per 8, 16 or 32 of its slots, by token count), SwiGLU, the FP8 quantization of h.
+// tiles (once per 8, 16 or 32 of its slots, by token count), SwiGLU, the FP8 quantization of h;
+// the shared expert runs beside them on a second stream (a branch of the captured graph).
 // Prefill: the per-expert counts to the host, then per expert a cuBLAS bf16 GEMM on its sorted
 // rows (linear_fast.cu's building blocks), its weights dequantized on a side stream under the
 // previous expert's GEMM.
@@ -229,6 +230,7 @@ struct side_lane {
   int device = -1;
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, ready[2] = {}, done[2] = {};
+  cudaEvent_t fork = nullptr, join = nullptr;  ///< the decode shared expert's branch
 };
 
 side_lane& side_lane_now() {
@@ -239,6 +241,8 @@ side_lane& side_lane_now() {
     lane = side_lane{};
     CEDAR_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
     CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.start, cudaEventDisableTiming));
+    CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.fork, cudaEventDisableTiming));
+    CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.join, cudaEventDisableTiming));
     for (int i = 0; i < 2; ++i) {
       CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.ready[i], cudaEventDisableTiming));
       CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.done[i], cudaEventDisableTiming));
@@ -313,7 +317,7 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   // the grouped path's x codes (one pass: chunk == m), which the shared expert reuses
   scratch<uint8_t> xq(grouped && !yq ? size_t(m) * d : 0);
   scratch<float> xs(grouped && !yq ? size_t(m) * (d / 32) : 0);
-  bool quantized = false;
+  bool quantized = false, shared_done = false;
   for (int r0 = 0; r0 < m; r0 += chunk) {
     const int rows = std::min(chunk, m - r0), slots = rows * topk;
     const int32_t* sel_c = sel + size_t(r0) * topk;
@@ -330,12 +334,26 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         const int busy = std::min(num_experts, slots);  // groups that can have slots (compacted)
         if (yq == nullptr) quantize_rows_fp8(y_c, rows, d, xq.get(), xs.get());
         quantized = true;
+        // the shared expert (y and its codes only) on the side lane, beside the routed experts:
+        // each kernel's last partial wave leaves SMs the other's blocks can take
+        side_lane* lane = shared != nullptr ? &side_lane_now() : nullptr;
+        if (lane != nullptr) {
+          CEDAR_CUDA_CHECK(cudaEventRecord(lane->fork, stream()));
+          CEDAR_CUDA_CHECK(cudaStreamWaitEvent(lane->stream, lane->fork, 0));
+          void* main_stream = cuda::current_stream();
+          cuda::set_stream(lane->stream);
+          shared_expert(y_c, rows, *shared, limit, shared_out.get(), yq ? yq : xq.get(), yq ? ys : xs.get());
+          cuda::set_stream(main_stream);
+          CEDAR_CUDA_CHECK(cudaEventRecord(lane->join, lane->stream));
+          shared_done = true;
+        }
         grouped_fp4_pair(yq ? yq : xq.get(), yq ? ys : xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter, d,
                          g.get(), u.get(), tile);
         cuda::detail::launch_dependent(swiglu_codes_kernel, dim3(blocks_for((long long)slots * inter, 256)), dim3(256),
                                        0, g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit, false,
                                        hq.get(), hs.get());
         grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile);
+        if (lane != nullptr) CEDAR_CUDA_CHECK(cudaStreamWaitEvent(stream(), lane->join, 0));
       } else {
         // prefill: the 64 (or so) counts to the host, then per-expert bf16 GEMMs on sorted rows
         CEDAR_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), counts.get(), sizeof(int) * num_experts,
@@ -380,7 +398,7 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
             });
       }
     }
-    if (shared != nullptr)
+    if (shared != nullptr && !shared_done)
       shared_expert(y_c, rows, *shared, limit, shared_out.get(), !quantized ? nullptr : yq ? yq : xq.get(),
                     !quantized ? nullptr : yq ? ys : xs.get());
     if (inter > 0) {
