@@ -15,6 +15,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/cuda/fast/side_lane.cuh"
 #include "kernels/cuda/internal.cuh"
 
 namespace cedar::cuda::fast {
@@ -223,35 +224,6 @@ const cpu::expert_weights* device_table(const cpu::expert_weights* experts, int 
   return static_cast<const cpu::expert_weights*>(e.dev);
 }
 
-/// A second stream of the calling thread's current device, with the events that order it
-/// against the current stream: the prefill experts dequantize the next expert's weights on it
-/// while the current stream runs this expert's GEMM (HBM-bound beside tensor-bound work).
-struct side_lane {
-  int device = -1;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, ready[2] = {}, done[2] = {};
-  cudaEvent_t fork = nullptr, join = nullptr;  ///< the decode shared expert's branch
-};
-
-side_lane& side_lane_now() {
-  thread_local side_lane lane;
-  int dev = 0;
-  CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
-  if (lane.device != dev) {  // first use on this device (a thread drives one device at a time)
-    lane = side_lane{};
-    CEDAR_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
-    CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.start, cudaEventDisableTiming));
-    CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.fork, cudaEventDisableTiming));
-    CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.join, cudaEventDisableTiming));
-    for (int i = 0; i < 2; ++i) {
-      CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.ready[i], cudaEventDisableTiming));
-      CEDAR_CUDA_CHECK(cudaEventCreateWithFlags(&lane.done[i], cudaEventDisableTiming));
-    }
-    lane.device = dev;
-  }
-  return lane;
-}
-
 /// Runs gemm(e, weights) for each expert with rows, its bf16 weights dequantized by
 /// dequant(e, into, side stream) into one of two buffers of `elems` values: expert j's
 /// dequantization runs on the side lane while expert j - 1's GEMM runs on the current stream,
@@ -336,15 +308,10 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         quantized = true;
         // the shared expert (y and its codes only) on the side lane, beside the routed experts:
         // each kernel's last partial wave leaves SMs the other's blocks can take
-        side_lane* lane = shared != nullptr ? &side_lane_now() : nullptr;
-        if (lane != nullptr) {
-          CEDAR_CUDA_CHECK(cudaEventRecord(lane->fork, stream()));
-          CEDAR_CUDA_CHECK(cudaStreamWaitEvent(lane->stream, lane->fork, 0));
-          void* main_stream = cuda::current_stream();
-          cuda::set_stream(lane->stream);
+        if (shared != nullptr) {
+          side_begin();
           shared_expert(y_c, rows, *shared, limit, shared_out.get(), yq ? yq : xq.get(), yq ? ys : xs.get());
-          cuda::set_stream(main_stream);
-          CEDAR_CUDA_CHECK(cudaEventRecord(lane->join, lane->stream));
+          side_end();
           shared_done = true;
         }
         grouped_fp4_pair(yq ? yq : xq.get(), yq ? ys : xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter, d,
@@ -353,7 +320,7 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
                                        0, g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit, false,
                                        hq.get(), hs.get());
         grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile);
-        if (lane != nullptr) CEDAR_CUDA_CHECK(cudaStreamWaitEvent(stream(), lane->join, 0));
+        if (shared_done) side_wait();
       } else {
         // prefill: the 64 (or so) counts to the host, then per-expert bf16 GEMMs on sorted rows
         CEDAR_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), counts.get(), sizeof(int) * num_experts,

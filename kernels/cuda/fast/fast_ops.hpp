@@ -183,6 +183,17 @@ bool gemv_bf16(const float* x, int ldx, int m, const uint16_t* w, int n, int k, 
                long long x_group, long long w_group, long long y_group);
 }  // namespace detail
 
+// ---- a branch of work on a second stream ----------------------------------------------------
+
+/// side_begin: the work enqueued so far on the current stream must finish before what follows,
+/// which goes to the calling thread's second stream (it becomes current); side_end: back to the
+/// first stream (the side work is not waited for); side_wait: the current stream waits for the
+/// side work up to side_end. Inside a graph capture the side work is a branch of the graph (end
+/// it and wait before the capture ends). Not nested.
+void side_begin();
+void side_end();
+void side_wait();
+
 // ---- lab helpers ----------------------------------------------------------------------------
 
 /// Mean milliseconds of one call of fn(i) over `iters` calls (after `warmup`), launched one by
