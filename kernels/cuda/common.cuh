@@ -238,6 +238,15 @@ __device__ __forceinline__ float exp_f(float x) { return libm_port::expf(x); }
 __device__ __forceinline__ float log1p_f(float x) { return libm_port::log1pf(x); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
 
+/// group_amax over a group of G lanes (G a power of two <= 32, the group's lanes adjacent), to
+/// every lane of it: std::max from 0 as the CPU takes it (a NaN value does not count).
+template <int G>
+__device__ __forceinline__ float group_amax_lanes(float v) {
+  float amax = std_max(0.0f, fabsf(v));
+  for (int off = G / 2; off > 0; off /= 2) amax = std_max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  return amax;
+}
+
 /// quantize_rows_fp8's rule for a group of 32 values, one a lane (the whole warp calls it): the
 /// group's power-of-two scale (to every lane) and this lane's e4m3 code.
 __device__ __forceinline__ float fp8_group_code(float v, uint8_t& code) {

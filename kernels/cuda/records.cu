@@ -21,8 +21,7 @@ __global__ void group_kernel(float* x, int m, int d, uint8_t* rec, size_t rec_by
   const int r = int(t / d), i = int(t % d), g = i / G, lane_in_group = i % G;
   uint8_t* rr = rec ? rec + size_t(r) * rec_bytes : nullptr;
   const float v = x[t];
-  float amax = std_max(0.0f, fabsf(v));  // as group_amax: a NaN value does not count
-  for (int off = G / 2; off > 0; off /= 2) amax = std_max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  const float amax = group_amax_lanes<G>(v);
   if (R == rule::fp8) {
     const float s = fp8_group_scale(amax);
     const float q = clampf(v / s, -448.0f, 448.0f);

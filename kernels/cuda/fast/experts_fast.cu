@@ -30,6 +30,11 @@ constexpr int max_experts = 1024;
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + cuda::detail::exp_f(-x)); }
 
+/// The clamped SwiGLU of one value pair, as the CPU op: silu(min(g, limit)) * clamp(u, +-limit).
+__device__ __forceinline__ float swiglu_h(float g, float u, float limit) {
+  return silu_f(cuda::detail::std_min(g, limit)) * cuda::detail::clampf(u, -limit, limit);
+}
+
 __device__ __forceinline__ bool expert_valid(int e, int num_experts, const cpu::expert_weights* table) {
   return e >= 0 && e < num_experts && table[e].w1.data != nullptr;
 }
@@ -104,7 +109,7 @@ __global__ void swiglu_kernel(float* g, const float* u, int cap, int inter, cons
     g[i] = 0.0f;
     return;
   }
-  const float h = silu_f(cuda::detail::std_min(g[i], limit)) * cuda::detail::clampf(u[i], -limit, limit);
+  const float h = swiglu_h(g[i], u[i], limit);
   g[i] = weights ? weights[slot_src ? slot_src[s] : s] * h : h;
 }
 
@@ -122,7 +127,7 @@ __global__ void swiglu_codes_kernel(float* g, const float* u, int cap, int inter
   const long long i = gi * 32 + lane;
   float h = 0.0f;
   if (!(total && s >= *total)) {
-    h = silu_f(cuda::detail::std_min(g[i], limit)) * cuda::detail::clampf(u[i], -limit, limit);
+    h = swiglu_h(g[i], u[i], limit);
     if (weights) h = weights[slot_src ? slot_src[s] : s] * h;
   }
   if (keep_h) g[i] = h;
@@ -143,7 +148,7 @@ __global__ void swiglu_bf16_kernel(const float* gu, int cap, int inter, const in
   if (s < *total) {
     const float* row = gu + size_t(s) * 2 * inter;
     const float g = row[j * 32 + lane], u = row[inter + j * 32 + lane];
-    h = silu_f(cuda::detail::std_min(g, limit)) * cuda::detail::clampf(u, -limit, limit);
+    h = swiglu_h(g, u, limit);
     if (weights) h = weights[slot_src[s]] * h;
   }
   float amax = fabsf(h);

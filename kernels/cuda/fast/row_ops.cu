@@ -14,53 +14,30 @@ namespace {
 using cuda::detail::clampf;
 using cuda::detail::fp8_group_scale;
 using cuda::detail::rope_table;
-using cuda::detail::std_max;
 
 constexpr int finish_threads = 256;
 constexpr int finish_max_dim = 8192;  ///< the row lives in shared memory (32 KB)
 
-/// The device side of row_finish (the RoPE table by value).
-struct finish_args {
-  const float* norm_w;
-  float eps;
-  const int32_t* positions;
-  int rope_dim;
-  float* rope_cs;
-  float* rotate;
-  int rotate_heads, rotate_head_dim;
-  bool fake_fp8;
-  uint8_t* record;
-  uint8_t* codes;
-  float* scales;
-};
-
-/// The max of |v| over the 32 lanes of a group as the fake quantization and records take it
-/// (group_kernel's std_max fold: a NaN value does not count).
-__device__ __forceinline__ float group_max(float v) {
-  float amax = std_max(0.0f, fabsf(v));
-  for (int off = 16; off >= 1; off /= 2) amax = std_max(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-  return amax;
-}
-
-/// Heads of finish_args::rotate a block rotates.
+/// Heads of row_finish::rotate a block rotates.
 constexpr int rotate_heads_per_block = 8;
 
 /// grid (m, 1 + ceil(rotate_heads / 8)), finish_threads threads, d floats of dynamic shared
 /// memory: block (r, 0) runs row r's chain, block (r, y > 0) rotates heads [8 (y - 1), +8) of
-/// row r of a.rotate (cuda::rope's rope_kernel, the same cos and sin).
+/// row r of a.rotate (cuda::rope's rope_kernel, the same cos and sin). a.rope is the host's
+/// table, not read here: its frequencies come in t, its rope_dim as rope_dim.
 __global__ void __launch_bounds__(finish_threads)
-    finish_kernel(const float* x, int d, finish_args a, rope_table t, float* y) {
+    finish_kernel(const float* x, int d, row_finish a, int rope_dim, rope_table t, float* y) {
   cuda::detail::dependent_start();
   extern __shared__ float row[];
   __shared__ float cos_s[cuda::detail::max_rope_half], sin_s[cuda::detail::max_rope_half];
   __shared__ float inv_rms;
   const int r = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = finish_threads / 32;
-  const int half = a.rope_dim / 2;
+  const int half = rope_dim / 2;
   if (a.positions)
     for (int i = tid; i < half; i += finish_threads) {
       cuda::detail::rope_cos_sin(double(a.positions[r]), t.freqs[i], false, cos_s[i], sin_s[i]);
       if (a.rope_cs && blockIdx.y == 0)
-        a.rope_cs[size_t(r) * a.rope_dim + i] = cos_s[i], a.rope_cs[size_t(r) * a.rope_dim + half + i] = sin_s[i];
+        a.rope_cs[size_t(r) * rope_dim + i] = cos_s[i], a.rope_cs[size_t(r) * rope_dim + half + i] = sin_s[i];
     }
   if (blockIdx.y > 0) {
     const int h0 = (blockIdx.y - 1) * rotate_heads_per_block;
@@ -73,7 +50,7 @@ __global__ void __launch_bounds__(finish_threads)
       for (int u = 0; u < U; ++u) {
         const int job = j0 + u * finish_threads;
         if (job >= heads * half) continue;
-        const float* v = a.rotate + (size_t(r) * a.rotate_heads + h0 + job / half) * hd + (hd - a.rope_dim);
+        const float* v = a.rotate + (size_t(r) * a.rotate_heads + h0 + job / half) * hd + (hd - rope_dim);
         pa[u] = v[2 * (job % half)], pb[u] = v[2 * (job % half) + 1];
       }
 #pragma unroll
@@ -81,7 +58,7 @@ __global__ void __launch_bounds__(finish_threads)
         const int job = j0 + u * finish_threads;
         if (job >= heads * half) continue;
         const int i = job % half;
-        float* v = a.rotate + (size_t(r) * a.rotate_heads + h0 + job / half) * hd + (hd - a.rope_dim);
+        float* v = a.rotate + (size_t(r) * a.rotate_heads + h0 + job / half) * hd + (hd - rope_dim);
         cuda::detail::rope_rotate(pa[u], pb[u], cos_s[i], sin_s[i], v + 2 * i);
       }
     }
@@ -101,7 +78,7 @@ __global__ void __launch_bounds__(finish_threads)
     __syncthreads();
   }
   if (a.positions) {  // cuda::rope of one head of d, the last rope_dim values
-    float* v = row + (d - a.rope_dim);
+    float* v = row + (d - rope_dim);
     for (int i = tid; i < half; i += finish_threads)
       cuda::detail::rope_rotate(v[2 * i], v[2 * i + 1], cos_s[i], sin_s[i], v + 2 * i);
     __syncthreads();
@@ -112,11 +89,11 @@ __global__ void __launch_bounds__(finish_threads)
     const int i = g * 32 + lane;
     float v = row[i];
     if (a.fake_fp8) {  // cuda::fake_quant_fp8_rows
-      const float s = fp8_group_scale(group_max(v));
+      const float s = fp8_group_scale(cuda::detail::group_amax_lanes<32>(v));
       v = cuda::detail::round_to_e4m3(clampf(v / s, -448.0f, 448.0f)) * s;
     }
     if (a.record) {  // cuda::pack_fp8_rows: codes [d], then a UE8M0 scale per 32
-      const float s = fp8_group_scale(group_max(v));
+      const float s = fp8_group_scale(cuda::detail::group_amax_lanes<32>(v));
       uint8_t* rec = a.record + size_t(r) * (d + d / 32);
       rec[i] = cuda::detail::f32_to_e4m3(clampf(v / s, -448.0f, 448.0f));
       if (lane == 0) rec[d + g] = cuda::detail::pow2_code(s);
@@ -139,18 +116,17 @@ void finish_rows(const float* x, int m, int d, const row_finish& f, float* y) {
   CEDAR_CUDA_REQUIRE(f.rope_cs == nullptr || f.positions != nullptr, "finish_rows: rope_cs needs positions");
   CEDAR_CUDA_REQUIRE(f.rotate == nullptr || (f.positions != nullptr && f.rope->rope_dim <= f.rotate_head_dim),
                      "finish_rows: rotate needs positions and rope_dim <= its head_dim");
-  finish_args a{f.norm_w, f.eps, f.positions, 0, f.rope_cs, f.rotate, f.rotate_heads, f.rotate_head_dim,
-                f.fake_fp8, f.record, f.codes, f.scales};
+  int rope_dim = 0;
   if (f.positions) {
     CEDAR_CUDA_REQUIRE(f.rope && f.rope->rope_dim % 2 == 0 && f.rope->rope_dim / 2 <= cuda::detail::max_rope_half &&
                            f.rope->rope_dim <= d,
                        "finish_rows: rope_dim");
-    a.rope_dim = f.rope->rope_dim;
+    rope_dim = f.rope->rope_dim;
     cuda::detail::rope_frequencies(*f.rope, t.freqs);
   }
   const int rotate_blocks = f.rotate ? (f.rotate_heads + rotate_heads_per_block - 1) / rotate_heads_per_block : 0;
   cuda::detail::launch_dependent(finish_kernel, dim3(unsigned(m), unsigned(1 + rotate_blocks)), dim3(finish_threads),
-                                 sizeof(float) * d, x, d, a, t, y);
+                                 sizeof(float) * d, x, d, f, rope_dim, t, y);
 }
 
 }  // namespace cedar::cuda::fast
