@@ -135,44 +135,65 @@ __global__ void swiglu_codes_kernel(float* g, const float* u, int cap, int inter
   if (lane == 0) scales[gi] = sc;
 }
 
-/// The same on gu [cap, 2 inter] (g then u), written as the fake-quantized bf16 h [cap, inter]
-/// (one warp per group of 32).
-__global__ void swiglu_bf16_kernel(const float* gu, int cap, int inter, const int32_t* slot_src, const float* weights,
+/// The same on gu [cap, 2 inter] (g then u), written as the fake-quantized bf16 h [cap, inter].
+/// Grid (slots, ceil(inter / 8 / blockDim.x)): eight values a thread, four threads (neighbour
+/// lanes) a group of 32; slots at or past *total get zeros.
+__global__ void swiglu_bf16_kernel(const float* gu, int inter, const int32_t* slot_src, const float* weights,
                                    const int* total, float limit, uint16_t* out) {
   cuda::detail::dependent_start();
-  const long long gi = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32, gpr = inter / 32;
-  if (gi >= (long long)cap * gpr) return;
-  const int s = int(gi / gpr), j = int(gi % gpr);
-  float h = 0.0f;
-  if (s < *total) {
-    const float* row = gu + size_t(s) * 2 * inter;
-    const float g = row[j * 32 + lane], u = row[inter + j * 32 + lane];
-    h = swiglu_h(g, u, limit);
-    if (weights) h = weights[slot_src[s]] * h;
+  const int s = int(blockIdx.x), c8 = int(blockIdx.y * blockDim.x + threadIdx.x);
+  const bool in = c8 * 8 < inter;  // inter % 32 == 0: a group's four threads are all in or all out
+  float h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (in && s < *total) {
+    const float4* g = reinterpret_cast<const float4*>(gu + size_t(s) * 2 * inter) + 2 * c8;
+    const float4* u = reinterpret_cast<const float4*>(gu + size_t(s) * 2 * inter + inter) + 2 * c8;
+    const float4 g0 = g[0], g1 = g[1], u0 = u[0], u1 = u[1];
+    const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+    const float uv[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+    const float rw = weights ? weights[slot_src[s]] : 1.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] = weights ? rw * swiglu_h(gv[i], uv[i], limit) : swiglu_h(gv[i], uv[i], limit);
   }
-  float amax = fabsf(h);
-  for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(h[i]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  if (!in) return;
   const float sc = cuda::detail::fp8_group_scale(amax);
-  const float q = cuda::detail::round_to_e4m3(cuda::detail::clampf(h / sc, -448.0f, 448.0f)) * sc;
-  out[size_t(s) * inter + j * 32 + lane] = cuda::detail::f32_to_bf16(q);
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float q0 = cuda::detail::round_to_e4m3(cuda::detail::clampf(h[2 * i] / sc, -448.0f, 448.0f)) * sc;
+    const float q1 = cuda::detail::round_to_e4m3(cuda::detail::clampf(h[2 * i + 1] / sc, -448.0f, 448.0f)) * sc;
+    o[i] = uint32_t(cuda::detail::f32_to_bf16(q0)) | uint32_t(cuda::detail::f32_to_bf16(q1)) << 16;
+  }
+  reinterpret_cast<uint4*>(out + size_t(s) * inter)[c8] = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 /// out[r, c] = (0 + down[pos(r, 0), c] + ... in top-k order) + shared[r, c] (0 when null),
-/// rounded to bf16 when round_out.
-__global__ void combine_kernel(const float* down, const int32_t* slot_pos, const float* shared, int m, int topk, int d,
+/// rounded to bf16 when round_out. Grid (m, ceil(d / 4 / blockDim.x)): four columns a thread
+/// (d % 4 == 0; every buffer's rows 16-byte aligned).
+__global__ void combine_kernel(const float* down, const int32_t* slot_pos, const float* shared, int topk, int d,
                                bool round_out, float* out) {
   cuda::detail::dependent_start();
-  const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (e >= (long long)m * d) return;
-  const int r = int(e / d), c = int(e % d);
-  float o = 0.0f;
+  const int r = int(blockIdx.x), c4 = int(blockIdx.y * blockDim.x + threadIdx.x);
+  if (c4 * 4 >= d) return;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int i = 0; i < topk; ++i) {
     const int p = slot_pos[size_t(r) * topk + i];
-    o += p >= 0 ? down[size_t(p) * d + c] : 0.0f;
+    const float4 v = p >= 0 ? reinterpret_cast<const float4*>(down + size_t(p) * d)[c4] : make_float4(0, 0, 0, 0);
+    o.x += v.x, o.y += v.y, o.z += v.z, o.w += v.w;
   }
-  const float v = o + (shared ? shared[e] : 0.0f);
-  out[e] = round_out ? cuda::detail::round_bf16(v) : v;
+  {  // + 0 without a shared expert, as the scalar sum (it turns -0 into +0)
+    const float4 v = shared ? reinterpret_cast<const float4*>(shared + size_t(r) * d)[c4] : make_float4(0, 0, 0, 0);
+    o.x += v.x, o.y += v.y, o.z += v.z, o.w += v.w;
+  }
+  if (round_out) {
+    using cuda::detail::round_bf16;
+    o = make_float4(round_bf16(o.x), round_bf16(o.y), round_bf16(o.z), round_bf16(o.w));
+  }
+  reinterpret_cast<float4*>(out + size_t(r) * d)[c4] = o;
 }
 
 }  // namespace
@@ -357,8 +378,8 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
                         gu.get() + size_t(off) * 2 * inter, 2 * inter, false);
             });
         if (used > 0) {  // none when this shard holds none of the chosen experts
-          cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(blocks_for((long long)used * inter, 256)), dim3(256),
-                                         0, gu.get(), used, inter, slot_src.get(), w_c, total, limit, hb.get());
+          cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(unsigned(used), blocks_for(inter / 8, 256)),
+                                         dim3(256), 0, gu.get(), inter, slot_src.get(), w_c, total, limit, hb.get());
         }
         overlapped_experts(
             host_counts, size_t(inter) * d,
@@ -374,8 +395,8 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
       shared_expert(y_c, rows, *shared, limit, shared_out.get(), !quantized ? nullptr : yq ? yq : xq.get(),
                     !quantized ? nullptr : yq ? ys : xs.get());
     if (inter > 0) {
-      cuda::detail::launch_dependent(combine_kernel, dim3(blocks_for((long long)rows * d, 256)), dim3(256), 0,
-                                     down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, rows, topk, d,
+      cuda::detail::launch_dependent(combine_kernel, dim3(unsigned(rows), blocks_for(d / 4, 256)), dim3(256), 0,
+                                     down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, topk, d,
                                      round_out, out + size_t(r0) * d);
     } else if (shared != nullptr) {
       cuda::copy_device(out + size_t(r0) * d, shared_out.get(), sizeof(float) * rows * d);

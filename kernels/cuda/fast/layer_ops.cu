@@ -89,16 +89,17 @@ __device__ __forceinline__ float collapse_position(const float* pre, const float
 
 /// A position's term of partial sum o: HCMix dot o (o < n_mix, its weights w), then the
 /// residual's sum of squares (o = n_mix) and the collapsed input's square sq (o = n_mix + 1).
+/// Fused multiply-adds: one instruction a term (the build rounds a * b + c twice otherwise).
 template <int HC>
 __device__ __forceinline__ float mix_term(int o, const float (&v)[HC], const float (&w)[HC], float sq) {
   constexpr int n_mix = HC * HC + 2 * HC;
   float acc = 0.0f;
   if (o < n_mix) {
 #pragma unroll
-    for (int j = 0; j < HC; ++j) acc += v[j] * w[j];
+    for (int j = 0; j < HC; ++j) acc = __fmaf_rn(v[j], w[j], acc);
   } else if (o == n_mix) {
 #pragma unroll
-    for (int j = 0; j < HC; ++j) acc += v[j] * v[j];
+    for (int j = 0; j < HC; ++j) acc = __fmaf_rn(v[j], v[j], acc);
   } else if (o == n_mix + 1) {
     acc = sq;
   }

@@ -64,28 +64,37 @@ __global__ void dequant_fp8_kernel(const uint8_t* data, const uint8_t* scale, in
   reinterpret_cast<uint4*>(out)[piece] = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-/// One thread per 32 values (16 bytes, one UE8M0 scale) of a packed E2M1 weight [n, k] -> bf16
-/// [n, k] (64 bytes out).
-__global__ void dequant_fp4_kernel(const uint8_t* data, const uint8_t* scale, int n, int k, uint16_t* out) {
+/// A packed E2M1 weight [n, k] -> bf16 [n, k], by 4-byte words (8 values; four words share a
+/// UE8M0 scale: scales are [n, k / 32], the words' order): thread t takes words t + i * stride
+/// (i < 4, stride = the grid's threads), all four loads issued before the first conversion, and
+/// stores 16 bytes a word, so a warp's loads and stores are each one contiguous span.
+__global__ void dequant_fp4_kernel(const uint8_t* data, const uint8_t* scale, long long words, uint16_t* out) {
   cuda::detail::dependent_start();
   __shared__ float lut[16];
   if (threadIdx.x < 16) lut[threadIdx.x] = cuda::detail::e2m1_to_f32(uint8_t(threadIdx.x));
   __syncthreads();
-  const long long piece = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (piece >= (long long)n * k / 32) return;
-  const float s = cuda::detail::ue8m0_to_f32(scale[piece]);  // scales are [n, k / 32]: one a piece
-  const uint4 w = reinterpret_cast<const uint4*>(data)[piece];
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  uint4* dst = reinterpret_cast<uint4*>(out) + piece * 4;
+  constexpr int per_thread = 4;
+  const long long stride = (long long)gridDim.x * blockDim.x, w0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  uint32_t v[per_thread];
+  uint8_t sc[per_thread];
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
+  for (int i = 0; i < per_thread; ++i) {
+    const long long w = w0 + i * stride;
+    v[i] = w < words ? __ldg(reinterpret_cast<const uint32_t*>(data) + w) : 0u;
+    sc[i] = w < words ? __ldg(scale + (w >> 2)) : uint8_t(0);
+  }
+#pragma unroll
+  for (int i = 0; i < per_thread; ++i) {
+    const long long w = w0 + i * stride;
+    if (w >= words) break;
+    const float s = cuda::detail::ue8m0_to_f32(sc[i]);
     uint32_t o[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint32_t byte = (words[q] >> (8 * i)) & 0xFF;  // low nibble = even column
-      o[i] = uint32_t(to_bf16(lut[byte & 0xF] * s)) | (uint32_t(to_bf16(lut[byte >> 4] * s)) << 16);
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t byte = (v[i] >> (8 * b)) & 0xFF;  // low nibble = even column
+      o[b] = uint32_t(to_bf16(lut[byte & 0xF] * s)) | (uint32_t(to_bf16(lut[byte >> 4] * s)) << 16);
     }
-    dst[q] = make_uint4(o[0], o[1], o[2], o[3]);
+    reinterpret_cast<uint4*>(out)[w] = make_uint4(o[0], o[1], o[2], o[3]);
   }
 }
 
@@ -131,19 +140,37 @@ __global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* r
 
 /// x [m, k] (row stride ldx) -> out [Parts, m, k] bf16: each part the residual of the ones
 /// before, rounded (exact in fp32). Three parts give x exactly; two leave |x - hi - lo| <=
-/// 2^-18 |x|.
-template <int Parts>
+/// 2^-18 |x|. Grid (m, ceil(k / 4 / blockDim.x)): four values a thread, with Vec (k % 4 == 0,
+/// ldx % 4 == 0, x 16-byte aligned) one 16-byte load and one 8-byte store a part.
+template <int Parts, bool Vec>
 __global__ void split_kernel(const float* x, int ldx, int m, int k, uint16_t* out) {
   cuda::detail::dependent_start();
-  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  const long long n = (long long)m * k;
-  if (i >= n) return;
-  float r = x[size_t(i / k) * ldx + i % k];
+  const int r = int(blockIdx.x), c0 = 4 * int(blockIdx.y * blockDim.x + threadIdx.x);
+  if (c0 >= k) return;
+  const float* xr = x + size_t(r) * ldx;
+  float rest[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr (Vec) {
+    const float4 v = *reinterpret_cast<const float4*>(xr + c0);
+    rest[0] = v.x, rest[1] = v.y, rest[2] = v.z, rest[3] = v.w;
+  } else {
+    for (int i = 0; i < 4 && c0 + i < k; ++i) rest[i] = xr[c0 + i];
+  }
+  const size_t n = size_t(m) * k;
 #pragma unroll
   for (int p = 0; p < Parts; ++p) {
-    const uint16_t h = to_bf16(r);
-    out[p * n + i] = h;
-    r -= cuda::detail::bf16_to_f32(h);
+    uint16_t h[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      h[i] = to_bf16(rest[i]);
+      rest[i] -= cuda::detail::bf16_to_f32(h[i]);
+    }
+    uint16_t* o = out + p * n + size_t(r) * k + c0;
+    if constexpr (Vec) {
+      *reinterpret_cast<uint2*>(o) =
+          make_uint2(uint32_t(h[0]) | uint32_t(h[1]) << 16, uint32_t(h[2]) | uint32_t(h[3]) << 16);
+    } else {
+      for (int i = 0; i < 4 && c0 + i < k; ++i) o[i] = h[i];
+    }
   }
 }
 
@@ -277,15 +304,14 @@ void dequant_bf16(const fp8_weight& w, uint16_t* out) {
 
 void dequant_bf16(const fp4_weight& w, uint16_t* out, void* on_stream) {
   CEDAR_CUDA_REQUIRE(w.in % 32 == 0, "dequant_bf16: in % 32 == 0");
-  const long long pieces = (long long)w.out * w.in / 32;
-  if (pieces == 0) return;
+  const long long words = (long long)w.out * w.in / 8;
+  if (words == 0) return;
+  const unsigned blocks = blocks_for((words + 3) / 4, 256);  // four words a thread
   if (on_stream == nullptr) {
-    cuda::detail::launch_dependent(dequant_fp4_kernel, dim3(blocks_for(pieces, 256)), dim3(256), 0, w.data, w.scale,
-                                   w.out, w.in, out);
+    cuda::detail::launch_dependent(dequant_fp4_kernel, dim3(blocks), dim3(256), 0, w.data, w.scale, words, out);
     return;
   }
-  dequant_fp4_kernel<<<blocks_for(pieces, 256), 256, 0, static_cast<cudaStream_t>(on_stream)>>>(w.data, w.scale, w.out,
-                                                                                               w.in, out);
+  dequant_fp4_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(on_stream)>>>(w.data, w.scale, words, out);
   CEDAR_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -300,10 +326,12 @@ void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* co
 
 void split_bf16(const float* x, int ldx, int m, int k, int parts, uint16_t* out) {
   CEDAR_CUDA_REQUIRE(parts == 2 || parts == 3, "split_bf16: two or three parts");
-  const long long n = (long long)m * k;
-  if (n == 0) return;
-  cuda::detail::launch_dependent(parts == 2 ? split_kernel<2> : split_kernel<3>, dim3(blocks_for(n, 256)), dim3(256),
-                                 0, x, ldx, m, k, out);
+  if (m <= 0 || k <= 0) return;
+  const bool vec = k % 4 == 0 && ldx % 4 == 0 && aligned16(x) && aligned16(out);
+  const auto kernel = parts == 2 ? (vec ? split_kernel<2, true> : split_kernel<2, false>)
+                                 : (vec ? split_kernel<3, true> : split_kernel<3, false>);
+  const dim3 grid(unsigned(m), blocks_for((k + 3) / 4, 256));
+  cuda::detail::launch_dependent(kernel, grid, dim3(256), 0, x, ldx, m, k, out);
 }
 
 void gemm_bf16(const uint16_t* a, int lda, int m, const uint16_t* w, int ldw, int n, int k, float* y, int ldy,
