@@ -117,6 +117,7 @@ struct dev_layer {
   const float *attn_norm = nullptr, *ffn_norm = nullptr;
   fp8_weight wq_a, wq_b, wkv, wo_b;
   bf16_weight wo_a;
+  fp8_weight wo_a8;  ///< wo_a as the checkpoint stores it, when FP8 (fast kernels): the decode GEMV reads it
   const float *q_norm = nullptr, *kv_norm = nullptr, *sink = nullptr;
   bf16_weight c_wkv, c_wgate, c_index_wk;
   const float *c_norm = nullptr, *c_index_k_norm = nullptr;

@@ -37,7 +37,7 @@ cuda::bf16_linear_fn gpu_model::impl::bf16_linear() const {
 }
 
 void gpu_model::impl::grouped_output(const float* o, int m, const dev_layer& w, float* out) const {
-  if (kernels == gpu_kernels::fast) cuda::fast::grouped_output(o, m, args.o_groups, w.wo_a, w.wo_b, out);
+  if (kernels == gpu_kernels::fast) cuda::fast::grouped_output(o, m, args.o_groups, w.wo_a, w.wo_b, out, &w.wo_a8);
   else cuda::grouped_output(o, m, args.o_groups, w.wo_a, w.wo_b, out);
 }
 

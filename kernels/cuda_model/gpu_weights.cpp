@@ -144,6 +144,15 @@ class weight_image {
   cudaStream_t stream_ = nullptr;
 };
 
+/// Whether every value of an FP8 weight times its scale is a bf16 value (UE8M0 codes 3..254:
+/// e4m3's smallest step, 2^-9, times 2^-124 is bf16's smallest subnormal), so that a kernel
+/// reading it gives the bits of one reading its bf16 form.
+bool fp8_is_bf16_exact(const fp8_weight& w) {
+  if (w.data == nullptr || w.scale == nullptr) return false;
+  const std::size_t n = std::size_t((w.out + 31) / 32) * ((w.in + 31) / 32);
+  return std::all_of(w.scale, w.scale + n, [](uint8_t c) { return c >= 3 && c <= 254; });
+}
+
 }  // namespace
 
 void gpu_model::impl::bind(const model_detail::model_weights& w) {
@@ -166,6 +175,7 @@ void gpu_model::impl::bind(const model_detail::model_weights& w) {
       d.wkv = img.place(at.wkv);
       d.wo_b = img.place(at.wo_b);
       d.wo_a = img.place(at.wo_a);
+      if (kernels == gpu_kernels::fast && fp8_is_bf16_exact(at.wo_a_fp8)) d.wo_a8 = img.place(at.wo_a_fp8);
       d.q_norm = img.place(at.q_norm);
       d.kv_norm = img.place(at.kv_norm);
       d.sink = img.place(at.sink);

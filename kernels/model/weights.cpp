@@ -40,6 +40,8 @@ class binder {
     return out;
   }
 
+  bool is_fp8(const std::string& prefix) const { return get(prefix + ".weight").dtype == st_dtype::f8_e4m3; }
+
   fp8_weight fp8(const std::string& prefix) const {
     const tensor_entry& w = get(prefix + ".weight");
     CEDAR_OP_CHECK(w.dtype == st_dtype::f8_e4m3 && w.shape.size() == 2, prefix.c_str());
@@ -90,6 +92,7 @@ void bind_attention(const binder& b, const layer_info& li, const std::string& p,
   a.wkv = b.fp8(p + "attn.wkv");
   a.wo_b = b.fp8(p + "attn.wo_b");
   a.wo_a = b.bf16_from_any(p + "attn.wo_a", owned);
+  if (b.is_fp8(p + "attn.wo_a")) a.wo_a_fp8 = b.fp8(p + "attn.wo_a");
   a.q_norm = b.floats(p + "attn.q_norm.weight");
   a.kv_norm = b.floats(p + "attn.kv_norm.weight");
   a.sink = b.floats(p + "attn.attn_sink");

@@ -40,6 +40,7 @@ struct indexer_weights {
 struct attention_weights {
   fp8_weight wq_a, wq_b, wkv, wo_b;
   bf16_weight wo_a;  // [o_groups*o_lora, heads_per_group*head_dim], dequantized at load
+  fp8_weight wo_a_fp8;  // wo_a as stored when the checkpoint holds it FP8 (else empty): the same values
   std::vector<float> q_norm, kv_norm, sink;
   compressor_weights compressor;  // bound on KV sources only
   indexer_weights indexer;        // bound on index sources only

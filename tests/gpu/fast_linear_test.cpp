@@ -9,6 +9,7 @@
 //   (2^-4 relative), so these are checked as max |out - out_cpu| <= 2^-8 of max |out_cpu|;
 // - the decode paths give a row the same bits whatever the other rows (batch invariance; not
 //   the bf16 GEMV's fallback for k % 8 != 0, which is the cuBLAS path).
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <random>
@@ -235,6 +236,40 @@ TEST_CASE("fast grouped_output: within 2^-8 of the CPU op's largest output, deco
       check_close(std::string("grouped_output ") + path + " m=" + std::to_string(m), y.host().data(), ref_y.data(),
                   ref_y.size(), composed_bound);
     });
+  }
+}
+
+TEST_CASE("fast grouped_output: wo_a in its FP8 form gives the bf16 form's bits at few rows") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(64);
+  const int groups = 4, group_in = 512, rank = 128, out_dim = 384;
+  const auto a8 = ref::random_fp8(rng, groups * rank, group_in);
+  REQUIRE(std::all_of(a8.scale.begin(), a8.scale.end(), [](uint8_t c) { return c >= 3 && c <= 254; }));
+  ref::owned_bf16 a16;  // the same values as bf16, as the model dequantizes wo_a at load
+  const std::vector<float> values = ref::dequant(a8.view);
+  for (const float v : values) a16.data.push_back(fmt::f32_to_bf16(v));
+  a16.view = bf16_weight{groups * rank, group_in, a16.data.data()};
+  std::size_t inexact = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) inexact += fmt::bf16_to_f32(a16.data[i]) != values[i];
+  REQUIRE(inexact == 0);
+  const auto wo_b = ref::random_fp8(rng, out_dim, groups * rank);
+  const dev_fp8 d8(a8), db(wo_b);
+  const dev_bf16 d16(a16);
+  for (int m : {1, 3, 8, 16}) {
+    const auto o = activations(rng, m, groups * group_in);
+    dev<float> dq(o);
+    dev<float> u16(std::size_t(m) * groups * rank), u8(std::size_t(m) * groups * rank);
+    REQUIRE(fast::detail::gemv_bf16(dq.get(), groups * group_in, m, d16.view.data, rank, group_in, u16.get(),
+                                    groups * rank, groups, group_in, (long long)rank * group_in, rank));
+    REQUIRE(fast::detail::gemv_fp8w(dq.get(), groups * group_in, m, d8.view, rank, group_in, u8.get(), groups * rank,
+                                    groups, group_in, rank));
+    const auto h16 = u16.host(), h8 = u8.host();
+    CHECK_MESSAGE(ref::same_bits(h8.data(), h16.data(), h16.size()), ("gemv_fp8w m=" + std::to_string(m)));
+    dev<float> y16(std::size_t(m) * out_dim), y8(std::size_t(m) * out_dim);
+    fast::grouped_output(dq.get(), m, groups, d16.view, db.view, y16.get());
+    fast::grouped_output(dq.get(), m, groups, d16.view, db.view, y8.get(), &d8.view);
+    CHECK_MESSAGE(ref::same_bits(y8.host().data(), y16.host().data(), std::size_t(m) * out_dim),
+                  ("grouped_output with wo_a8 m=" + std::to_string(m)));
   }
 }
 

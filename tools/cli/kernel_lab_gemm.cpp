@@ -526,6 +526,55 @@ void run_bf16_gemv(const char* name, int groups, int n, int k, rng& r, std::vect
   }
 }
 
+/// wo_a's FP8 form through the few-row GEMV (fast::detail::gemv_fp8w, m = 1): the bits of the
+/// bf16 GEMV on the same values (checked on every output), from half the bytes.
+void run_fp8w_gemv(const char* name, int groups, int n, int k, rng& r, std::vector<lab_case>& out) {
+  const std::size_t count = std::size_t(groups) * n * k, scales = count / 1024;
+  std::vector<uint8_t> codes(count), scale(scales);
+  for (std::size_t i = 0; i < count; ++i) {
+    uint8_t c = uint8_t(r.next());
+    if ((c & 0x7F) == 0x7F) c &= 0xFE;  // no NaN codes
+    codes[i] = c;
+  }
+  for (auto& c : scale) c = uint8_t(112 + r.next() % 8);
+  std::vector<uint16_t> w16(count);
+  for (std::size_t row = 0; row < std::size_t(groups) * n; ++row)
+    for (int i = 0; i < k; ++i)
+      w16[row * k + i] = fmt::f32_to_bf16(fmt::e4m3_to_f32(codes[row * k + i]) *
+                                          fmt::ue8m0_to_f32(scale[(row / 32) * (k / 32) + i / 32]));
+  const std::vector<float> x = random_x(1, groups * k, r);
+  const int copies = int(std::clamp<std::size_t>(l2_defeat_bytes / count + 1, 1, 16));
+  std::vector<std::unique_ptr<dev_buf>> wc, sc;
+  for (int i = 0; i < copies; ++i) {
+    wc.push_back(std::make_unique<dev_buf>(count));
+    cuda::copy_to_device(wc.back()->p, codes.data(), count);
+    sc.push_back(std::make_unique<dev_buf>(scales));
+    cuda::copy_to_device(sc.back()->p, scale.data(), scales);
+  }
+  dev_buf w16d(2 * count), xd(sizeof(float) * x.size()), y(sizeof(float) * groups * n), y16(sizeof(float) * groups * n);
+  cuda::copy_to_device(w16d.p, w16.data(), 2 * count);
+  cuda::copy_to_device(xd.p, x.data(), sizeof(float) * x.size());
+  auto gemv = [&](int i) {
+    const fp8_weight w{groups * n, k, wc[i % copies]->as<uint8_t>(), sc[i % copies]->as<uint8_t>()};
+    fast::detail::gemv_fp8w(xd.as<float>(), groups * k, 1, w, n, k, y.as<float>(), groups * n, groups, k, n);
+  };
+  lab_case c{"gemv_fp8w", "gemv", name, 1, groups * n, k};
+  c.groups = groups;
+  c.bytes = double(count) + double(scales) + 4.0 * x.size() + 4.0 * groups * n;
+  c.flops = 2.0 * count;
+  cuda::fill_bytes(y.p, 0xFF, sizeof(float) * groups * n);
+  gemv(0);
+  fast::detail::gemv_bf16(xd.as<float>(), groups * k, 1, w16d.as<uint16_t>(), n, k, y16.as<float>(), groups * n,
+                          groups, k, (long long)n * k, n);
+  std::vector<float> got(std::size_t(groups) * n), want(got.size());
+  cuda::copy_to_host(got.data(), y.p, sizeof(float) * got.size());
+  cuda::copy_to_host(want.data(), y16.p, sizeof(float) * want.size());
+  c.checked = true;
+  c.pass = std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0;
+  time_case(gemv, c);
+  out.push_back(c);
+}
+
 /// fast::moe_ffn at `tokens` tokens: 64 experts, top-6, random routing, real V4.1 expert shapes
 /// and the shared expert; timed launched one by one (the bf16 path copies 64 counts to the host,
 /// which a graph cannot hold); 4 rows checked against cpu::moe_ffn on those rows alone. Variant
@@ -671,6 +720,7 @@ std::vector<lab_case> run_prefill_cases(bool quick) {
   }
   run_bf16_gemv("head", 1, 129280, 5120, r, out);
   run_bf16_gemv("attn.wo_a (8 groups)", 8, 1024, 4096, r, out);
+  run_fp8w_gemv("attn.wo_a FP8 (8 groups)", 8, 1024, 4096, r, out);
   run_bf16_gemv("router gate", 1, 64, 5120, r, out);
   run_bf16_gemv("compressor wkv", 1, 512, 5120, r, out);
   for (int t : quick ? std::vector<int>{256} : std::vector<int>{128, 256, 512, 1024}) run_moe_prefill(t, r, out);

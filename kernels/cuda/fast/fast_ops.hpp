@@ -154,7 +154,9 @@ void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w
 bool linear_fp8_set_takes_codes(int m, int count, const fp8_weight* const* w);
 /// x fp32 (not rounded to bf16, as the CPU op), w bf16.
 void linear_bf16(const float* x, int m, const bf16_weight& w, float* y);
-void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out);
+/// wo_a8, when given, is wo_a's FP8 form (the same values): the few-row GEMV reads it instead.
+void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out,
+                    const fp8_weight* wo_a8 = nullptr);
 /// experts and shared: HOST arrays of views with device pointers; sel, weights: device.
 /// round_out: out rounded to bf16 as cuda::round_bf16 (in the same launch). yq / ys, when given,
 /// are y's codes and scales (quantize_rows_fp8), used where the experts read codes (decode).
@@ -181,6 +183,10 @@ void gemm_bf16(const uint16_t* a, int lda, int m, const uint16_t* w, int ldw, in
 /// false (nothing run) when k % 8 != 0 or the rows are not 16-byte aligned.
 bool gemv_bf16(const float* x, int ldx, int m, const uint16_t* w, int n, int k, float* y, int ldy, int groups,
                long long x_group, long long w_group, long long y_group);
+/// The same with an FP8 weight of `groups` x n rows (n % 32 == 0, k % 32 == 0), its products
+/// the bf16 form's (scale codes >= 3): gemv_bf16's bits from half the bytes.
+bool gemv_fp8w(const float* x, int ldx, int m, const fp8_weight& w, int n, int k, float* y, int ldy, int groups,
+               long long x_group, long long y_group);
 }  // namespace detail
 
 // ---- a branch of work on a second stream ----------------------------------------------------

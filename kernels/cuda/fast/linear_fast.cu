@@ -14,6 +14,8 @@
 // bits cover fp32's 24) and the three products are summed into y; wo_a, whose output feeds
 // no top-k choice, takes two parts (within 2^-18 of sum|x w|, a quarter of the 2^-16 bound).
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -186,33 +188,81 @@ constexpr int gemv_warps = 8;
 /// pieces as above, and the warps' sums are added in warp order. The mode is chosen by n and
 /// groups only, so a row's bits do not depend on R or m. Needs k % 8 == 0 and 16-byte aligned
 /// rows.
-template <int R, bool Split>
+/// The weight's 8-value pieces as fp32: a bf16 weight (16 bytes a piece), or an FP8 one (8 bytes
+/// of e4m3 codes and the 32x32 tile's UE8M0 scale; wo_a as the checkpoint stores it) whose
+/// products are the bf16 form's: a code times its scale is the bf16 value exactly (scale codes
+/// >= 3, which the model checks before it keeps the FP8 form), so both give the same bits.
+struct bf16_rows {
+  static constexpr int unroll = 4;  ///< pieces a lane keeps in flight
+  const uint16_t* w;
+  long long group;  ///< elements between groups
+  struct row {
+    const uint4* p;
+    __device__ __forceinline__ void piece(int c, float (&wf)[8]) const {
+      const uint4 v = __ldg(p + c);
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        wf[2 * i] = __uint_as_float(words[i] << 16);
+        wf[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
+      }
+    }
+  };
+  __device__ __forceinline__ row at(int z, int col, int k) const {
+    return {reinterpret_cast<const uint4*>(w + z * group + size_t(col) * k)};
+  }
+};
+
+struct fp8_rows {
+  static constexpr int unroll = 8;  ///< half the bytes a piece: twice the pieces in flight
+  const uint8_t* w;
+  const uint8_t* scale;       ///< [ceil(rows / 32), k / 32]
+  long long group, s_group;  ///< codes and scale bytes between groups (group rows % 32 == 0)
+  struct row {
+    const uint2* p;
+    const uint8_t* s;
+    __device__ __forceinline__ void piece(int c, float (&wf)[8]) const {
+      const uint2 v = __ldg(p + c);
+      const float sc = cuda::detail::ue8m0_to_f32(__ldg(s + c / 4));
+      const uint32_t words[2] = {v.x, v.y};
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(words[i] >> (16 * h)), __NV_E4M3);
+          const float2 f = __half22float2(__half2(r));
+          wf[4 * i + 2 * h] = f.x * sc;
+          wf[4 * i + 2 * h + 1] = f.y * sc;
+        }
+    }
+  };
+  __device__ __forceinline__ row at(int z, int col, int k) const {
+    return {reinterpret_cast<const uint2*>(w + z * group + size_t(col) * k),
+            scale + z * s_group + size_t(col / 32) * (k / 32)};
+  }
+};
+
+template <int R, bool Split, class W>
 __global__ void __launch_bounds__(gemv_warps * 32)
-    gemv_bf16_kernel(const float* x, int ldx, long long x_group, int m, const uint16_t* w, long long w_group,
-                     int n, int k, float* y, int ldy, long long y_group) {
+    gemv_bf16_kernel(const float* x, int ldx, long long x_group, int m, W w, int n, int k, float* y, int ldy,
+                     long long y_group) {
   cuda::detail::dependent_start();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = Split ? int(blockIdx.y) : int(blockIdx.y) * gemv_warps + warp;
   if (!Split && col >= n) return;
-  x += blockIdx.z * x_group, w += blockIdx.z * w_group, y += blockIdx.z * y_group;
+  x += blockIdx.z * x_group, y += blockIdx.z * y_group;
   const int r0 = blockIdx.x * R;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + size_t(col) * k);
+  const typename W::row wr = w.at(int(blockIdx.z), col, k);
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
   const int pieces = k / 8;
   const int share = Split ? (pieces + gemv_warps - 1) / gemv_warps : pieces;
   const int p0 = Split ? warp * share : 0, p1 = min(pieces, p0 + share);
-#pragma unroll 4
+#pragma unroll W::unroll
   for (int c = p0 + lane; c < p1; c += 32) {
-    const uint4 v = __ldg(wr + c);
-    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
     float wf[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      wf[2 * i] = __uint_as_float(words[i] << 16);
-      wf[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
-    }
+    wr.piece(c, wf);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r0 + r >= m) break;
@@ -251,18 +301,27 @@ bool gemv_split(int n, int groups) {
   return (long long)((n + gemv_warps - 1) / gemv_warps) * groups < cuda::detail::num_sms();
 }
 
-template <int R>
-void launch_gemv_r(const float* x, int ldx, long long xg, int m, const uint16_t* w, long long wg, int n, int k,
-                   float* y, int ldy, long long yg, int groups) {
+template <int R, class W>
+void launch_gemv_r(const float* x, int ldx, long long xg, int m, const W& w, int n, int k, float* y, int ldy,
+                   long long yg, int groups) {
   const bool split = gemv_split(n, groups);
   const dim3 grid((m + R - 1) / R, split ? n : (n + gemv_warps - 1) / gemv_warps, groups);
   CEDAR_CUDA_REQUIRE(grid.y <= 65535, "gemv_bf16: at most 524280 columns");
   if (split)
-    cuda::detail::launch_dependent(gemv_bf16_kernel<R, true>, grid, dim3(gemv_warps * 32), 0, x, ldx, xg, m, w, wg, n,
+    cuda::detail::launch_dependent(gemv_bf16_kernel<R, true, W>, grid, dim3(gemv_warps * 32), 0, x, ldx, xg, m, w, n,
                                    k, y, ldy, yg);
   else
-    cuda::detail::launch_dependent(gemv_bf16_kernel<R, false>, grid, dim3(gemv_warps * 32), 0, x, ldx, xg, m, w, wg, n,
+    cuda::detail::launch_dependent(gemv_bf16_kernel<R, false, W>, grid, dim3(gemv_warps * 32), 0, x, ldx, xg, m, w, n,
                                    k, y, ldy, yg);
+}
+
+template <class W>
+void launch_gemv(const float* x, int ldx, long long xg, int m, const W& w, int n, int k, float* y, int ldy,
+                 long long yg, int groups) {
+  if (m == 1) launch_gemv_r<1>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
+  else if (m == 2) launch_gemv_r<2>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
+  else if (m <= 4) launch_gemv_r<4>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
+  else launch_gemv_r<8>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -355,10 +414,18 @@ bool gemv_bf16(const float* x, int ldx, int m, const uint16_t* w, int n, int k, 
   if (k % 8 != 0 || ldx % 4 != 0 || x_group % 4 != 0 || w_group % 8 != 0 || !aligned16(x) || !aligned16(w))
     return false;
   if (m <= 0 || n <= 0) return true;
-  if (m == 1) launch_gemv_r<1>(x, ldx, x_group, m, w, w_group, n, k, y, ldy, y_group, groups);
-  else if (m == 2) launch_gemv_r<2>(x, ldx, x_group, m, w, w_group, n, k, y, ldy, y_group, groups);
-  else if (m <= 4) launch_gemv_r<4>(x, ldx, x_group, m, w, w_group, n, k, y, ldy, y_group, groups);
-  else launch_gemv_r<8>(x, ldx, x_group, m, w, w_group, n, k, y, ldy, y_group, groups);
+  launch_gemv(x, ldx, x_group, m, bf16_rows{w, w_group}, n, k, y, ldy, y_group, groups);
+  return true;
+}
+
+bool gemv_fp8w(const float* x, int ldx, int m, const fp8_weight& w, int n, int k, float* y, int ldy, int groups,
+               long long x_group, long long y_group) {
+  if (k % 32 != 0 || n % 32 != 0 || w.out != n * groups || w.in != k || ldx % 4 != 0 || x_group % 4 != 0 ||
+      !aligned16(x) || reinterpret_cast<uintptr_t>(w.data) % 8 != 0)
+    return false;
+  if (m <= 0 || n <= 0) return true;
+  const fp8_rows rows{w.data, w.scale, (long long)n * k, (long long)(n / 32) * (k / 32)};
+  launch_gemv(x, ldx, x_group, m, rows, n, k, y, ldy, y_group, groups);
   return true;
 }
 
@@ -483,15 +550,22 @@ void linear_bf16(const float* x, int m, const bf16_weight& w, float* y) {
   split_gemm(x, w.in, m, w.data, w.out, w.in, y, w.out, 3, 1, 0, 0, 0);
 }
 
-void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out) {
+void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, const fp8_weight& wo_b, float* out,
+                    const fp8_weight* wo_a8) {
   CEDAR_CUDA_REQUIRE(groups > 0 && wo_a.out % groups == 0, "wo_a rows split into groups");
   CEDAR_CUDA_REQUIRE(wo_b.in == wo_a.out, "wo_b takes concat(u)");
   if (m <= 0) return;
   const int rank = wo_a.out / groups, group_in = wo_a.in;
   scratch<float> u(size_t(m) * wo_a.out);
   const long long w_group = (long long)rank * group_in;
-  // u[r, g rank + j] = o[r, g group_in ...] . wo_a[g rank + j]
-  if (!(m <= tuning_now().bf16_gemv_max_rows &&
+  // u[r, g rank + j] = o[r, g group_in ...] . wo_a[g rank + j]; at few rows from the FP8 form
+  // when the model keeps it (half the bytes, the same bits)
+  const bool gemv = m <= tuning_now().bf16_gemv_max_rows;
+  const bool done = gemv && wo_a8 != nullptr && wo_a8->data != nullptr &&
+                    gemv_fp8w(o, groups * group_in, m, *wo_a8, rank, group_in, u.get(), wo_a.out, groups, group_in,
+                              rank);
+  if (!done &&
+      !(gemv &&
         gemv_bf16(o, groups * group_in, m, wo_a.data, rank, group_in, u.get(), wo_a.out, groups, group_in, w_group, rank)))
     // two parts: wo_a feeds no choice, and at prefill the third GEMM pass over [m, 8 x 4096]
     // is a third of its time
