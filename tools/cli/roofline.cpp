@@ -17,7 +17,7 @@ double expected_experts_touched(const model_args& a, int batch) {
 std::vector<step_bytes_part> decode_step_bytes(const model_args& a, const kv_layout& layout, int64_t context,
                                                int batch) {
   step_bytes_part fp8{"FP8 linears (attention, shared experts, indexer, Engram proj)"};
-  step_bytes_part woa{"attn.wo_a (bf16 as served)"};
+  step_bytes_part woa{"attn.wo_a (FP8 as stored; the fast decode GEMV reads it)"};
   step_bytes_part experts{"routed experts (FP4, expected distinct per layer)"};
   step_bytes_part head{"head (bf16)"}, bf16{"bf16 linears (compressor, indexer wk/proj, router)"};
   step_bytes_part small{"mHC fp32, norms, sinks, biases"}, gather{"embedding rows, Engram rows"};
@@ -26,7 +26,7 @@ std::vector<step_bytes_part> decode_step_bytes(const model_args& a, const kv_lay
   for (const tensor_spec& t : model_inventory(a)) {
     const double b = double(t.num_bytes());
     if (t.name.find("attn.wo_a.") != std::string::npos) {
-      if (t.role == tensor_role::fp8_weight) woa.bytes += 2.0 * t.num_elements();
+      woa.bytes += b;  // codes and scales
     } else if (t.expert_idx >= 0) {
       experts.bytes += b * expert_share;
     } else if (t.role == tensor_role::fp8_weight || t.role == tensor_role::fp8_scale) {

@@ -24,7 +24,7 @@ struct step_bytes_part {
 double expected_experts_touched(const model_args& a, int batch);
 
 /// Bytes one decode step reads with `batch` requests of `context` cached tokens each: every
-/// dense weight once (attn.wo_a as the bf16 it is served in, the bf16 head), the routed experts
+/// dense weight once (attn.wo_a as the FP8 it is stored in, the bf16 head), the routed experts
 /// expected_experts_touched() picks, and per request one embedding row, the Engram rows it
 /// gathers and its KV (each layer's window ring, the top-k compressed records of compressed
 /// layers, every index key of the indexer layers). Parts in this order: FP8 linears, wo_a,
