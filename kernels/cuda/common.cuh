@@ -257,6 +257,26 @@ __device__ __forceinline__ float fp8_group_code(float v, uint8_t& code) {
   return s;
 }
 
+/// fmt::fake_quant_fp8 of 8 values of a group of 32 that four adjacent lanes hold (8 each), as
+/// 8 bf16 (exact) packed low half first; the group's amax is folded over the four lanes, so the
+/// whole warp calls it (a lane past the data passes zeros and drops the result).
+__device__ __forceinline__ uint4 fake_quant8_bf16(const float (&v)[8]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+  const float s = fp8_group_scale(amax), inv = 1.0f / s;  // a power of two: v * inv == v / s
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float q0 = round_to_e4m3(clampf(v[2 * i] * inv, -448.0f, 448.0f)) * s;
+    const float q1 = round_to_e4m3(clampf(v[2 * i + 1] * inv, -448.0f, 448.0f)) * s;
+    o[i] = uint32_t(f32_to_bf16(q0)) | (uint32_t(f32_to_bf16(q1)) << 16);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 // ---- RoPE ------------------------------------------------------------------------------------
 
 constexpr int max_rope_half = 128;

@@ -154,21 +154,8 @@ __global__ void swiglu_bf16_kernel(const float* gu, int inter, const int32_t* sl
 #pragma unroll
     for (int i = 0; i < 8; ++i) h[i] = weights ? rw * swiglu_h(gv[i], uv[i], limit) : swiglu_h(gv[i], uv[i], limit);
   }
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(h[i]));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-  if (!in) return;
-  const float sc = cuda::detail::fp8_group_scale(amax);
-  uint32_t o[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float q0 = cuda::detail::round_to_e4m3(cuda::detail::clampf(h[2 * i] / sc, -448.0f, 448.0f)) * sc;
-    const float q1 = cuda::detail::round_to_e4m3(cuda::detail::clampf(h[2 * i + 1] / sc, -448.0f, 448.0f)) * sc;
-    o[i] = uint32_t(cuda::detail::f32_to_bf16(q0)) | uint32_t(cuda::detail::f32_to_bf16(q1)) << 16;
-  }
-  reinterpret_cast<uint4*>(out + size_t(s) * inter)[c8] = make_uint4(o[0], o[1], o[2], o[3]);
+  const uint4 q = cuda::detail::fake_quant8_bf16(h);
+  if (in) reinterpret_cast<uint4*>(out + size_t(s) * inter)[c8] = q;
 }
 
 /// out[r, c] = (0 + down[pos(r, 0), c] + ... in top-k order) + shared[r, c] (0 when null),

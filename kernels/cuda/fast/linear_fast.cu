@@ -100,9 +100,6 @@ __global__ void dequant_fp4_kernel(const uint8_t* data, const uint8_t* scale, lo
   }
 }
 
-/// The power-of-two scale of fmt::quantize_fp8 for a group's largest |x| (as fp8_group_scale).
-__device__ __forceinline__ float group_scale(float amax) { return cuda::detail::fp8_group_scale(amax); }
-
 /// Four threads per group of 32 (8 values each): row r of out [m, k] is fmt::fake_quant_fp8 of
 /// x row rows[r] (or r) as bf16 (exact). Rows at or past *count (when given) or with rows[r] < 0
 /// are zeros. v / s is computed as v * (1 / s): s is a power of two, so both are the same
@@ -123,21 +120,8 @@ __global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* r
     const float4 a = p[0], b = p[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   }
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-  if (!in) return;
-  const float s = group_scale(amax), inv = 1.0f / s;
-  uint32_t o[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float q0 = cuda::detail::round_to_e4m3(cuda::detail::clampf(v[2 * i] * inv, -448.0f, 448.0f)) * s;
-    const float q1 = cuda::detail::round_to_e4m3(cuda::detail::clampf(v[2 * i + 1] * inv, -448.0f, 448.0f)) * s;
-    o[i] = uint32_t(to_bf16(q0)) | (uint32_t(to_bf16(q1)) << 16);
-  }
-  reinterpret_cast<uint4*>(out + size_t(r) * k)[c8] = make_uint4(o[0], o[1], o[2], o[3]);
+  const uint4 q = cuda::detail::fake_quant8_bf16(v);
+  if (in) reinterpret_cast<uint4*>(out + size_t(r) * k)[c8] = q;
 }
 
 /// x [m, k] (row stride ldx) -> out [Parts, m, k] bf16: each part the residual of the ones
