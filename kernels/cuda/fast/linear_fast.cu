@@ -43,27 +43,38 @@ __device__ __forceinline__ uint16_t to_bf16(float x) { return cuda::detail::f32_
 
 // ---- dequantization into bf16 ------------------------------------------------------------------
 
-/// One thread per 8 codes of an FP8 weight [n, k] (k % 8 == 0) -> bf16 [n, k].
+/// An FP8 weight [n, k] (k % 8 == 0, n k < 2^31) -> bf16 [n, k], by pieces of 8 codes: thread t
+/// takes pieces t + i * stride (i < 4, stride = the grid's threads), every load issued before
+/// the first conversion (e4m3 -> f16 -> fp32 in hardware: exact), 16 bytes stored a piece.
 __global__ void dequant_fp8_kernel(const uint8_t* data, const uint8_t* scale, int n, int k, uint16_t* out) {
   cuda::detail::dependent_start();
-  __shared__ float lut[256];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) lut[i] = cuda::detail::e4m3_to_f32(uint8_t(i));
-  __syncthreads();
-  const long long piece = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (piece >= (long long)n * k / 8) return;
-  const long long e0 = piece * 8;
-  const int row = int(e0 / k), col = int(e0 % k);
-  const float s = cuda::detail::ue8m0_to_f32(scale[size_t(row / 32) * ((k + 31) / 32) + col / 32]);
-  const uint2 v = reinterpret_cast<const uint2*>(data)[piece];
-  uint32_t o[4];
+  constexpr int per_thread = 4;
+  const int pieces = n * (k / 8), per_row = k / 8, scale_cols = (k + 31) / 32;
+  const int stride = int(gridDim.x * blockDim.x), q0 = int(blockIdx.x * blockDim.x + threadIdx.x);
+  uint2 v[per_thread];
+  uint8_t sc[per_thread];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t word = i < 2 ? v.x : v.y;
-    const int sh = (i % 2) * 16;
-    const float a = lut[(word >> sh) & 0xFF] * s, b = lut[(word >> (sh + 8)) & 0xFF] * s;
-    o[i] = uint32_t(to_bf16(a)) | (uint32_t(to_bf16(b)) << 16);
+  for (int i = 0; i < per_thread; ++i) {
+    const int q = q0 + i * stride;
+    const int row = q / per_row, col = (q % per_row) * 8;
+    v[i] = q < pieces ? __ldg(reinterpret_cast<const uint2*>(data) + q) : make_uint2(0, 0);
+    sc[i] = q < pieces ? __ldg(scale + size_t(row / 32) * scale_cols + col / 32) : uint8_t(0);
   }
-  reinterpret_cast<uint4*>(out)[piece] = make_uint4(o[0], o[1], o[2], o[3]);
+#pragma unroll
+  for (int i = 0; i < per_thread; ++i) {
+    const int q = q0 + i * stride;
+    if (q >= pieces) break;
+    const float s = cuda::detail::ue8m0_to_f32(sc[i]);
+    uint32_t o[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const uint32_t word = h < 2 ? v[i].x : v[i].y;
+      const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * (h % 2))), __NV_E4M3);
+      const float2 f = __half22float2(__half2(r));
+      o[h] = uint32_t(to_bf16(f.x * s)) | (uint32_t(to_bf16(f.y * s)) << 16);
+    }
+    reinterpret_cast<uint4*>(out)[q] = make_uint4(o[0], o[1], o[2], o[3]);
+  }
 }
 
 /// A packed E2M1 weight [n, k] -> bf16 [n, k], by 4-byte words (8 values; four words share a
@@ -338,11 +349,11 @@ void blas_check(cublasStatus_t st, const char* what) {
 // ---- building blocks -----------------------------------------------------------------------------
 
 void dequant_bf16(const fp8_weight& w, uint16_t* out) {
-  CEDAR_CUDA_REQUIRE(w.in % 8 == 0, "dequant_bf16: in % 8 == 0");
+  CEDAR_CUDA_REQUIRE(w.in % 8 == 0 && (long long)w.out * w.in < (1ll << 31), "dequant_bf16: in % 8 == 0, < 2^31 codes");
   const long long pieces = (long long)w.out * w.in / 8;
   if (pieces == 0) return;
-  cuda::detail::launch_dependent(dequant_fp8_kernel, dim3(blocks_for(pieces, 256)), dim3(256), 0, w.data, w.scale,
-                                 w.out, w.in, out);
+  cuda::detail::launch_dependent(dequant_fp8_kernel, dim3(blocks_for((pieces + 3) / 4, 256)), dim3(256), 0, w.data,
+                                 w.scale, w.out, w.in, out);
 }
 
 void dequant_bf16(const fp4_weight& w, uint16_t* out, void* on_stream) {
