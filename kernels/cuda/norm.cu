@@ -63,7 +63,6 @@ __global__ void rope_kernel(float* x, int num_heads, int head_dim, int rope_dim,
   }
 }
 
-
 /// Per row (one warp): scale the mix logits by the row's inverse RMS, then pre, post and the
 /// Sinkhorn-normalized comb, serially on lane 0 in the CPU's order.
 __global__ void hc_finish_kernel(const float* X, int m, int hc, int d, float* mix,

@@ -23,6 +23,7 @@
 namespace cedar::cuda::fast {
 namespace {
 
+using cuda::detail::e4m3x2_to_f32;
 using cuda::detail::num_sms;
 using cuda::detail::scratch;
 using cuda::detail::stream;
@@ -56,13 +57,7 @@ __device__ __forceinline__ uint32_t bf16x2(float a, float b) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-/// Two e4m3 codes (low byte first) -> floats (exact, via f16).
-__device__ __forceinline__ float2 e4m3x2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
-  return __half22float2(__half2(h));
-}
-
-__device__ __forceinline__ float e4m3_value(uint8_t code) { return e4m3x2(code).x; }
+__device__ __forceinline__ float e4m3_value(uint8_t code) { return e4m3x2_to_f32(code).x; }
 
 __device__ __forceinline__ float ue8m0_value(uint8_t code) {
   if (code == 255) return __int_as_float(0x7FC00000);
@@ -72,7 +67,8 @@ __device__ __forceinline__ float ue8m0_value(uint8_t code) {
 /// 8 e4m3 codes (bytes of lo, then hi) times s, as 8 bf16 (exact: at most 4 significant bits
 /// times a power of two, or 2 bits times an e4m3 scale).
 __device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, float s) {
-  const float2 a = e4m3x2(lo), b = e4m3x2(lo >> 16), c = e4m3x2(hi), d = e4m3x2(hi >> 16);
+  const float2 a = e4m3x2_to_f32(lo), b = e4m3x2_to_f32(lo >> 16);
+  const float2 c = e4m3x2_to_f32(hi), d = e4m3x2_to_f32(hi >> 16);
   return make_uint4(bf16x2(a.x * s, a.y * s), bf16x2(b.x * s, b.y * s), bf16x2(c.x * s, c.y * s),
                     bf16x2(d.x * s, d.y * s));
 }

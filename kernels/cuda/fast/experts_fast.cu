@@ -152,7 +152,10 @@ __global__ void swiglu_bf16_kernel(const float* gu, int inter, const int32_t* sl
     const float uv[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
     const float rw = weights ? weights[slot_src[s]] : 1.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) h[i] = weights ? rw * swiglu_h(gv[i], uv[i], limit) : swiglu_h(gv[i], uv[i], limit);
+    for (int i = 0; i < 8; ++i) {
+      const float hv = swiglu_h(gv[i], uv[i], limit);
+      h[i] = weights ? rw * hv : hv;
+    }
   }
   const uint4 q = cuda::detail::fake_quant8_bf16(h);
   if (in) reinterpret_cast<uint4*>(out + size_t(s) * inter)[c8] = q;

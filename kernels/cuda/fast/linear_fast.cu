@@ -14,8 +14,6 @@
 // bits cover fp32's 24) and the three products are summed into y; wo_a, whose output feeds
 // no top-k choice, takes two parts (within 2^-18 of sum|x w|, a quarter of the 2^-16 bound).
 #include <cublas_v2.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -69,8 +67,7 @@ __global__ void dequant_fp8_kernel(const uint8_t* data, const uint8_t* scale, in
 #pragma unroll
     for (int h = 0; h < 4; ++h) {
       const uint32_t word = h < 2 ? v[i].x : v[i].y;
-      const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> (16 * (h % 2))), __NV_E4M3);
-      const float2 f = __half22float2(__half2(r));
+      const float2 f = cuda::detail::e4m3x2_to_f32(word >> (16 * (h % 2)));
       o[h] = uint32_t(to_bf16(f.x * s)) | (uint32_t(to_bf16(f.y * s)) << 16);
     }
     reinterpret_cast<uint4*>(out)[q] = make_uint4(o[0], o[1], o[2], o[3]);
@@ -175,14 +172,6 @@ __global__ void split_kernel(const float* x, int ldx, int m, int k, uint16_t* ou
 
 constexpr int gemv_warps = 8;
 
-/// Column mode, grid (ceil(m / R), ceil(n / 8), groups): warp w computes column 8 by + w for
-/// rows R bx .. (+R), group bz: y[r, c] = sum_k x[r, k] w[c, k], fp32 products (as the CPU's)
-/// summed by lane (k in 8-wide pieces, lane l takes pieces l, l + 32, ...) then by the shuffle
-/// fold. Split mode (Split, for weights of few columns, which would leave most SMs idle), grid
-/// (ceil(m / R), n, groups): block by computes column by, its warp w the w-th eighth of the
-/// pieces as above, and the warps' sums are added in warp order. The mode is chosen by n and
-/// groups only, so a row's bits do not depend on R or m. Needs k % 8 == 0 and 16-byte aligned
-/// rows.
 /// The weight's 8-value pieces as fp32: a bf16 weight (16 bytes a piece), or an FP8 one (8 bytes
 /// of e4m3 codes and the 32x32 tile's UE8M0 scale; wo_a as the checkpoint stores it) whose
 /// products are the bf16 form's: a code times its scale is the bf16 value exactly (scale codes
@@ -224,8 +213,7 @@ struct fp8_rows {
       for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(words[i] >> (16 * h)), __NV_E4M3);
-          const float2 f = __half22float2(__half2(r));
+          const float2 f = cuda::detail::e4m3x2_to_f32(words[i] >> (16 * h));
           wf[4 * i + 2 * h] = f.x * sc;
           wf[4 * i + 2 * h + 1] = f.y * sc;
         }
@@ -237,6 +225,14 @@ struct fp8_rows {
   }
 };
 
+/// Column mode, grid (ceil(m / R), ceil(n / 8), groups): warp w computes column 8 by + w for
+/// rows R bx .. (+R), group bz: y[r, c] = sum_k x[r, k] w[c, k], fp32 products (as the CPU's)
+/// summed by lane (k in 8-wide pieces, lane l takes pieces l, l + 32, ...) then by the shuffle
+/// fold. Split mode (Split, for weights of few columns, which would leave most SMs idle), grid
+/// (ceil(m / R), n, groups): block by computes column by, its warp w the w-th eighth of the
+/// pieces as above, and the warps' sums are added in warp order. The mode is chosen by n and
+/// groups only, so a row's bits do not depend on R or m. Needs k % 8 == 0 and 16-byte aligned
+/// rows.
 template <int R, bool Split, class W>
 __global__ void __launch_bounds__(gemv_warps * 32)
     gemv_bf16_kernel(const float* x, int ldx, long long x_group, int m, W w, int n, int k, float* y, int ldy,
@@ -553,19 +549,17 @@ void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, 
   const int rank = wo_a.out / groups, group_in = wo_a.in;
   scratch<float> u(size_t(m) * wo_a.out);
   const long long w_group = (long long)rank * group_in;
-  // u[r, g rank + j] = o[r, g group_in ...] . wo_a[g rank + j]; at few rows from the FP8 form
-  // when the model keeps it (half the bytes, the same bits)
-  const bool gemv = m <= tuning_now().bf16_gemv_max_rows;
-  const bool done = gemv && wo_a8 != nullptr && wo_a8->data != nullptr &&
-                    gemv_fp8w(o, groups * group_in, m, *wo_a8, rank, group_in, u.get(), wo_a.out, groups, group_in,
-                              rank);
-  if (!done &&
-      !(gemv &&
-        gemv_bf16(o, groups * group_in, m, wo_a.data, rank, group_in, u.get(), wo_a.out, groups, group_in, w_group, rank)))
-    // two parts: wo_a feeds no choice, and at prefill the third GEMM pass over [m, 8 x 4096]
-    // is a third of its time
-    split_gemm(o, groups * group_in, m, wo_a.data, rank, group_in, u.get(), wo_a.out, 2, groups, group_in, w_group,
-               rank);
+  // u[r, g rank + j] = o[r, g group_in ...] . wo_a[g rank + j]: at few rows the GEMV, from the
+  // FP8 form when the model keeps it (half the bytes, the same bits)
+  const int ldo = groups * group_in;
+  const bool few = m <= tuning_now().bf16_gemv_max_rows;
+  const bool by_gemv =
+      few && ((wo_a8 != nullptr && wo_a8->data != nullptr &&
+               gemv_fp8w(o, ldo, m, *wo_a8, rank, group_in, u.get(), wo_a.out, groups, group_in, rank)) ||
+              gemv_bf16(o, ldo, m, wo_a.data, rank, group_in, u.get(), wo_a.out, groups, group_in, w_group, rank));
+  // else two parts: wo_a feeds no choice, and at prefill the third GEMM pass over [m, 8 x 4096]
+  // is a third of its time
+  if (!by_gemv) split_gemm(o, ldo, m, wo_a.data, rank, group_in, u.get(), wo_a.out, 2, groups, group_in, w_group, rank);
   linear_fp8(u.get(), m, wo_b, out);
 }
 
