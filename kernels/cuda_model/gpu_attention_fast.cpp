@@ -313,8 +313,8 @@ void gpu_model::impl::attend_fast(int l, gbatch& b, const attn_rows& in, float* 
   dvec<uint8_t> packed(in.kv_records ? 0 : std::size_t(n) * layout.swa_record_bytes);
   if (!in.kv_records) cuda::pack_fp8_rows(in.kv, n, dh, packed.get());
   p.kv_records = in.kv_records ? in.kv_records : packed.get();
+  p.store_ring = true;
   fast::sparse_attention(p, items, in.rope_cs, rope[l].rope_dim);  // o rotated back when rope_cs
-  fast::store_ring(p.kv_records, n, layout.swa_record_bytes, items, li.layer_idx, W);
 }
 
 }  // namespace cedar

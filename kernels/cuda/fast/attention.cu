@@ -146,6 +146,33 @@ __device__ __forceinline__ int64_t row_position(const kv_items& it, int r, int i
   return it.first_pos[item] + (r - it.row_begin[item]);
 }
 
+/// The ring store of a call's window rows: record r of rec [rows, rec_bytes] to slot pos mod W
+/// of `layer`, for the rows among their item's last W rows (rec == null: none). The attention's
+/// last pass (the split combine, or the rotation back) carries it, a block per row, so the
+/// records go in once every attention block has read the ring.
+struct ring_store {
+  const uint8_t* rec = nullptr;
+  std::size_t rec_bytes = 0;
+  kv_items it;
+  int layer = 0, window = 0;
+
+  /// Row r's copy by the calling block's threads.
+  __device__ __forceinline__ void copy_row(int r) const {
+    const int item = it.row_item[r];
+    if (r < it.row_end[item] - window) return;  // a later row of the item takes this slot
+    const int64_t pos = row_position(it, r, item);
+    uint8_t* dst = it.rings[item] + (std::size_t(layer) * window + std::size_t(pos % window)) * rec_bytes;
+    const uint8_t* src = rec + std::size_t(r) * rec_bytes;
+    for (std::size_t i = threadIdx.x; i < rec_bytes; i += blockDim.x) dst[i] = src[i];
+  }
+};
+
+/// grid (rows): the ring store alone, where no pass follows the attention.
+__global__ void store_ring_kernel(ring_store rs) {
+  cuda::detail::dependent_start();
+  rs.copy_row(blockIdx.x);
+}
+
 __device__ __forceinline__ const uint8_t* entry_record(const kv_items& it, int item, const kv_source_view& s,
                                                        int64_t j, std::size_t offset, std::size_t bytes) {
   const int64_t page = j / s.entries_per_page, in_page = j - page * s.entries_per_page;
@@ -427,10 +454,12 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 constexpr int max_splits = 32;
 
 /// grid (rows, heads): out = sum_s O_s e^(m_s - M) / (e^(sink - M) + sum_s l_s e^(m_s - M)),
-/// rotated back by RoPE when rope_dim > 0 (rope_cs: each row's cos, then sin).
+/// rotated back by RoPE when rope_dim > 0 (rope_cs: each row's cos, then sin); blocks (r, 0)
+/// also store row r's ring record when rs has them.
 __global__ void combine_kernel(const float* part_o, const float* part_ml, int splits, int heads, int dim,
-                               const float* sink, float* out, const float* rope_cs, int rope_dim) {
+                               const float* sink, float* out, const float* rope_cs, int rope_dim, ring_store rs) {
   cuda::detail::dependent_start();
+  if (rs.rec && blockIdx.y == 0) rs.copy_row(blockIdx.x);
   __shared__ float weight[max_splits], ell[max_splits];
   __shared__ float inv_denom;
   __shared__ float rope_c[max_rope_half], rope_s[max_rope_half];
@@ -487,9 +516,12 @@ __global__ void combine_kernel(const float* part_o, const float* part_ml, int sp
 }
 
 /// grid (rows, ceil(heads / 8)): the inverse RoPE of out [rows, heads, dim] (rope_cs as above),
-/// where no combine pass ran: cuda::rope's inverse with the same cos and sin.
-__global__ void rotate_back_kernel(float* out, int heads, int dim, const float* rope_cs, int rope_dim) {
+/// where no combine pass ran: cuda::rope's inverse with the same cos and sin (and the ring
+/// store, as combine_kernel).
+__global__ void rotate_back_kernel(float* out, int heads, int dim, const float* rope_cs, int rope_dim,
+                                   ring_store rs) {
   cuda::detail::dependent_start();
+  if (rs.rec && blockIdx.y == 0) rs.copy_row(blockIdx.x);
   __shared__ float rope_c[max_rope_half], rope_s[max_rope_half];
   const int r = blockIdx.x, h0 = blockIdx.y * 8, half = rope_dim / 2;
   load_rope(rope_cs, r, rope_dim, rope_c, rope_s);
@@ -523,13 +555,21 @@ void launch_attention(const sparse_attention_params& p, const kv_items& items, c
                      "fused attention: rope_dim even, at most 128 and head_dim");
   cuda::detail::launch_dependent(attention_kernel<DIM>, dim3(unsigned(p.rows), unsigned(groups), unsigned(splits)),
                                  dim3(attn_warps<DIM> * 32), L::bytes, p, items, part_o.get(), part_ml.get());
+  ring_store rs;
+  if (p.store_ring) {
+    CEDAR_CUDA_REQUIRE(p.kv_records != nullptr && p.ring_record_bytes > 0,
+                       "fused attention: store_ring needs kv_records");
+    rs = {p.kv_records, p.ring_record_bytes, items, p.layer, p.window};
+  }
   if (splits > 1) {
     cuda::detail::launch_dependent(combine_kernel, dim3(unsigned(p.rows), unsigned(p.heads)), dim3(128), 0,
-                                   part_o.get(), part_ml.get(), splits, p.heads, DIM, p.sink, p.out, rope_cs,
-                                   rope_dim);
+                                   part_o.get(), part_ml.get(), splits, p.heads, DIM, p.sink, p.out, rope_cs, rope_dim,
+                                   rs);
   } else if (rope_dim > 0) {
     cuda::detail::launch_dependent(rotate_back_kernel, dim3(unsigned(p.rows), unsigned((p.heads + 7) / 8)), dim3(256),
-                                   0, p.out, p.heads, DIM, rope_cs, rope_dim);
+                                   0, p.out, p.heads, DIM, rope_cs, rope_dim, rs);
+  } else if (rs.rec) {
+    cuda::detail::launch_dependent(store_ring_kernel, dim3(unsigned(p.rows)), dim3(128), 0, rs);
   }
 }
 
@@ -671,16 +711,6 @@ __global__ void store_entries_kernel(const uint8_t* rec, std::size_t rec_bytes, 
   for (std::size_t i = threadIdx.x; i < rec_bytes; i += blockDim.x) dst[i] = src[i];
 }
 
-__global__ void store_ring_kernel(const uint8_t* rec, std::size_t rec_bytes, kv_items it, int layer, int window) {
-  cuda::detail::dependent_start();
-  const int r = blockIdx.x, item = it.row_item[r];
-  if (r < it.row_end[item] - window) return;  // a later row of the item takes this slot
-  const int64_t pos = row_position(it, r, item);
-  uint8_t* dst = it.rings[item] + (std::size_t(layer) * window + std::size_t(pos % window)) * rec_bytes;
-  const uint8_t* src = rec + std::size_t(r) * rec_bytes;
-  for (std::size_t i = threadIdx.x; i < rec_bytes; i += blockDim.x) dst[i] = src[i];
-}
-
 }  // namespace
 
 bool supports(int dim, int index_dim) { return (dim == 512 || dim == 64) && (index_dim == 128 || index_dim == 32); }
@@ -720,12 +750,6 @@ void store_entries_rows(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_
   if (m <= 0) return;
   cuda::detail::launch_dependent(store_entries_kernel, dim3(unsigned(m)), dim3(128), 0, rec, rec_bytes, nullptr, 0,
                                  pages_of, entry_of, entries_per_page, offset);
-}
-
-void store_ring(const uint8_t* rec, int rows, std::size_t rec_bytes, const kv_items& items, int layer, int window) {
-  if (rows <= 0) return;
-  cuda::detail::launch_dependent(store_ring_kernel, dim3(unsigned(rows)), dim3(128), 0, rec, rec_bytes, items, layer,
-                                 window);
 }
 
 }  // namespace cedar::cuda::fast

@@ -63,6 +63,9 @@ struct sparse_attention_params {
   float scale = 0;
   kv_format format = kv_format::fp4;
   kv_source_view source;          ///< latents of the layer's KV source (topk_k > 0)
+  /// then kv_records go to their ring slots (pos mod W of `layer`, the rows among their item's
+  /// last W) in the attention's last pass, once every block has read the ring
+  bool store_ring = false;
 };
 
 /// True when the fused kernels take this head_dim and index_head_dim (else use the exact path).
@@ -104,11 +107,6 @@ void store_entries(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_t* co
 /// pages_of[r] (device arrays).
 void store_entries_rows(const uint8_t* rec, int m, std::size_t rec_bytes, uint8_t* const* const* pages_of,
                         const int64_t* entry_of, int entries_per_page, std::size_t offset);
-
-/// Copies ring record r of rec [rows, rec_bytes] (row r's window KV) to its slot pos mod W of
-/// `layer`, for the rows among their item's last W rows.
-void store_ring(const uint8_t* rec, int rows, std::size_t rec_bytes, const kv_items& items, int layer,
-                int window);
 
 #endif  // CEDAR_HAVE_CUDA
 
