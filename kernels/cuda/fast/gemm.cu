@@ -7,7 +7,9 @@
 // One summation order for every tile, so a row's bits never depend on m: K is cut into chunks of
 // 4 blocks of 32; a chunk's partial is 0 + sum of its blocks in ascending order (each block =
 // one mma times sx * sw, an exact power of two, fused into the add); the result is 0 + the chunk
-// partials in ascending order.
+// partials in ascending order. FP4 weights enter the mma as their e4m3 codes times 2^-6 (a shift
+// and a mask, mma.cuh), x in the same permuted K order, and each chunk partial is multiplied
+// back by 2^6 as it is added (gemm.cuh: load_a, x_fragment, add_chunk).
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -113,6 +115,7 @@ __device__ __forceinline__ void direct_compute(const direct_frags<FP4>& f, const
       for (int j = 0; j < NT; ++j) {
         uint2 v = make_uint2(0, 0);
         if (xs_rows.b[j] >= 0) v = *reinterpret_cast<const uint2*>(p.xq + size_t(xs_rows.b[j]) * p.k + kb * 32 + tig * 8);
+        v = x_fragment<FP4>(v);
         const uint32_t bj[2] = {v.x, v.y};
         float sx[2];
 #pragma unroll
@@ -132,8 +135,9 @@ __device__ __forceinline__ void direct_compute(const direct_frags<FP4>& f, const
       for (int e = 0; e < 2; ++e) {
         const int s = slot0 + j * 8 + tig * 2 + e;
         if (s >= count) continue;
-        pc[size_t(s) * n + r0 + g] = acc[j][e];
-        pc[size_t(s) * n + r0 + g + 8] = acc[j][2 + e];
+        constexpr float unscale = FP4 ? fp4_unscale : 1.0f;  // load_a's FP4 codes; exact
+        pc[size_t(s) * n + r0 + g] = acc[j][e] * unscale;
+        pc[size_t(s) * n + r0 + g + 8] = acc[j][2 + e] * unscale;
       }
   }
 }

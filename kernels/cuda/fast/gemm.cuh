@@ -62,20 +62,37 @@ __device__ __forceinline__ T load_w(const T* p) {
 }
 
 /// A fragment of rows r and r + 8 at block kb from a row-major weight (global or shared),
-/// `stride` bytes per row.
+/// `stride` bytes per row. FP4: e2m1x8_to_e4m3_scaled's codes (times 2^-6, in its order), so x
+/// goes in through x_fragment and each chunk's sums come back through add_chunk.
 template <bool FP4, bool Global>
 __device__ __forceinline__ void load_a(const uint8_t* w, size_t stride, int r, int kb, int tig,
                                        uint32_t a[4]) {
   if constexpr (FP4) {
     const uint32_t p0 = load_w<Global>(reinterpret_cast<const uint32_t*>(w + r * stride + kb * 16 + tig * 4));
     const uint32_t p1 = load_w<Global>(reinterpret_cast<const uint32_t*>(w + (r + 8) * stride + kb * 16 + tig * 4));
-    const uint2 v0 = e2m1x8_to_e4m3(p0), v1 = e2m1x8_to_e4m3(p1);
+    const uint2 v0 = e2m1x8_to_e4m3_scaled(p0), v1 = e2m1x8_to_e4m3_scaled(p1);
     a[0] = v0.x, a[1] = v1.x, a[2] = v0.y, a[3] = v1.y;
   } else {
     const uint2 v0 = load_w<Global>(reinterpret_cast<const uint2*>(w + r * stride + kb * 32 + tig * 8));
     const uint2 v1 = load_w<Global>(reinterpret_cast<const uint2*>(w + (r + 8) * stride + kb * 32 + tig * 8));
     a[0] = v0.x, a[1] = v1.x, a[2] = v0.y, a[3] = v1.y;
   }
+}
+
+/// The x fragment of a thread's K piece v (8 codes) in load_a's order for this weight kind.
+template <bool FP4>
+__device__ __forceinline__ uint2 x_fragment(uint2 v) {
+  if constexpr (FP4) return fp4_x_order(v);
+  else return v;
+}
+
+/// total + part, a summation chunk into a tile's total. FP4 parts come from load_a's scaled
+/// codes: times fp4_unscale, a power of two, inside the same rounding (the bits of the unscaled
+/// sums but where a part is below 2^-120).
+template <bool FP4>
+__device__ __forceinline__ float add_chunk(float total, float part) {
+  if constexpr (FP4) return fmaf(part, fp4_unscale, total);
+  else return total + part;
 }
 
 /// Dense problems of one x (same xq, m and k) one launch takes at most (gemm_fp8_set).

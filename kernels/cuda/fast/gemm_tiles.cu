@@ -181,7 +181,7 @@ __device__ __forceinline__ void stage_block(const uint8_t* st, int kb, int ww, i
 #pragma unroll
   for (int j = 0; j < S::NT; ++j) {
     const int t = wt * S::NT * 8 + j * 8;
-    const uint2 v = *reinterpret_cast<const uint2*>(sxq + (t + g) * L::x_stride + kb * 32 + tig * 8);
+    const uint2 v = x_fragment<FP4>(*reinterpret_cast<const uint2*>(sxq + (t + g) * L::x_stride + kb * 32 + tig * 8));
     b[j][0] = v.x, b[j][1] = v.y;
     sx[j][0] = sxs[(t + tig * 2) * S::KB + kb];
     sx[j][1] = sxs[(t + tig * 2 + 1) * S::KB + kb];
@@ -254,7 +254,8 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
 #pragma unroll
           for (int j = 0; j < S::NT; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) total[i][j][e] = total[i][j][e] + part[i][j][e], part[i][j][e] = 0.0f;
+            for (int e = 0; e < 4; ++e)
+              total[i][j][e] = add_chunk<FP4>(total[i][j][e], part[i][j][e]), part[i][j][e] = 0.0f;
       }
     }
   }
@@ -307,7 +308,7 @@ __global__ void __launch_bounds__(S::threads) split_kernel(const __grid_constant
 #pragma unroll
       for (int j = 0; j < S::NT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) total[i][j][e] = total[i][j][e] + own[i][j][e];
+        for (int e = 0; e < 4; ++e) total[i][j][e] = add_chunk<FP4>(total[i][j][e], own[i][j][e]);
 #pragma unroll
     for (int w = 1; w < S::WK; ++w) {
       if (kt * S::WK + w >= chunks) break;
@@ -317,7 +318,8 @@ __global__ void __launch_bounds__(S::threads) split_kernel(const __grid_constant
 #pragma unroll
         for (int j = 0; j < S::NT; ++j)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) total[i][j][e] = total[i][j][e] + src[((i * S::NT + j) * 4 + e) * 32];
+          for (int e = 0; e < 4; ++e)
+            total[i][j][e] = add_chunk<FP4>(total[i][j][e], src[((i * S::NT + j) * 4 + e) * 32]);
     }
   };
   const loader_t loader(p, gv, n0, slot0);

@@ -53,10 +53,30 @@ __host__ __device__ __forceinline__ uint2 e2m1x8_to_e4m3(uint32_t w) {
   return make_uint2(mag_lo | (sign_lo & 0x80808080u), mag_hi | (sign_hi & 0x80808080u));
 }
 
-/// UE8M0 code -> 2^(code-127) (codes 1..254; 0 gives 2^-127; weights never hold 255).
-__device__ __forceinline__ float ue8m0_value(uint32_t code) {
-  return code == 0 ? 0x1p-127f : __uint_as_float(code << 23);
+/// 8 packed E2M1 values (nibble i = element i) -> their e4m3 codes times 2^-6, split by parity:
+/// .x holds elements 0, 2, 4, 6 (byte i: element 2i), .y elements 1, 3, 5, 7. A magnitude's
+/// three bits at bits 2..4 of a byte are the e4m3 code of that magnitude times 2^-6 (0.5 becomes
+/// the subnormal 2^-7), and its sign goes to bit 7: two shifts and masks per parity, no table.
+/// Exact; the 2^6 comes back once per summation chunk (fp4_unscale).
+__host__ __device__ __forceinline__ uint2 e2m1x8_to_e4m3_scaled(uint32_t w) {
+  const uint32_t even = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
+  const uint32_t odd = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+  return make_uint2(even, odd);
 }
+
+/// What sums of products of e2m1x8_to_e4m3_scaled's codes are multiplied by to undo its 2^-6.
+constexpr float fp4_unscale = 64.0f;
+
+/// The 8 x codes of a thread's K piece (element i in byte i of .x for i < 4, of .y for i >= 4)
+/// in e2m1x8_to_e4m3_scaled's order: elements 0, 2, 4, 6, then 1, 3, 5, 7, so that the mma's k
+/// slots pair each weight with its own x.
+__host__ __device__ __forceinline__ uint2 fp4_x_order(uint2 v) {
+  return make_uint2(prmt(v.x, v.y, 0x6420u), prmt(v.x, v.y, 0x7531u));
+}
+
+/// UE8M0 code -> 2^(code-127) (codes 1..254; 0 gives 2^-127, the subnormal 0x00400000; weights
+/// never hold 255): a shift and a max, no branch.
+__device__ __forceinline__ float ue8m0_value(uint32_t code) { return __uint_as_float(max(code << 23, 0x00400000u)); }
 
 /// cp.async of 16 bytes (zero-filled when !valid).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
