@@ -584,26 +584,31 @@ constexpr int route_gemv_max_rows = 64;
 __device__ __forceinline__ float softplus_fast(float x) { return x > 20.0f ? x : log1p_f(exp_f(x)); }
 
 /// grid ceil(m / 8): warp w of block x picks the experts of row 8 x + w from its gate logits
-/// s [m, n], which it turns into scores sqrt(softplus(.)) in place first.
+/// s [m, n], which it turns into scores sqrt(softplus(.)) first (in registers, and in place past
+/// the first 128).
 __global__ void __launch_bounds__(route_warps * 32)
     route_pick_kernel(float* s, int m, int n, const float* bias, int topk, float route_scale, int32_t* sel,
                       float* weights) {
-  cuda::detail::dependent_start();
+  // the first cached_q * 32 experts' scores stay in registers over the rounds, and the picked
+  // scores in shared memory: each round and the weights wait on no load (64 experts: none);
+  // their biases (weights, which no kernel writes) are loaded before the wait
+  constexpr int cached_q = 4;
   const int lane = threadIdx.x & 31, r = blockIdx.x * route_warps + int(threadIdx.x / 32);
+  float bias_c[cached_q];
+#pragma unroll
+  for (int q = 0; q < cached_q; ++q) bias_c[q] = lane + 32 * q < n ? bias[lane + 32 * q] : 0.0f;
+  cuda::detail::dependent_start();
   if (r >= m) return;  // r is uniform across the warp
   float* sr = s + size_t(r) * n;
-  for (int x = lane; x < n; x += 32) sr[x] = sqrtf(softplus_fast(sr[x]));
-  __syncwarp();
-  // the first cached_q * 32 experts' scores stay in registers over the rounds, and the picked
-  // scores in shared memory: each round and the weights wait on no load (64 experts: none)
-  constexpr int cached_q = 4;
   float raw[cached_q], biased[cached_q];
 #pragma unroll
   for (int q = 0; q < cached_q; ++q) {
     const int x = lane + 32 * q;
-    raw[q] = x < n ? sr[x] : 0.0f;
-    biased[q] = x < n ? raw[q] + bias[x] : 0.0f;
+    raw[q] = x < n ? sqrtf(softplus_fast(sr[x])) : 0.0f;
+    biased[q] = x < n ? raw[q] + bias_c[q] : 0.0f;
   }
+  for (int x = lane + 32 * cached_q; x < n; x += 32) sr[x] = sqrtf(softplus_fast(sr[x]));  // past the cached
+  __syncwarp();
   __shared__ float picked[route_warps][16];
   float* picked_r = picked[threadIdx.x / 32];
   uint32_t taken = 0;  // lane-local bit q: expert lane + 32 q was taken (n <= 1024)

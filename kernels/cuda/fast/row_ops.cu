@@ -17,6 +17,7 @@ using cuda::detail::rope_table;
 
 constexpr int finish_threads = 256;
 constexpr int finish_max_dim = 8192;  ///< the row lives in shared memory (32 KB)
+constexpr int finish_per_thread = finish_max_dim / finish_threads;
 
 /// Heads of row_finish::rotate a block rotates.
 constexpr int rotate_heads_per_block = 8;
@@ -27,12 +28,30 @@ constexpr int rotate_heads_per_block = 8;
 /// table, not read here: its frequencies come in t, its rope_dim as rope_dim.
 __global__ void __launch_bounds__(finish_threads)
     finish_kernel(const float* x, int d, row_finish a, int rope_dim, rope_table t, float* y) {
-  cuda::detail::dependent_start();
   extern __shared__ float row[];
   __shared__ float cos_s[cuda::detail::max_rope_half], sin_s[cuda::detail::max_rope_half];
   __shared__ float inv_rms;
   const int r = blockIdx.x, tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = finish_threads / 32;
   const int half = rope_dim / 2;
+  // the row chain's values a thread holds, positions tid + k finish_threads: the norm weight
+  // (no kernel writes it) loaded before the wait, x right after it and before the RoPE angles,
+  // so that the block waits one memory latency for each, not one per position
+  const bool chain = blockIdx.y == 0;
+  float xv[finish_per_thread], wv[finish_per_thread];
+  if (chain && a.norm_w)
+#pragma unroll
+    for (int k = 0; k < finish_per_thread; ++k) {
+      const int i = tid + k * finish_threads;
+      wv[k] = i < d ? a.norm_w[i] : 0.0f;
+    }
+  cuda::detail::dependent_start();
+  const float* xr = x + size_t(r) * d;
+  if (chain)
+#pragma unroll
+    for (int k = 0; k < finish_per_thread; ++k) {
+      const int i = tid + k * finish_threads;
+      xv[k] = i < d ? xr[i] : 0.0f;
+    }
   if (a.positions)
     for (int i = tid; i < half; i += finish_threads) {
       cuda::detail::rope_cos_sin(double(a.positions[r]), t.freqs[i], false, cos_s[i], sin_s[i]);
@@ -64,8 +83,9 @@ __global__ void __launch_bounds__(finish_threads)
     }
     return;
   }
-  const float* xr = x + size_t(r) * d;
-  for (int i = tid; i < d; i += finish_threads) row[i] = xr[i];
+#pragma unroll
+  for (int k = 0; k < finish_per_thread; ++k)
+    if (tid + k * finish_threads < d) row[tid + k * finish_threads] = xv[k];
   __syncthreads();
   if (a.norm_w) {  // cuda::rmsnorm: the sum of squares by one warp in dot_order
     if (warp == 0) {
@@ -74,7 +94,9 @@ __global__ void __launch_bounds__(finish_threads)
     }
     __syncthreads();
     const float inv = inv_rms;
-    for (int i = tid; i < d; i += finish_threads) row[i] = (row[i] * inv) * a.norm_w[i];
+#pragma unroll
+    for (int k = 0; k < finish_per_thread; ++k)
+      if (tid + k * finish_threads < d) row[tid + k * finish_threads] = (xv[k] * inv) * wv[k];
     __syncthreads();
   }
   if (a.positions) {  // cuda::rope of one head of d, the last rope_dim values
