@@ -17,7 +17,6 @@ using cuda::detail::rope_table;
 
 constexpr int finish_threads = 256;
 constexpr int finish_max_dim = 8192;  ///< the row lives in shared memory (32 KB)
-constexpr int finish_per_thread = finish_max_dim / finish_threads;
 
 /// Heads of row_finish::rotate a block rotates.
 constexpr int rotate_heads_per_block = 8;
@@ -25,7 +24,10 @@ constexpr int rotate_heads_per_block = 8;
 /// grid (m, 1 + ceil(rotate_heads / 8)), finish_threads threads, d floats of dynamic shared
 /// memory: block (r, 0) runs row r's chain, block (r, y > 0) rotates heads [8 (y - 1), +8) of
 /// row r of a.rotate (cuda::rope's rope_kernel, the same cos and sin). a.rope is the host's
-/// table, not read here: its frequencies come in t, its rope_dim as rope_dim.
+/// table, not read here: its frequencies come in t, its rope_dim as rope_dim. VPT: positions a
+/// thread holds (d <= VPT finish_threads), as few as the row needs: every block of the launch
+/// takes the registers, and a prefill launches one per row.
+template <int VPT>
 __global__ void __launch_bounds__(finish_threads)
     finish_kernel(const float* x, int d, row_finish a, int rope_dim, rope_table t, float* y) {
   extern __shared__ float row[];
@@ -37,10 +39,10 @@ __global__ void __launch_bounds__(finish_threads)
   // (no kernel writes it) loaded before the wait, x right after it and before the RoPE angles,
   // so that the block waits one memory latency for each, not one per position
   const bool chain = blockIdx.y == 0;
-  float xv[finish_per_thread], wv[finish_per_thread];
+  float xv[VPT], wv[VPT];
   if (chain && a.norm_w)
 #pragma unroll
-    for (int k = 0; k < finish_per_thread; ++k) {
+    for (int k = 0; k < VPT; ++k) {
       const int i = tid + k * finish_threads;
       wv[k] = i < d ? a.norm_w[i] : 0.0f;
     }
@@ -48,7 +50,7 @@ __global__ void __launch_bounds__(finish_threads)
   const float* xr = x + size_t(r) * d;
   if (chain)
 #pragma unroll
-    for (int k = 0; k < finish_per_thread; ++k) {
+    for (int k = 0; k < VPT; ++k) {
       const int i = tid + k * finish_threads;
       xv[k] = i < d ? xr[i] : 0.0f;
     }
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(finish_threads)
     return;
   }
 #pragma unroll
-  for (int k = 0; k < finish_per_thread; ++k)
+  for (int k = 0; k < VPT; ++k)
     if (tid + k * finish_threads < d) row[tid + k * finish_threads] = xv[k];
   __syncthreads();
   if (a.norm_w) {  // cuda::rmsnorm: the sum of squares by one warp in dot_order
@@ -95,7 +97,7 @@ __global__ void __launch_bounds__(finish_threads)
     __syncthreads();
     const float inv = inv_rms;
 #pragma unroll
-    for (int k = 0; k < finish_per_thread; ++k)
+    for (int k = 0; k < VPT; ++k)
       if (tid + k * finish_threads < d) row[tid + k * finish_threads] = (xv[k] * inv) * wv[k];
     __syncthreads();
   }
@@ -147,8 +149,15 @@ void finish_rows(const float* x, int m, int d, const row_finish& f, float* y) {
     cuda::detail::rope_frequencies(*f.rope, t.freqs);
   }
   const int rotate_blocks = f.rotate ? (f.rotate_heads + rotate_heads_per_block - 1) / rotate_heads_per_block : 0;
-  cuda::detail::launch_dependent(finish_kernel, dim3(unsigned(m), unsigned(1 + rotate_blocks)), dim3(finish_threads),
-                                 sizeof(float) * d, x, d, f, rope_dim, t, y);
+  const dim3 grid(unsigned(m), unsigned(1 + rotate_blocks));
+  const std::size_t smem = sizeof(float) * d;
+  if (d <= 2 * finish_threads)
+    cuda::detail::launch_dependent(finish_kernel<2>, grid, dim3(finish_threads), smem, x, d, f, rope_dim, t, y);
+  else if (d <= 8 * finish_threads)
+    cuda::detail::launch_dependent(finish_kernel<8>, grid, dim3(finish_threads), smem, x, d, f, rope_dim, t, y);
+  else
+    cuda::detail::launch_dependent(finish_kernel<finish_max_dim / finish_threads>, grid, dim3(finish_threads), smem, x,
+                                   d, f, rope_dim, t, y);
 }
 
 }  // namespace cedar::cuda::fast
