@@ -145,7 +145,7 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t code) {
 
 __device__ __forceinline__ float ue8m0_to_f32(uint8_t code) {
   if (code == 255) return __int_as_float(0x7FC00000);
-  return ldexpf(1.0f, int(code) - 127);
+  return __uint_as_float(max(uint32_t(code) << 23, 0x00400000u));  // 2^(code - 127); code 0: 2^-127
 }
 
 __device__ __forceinline__ float e2m1_to_f32(uint8_t code) {
@@ -273,9 +273,7 @@ __device__ __forceinline__ uint4 fake_quant8_bf16(const float (&v)[8]) {
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-  const float s = fp8_group_scale(amax), inv = 1.0f / s;  // a power of two: v * inv == v / s
+  const float s = fp8_group_scale(group_amax_lanes<4>(amax)), inv = 1.0f / s;  // a power of two: v * inv == v / s
   uint32_t o[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {

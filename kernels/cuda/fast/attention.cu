@@ -59,11 +59,6 @@ __device__ __forceinline__ uint32_t bf16x2(float a, float b) {
 
 __device__ __forceinline__ float e4m3_value(uint8_t code) { return e4m3x2_to_f32(code).x; }
 
-__device__ __forceinline__ float ue8m0_value(uint8_t code) {
-  if (code == 255) return __int_as_float(0x7FC00000);
-  return code == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(uint32_t(code) << 23);
-}
-
 /// 8 e4m3 codes (bytes of lo, then hi) times s, as 8 bf16 (exact: at most 4 significant bits
 /// times a power of two, or 2 bits times an e4m3 scale).
 __device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, float s) {
@@ -82,14 +77,14 @@ __device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
 /// Values d .. d+7 of an FP8 record (codes [dim], then a UE8M0 scale per 32).
 __device__ __forceinline__ uint4 fp8_record8(const uint8_t* rec, int dim, int d) {
   const uint32_t lo = load_u32(rec + d), hi = load_u32(rec + d + 4);
-  return dequant8(lo, hi, ue8m0_value(rec[dim + d / 32]));
+  return dequant8(lo, hi, cuda::detail::ue8m0_to_f32(rec[dim + d / 32]));
 }
 
 /// Values d .. d+7 of an FP4 index-key record (packed E2M1 [dim / 2], then a UE8M0 scale per 32;
 /// the latents' records, an E4M3 scale per 16, go through load_record32 below).
 __device__ __forceinline__ uint4 fp4_key8(const uint8_t* rec, int dim, int d) {
   const uint32_t w = load_u32(rec + d / 2);
-  const float s = ue8m0_value(rec[dim / 2 + d / 32]);
+  const float s = cuda::detail::ue8m0_to_f32(rec[dim / 2 + d / 32]);
   const uint2 e = detail::e2m1x8_to_e4m3(w);
   return dequant8(e.x, e.y, s);
 }
@@ -134,7 +129,7 @@ __device__ __forceinline__ void dequant_record32(const record32& r, uint4* out) 
       out[i] = dequant8(e.x, e.y, i < 2 ? s0 : s1);
     }
   } else {
-    const float s = ue8m0_value(uint8_t(r.scale));
+    const float s = cuda::detail::ue8m0_to_f32(uint8_t(r.scale));
     out[0] = dequant8(r.a.x, r.a.y, s), out[1] = dequant8(r.a.z, r.a.w, s);
     out[2] = dequant8(r.b.x, r.b.y, s), out[3] = dequant8(r.b.z, r.b.w, s);
   }

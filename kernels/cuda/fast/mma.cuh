@@ -75,7 +75,7 @@ __host__ __device__ __forceinline__ uint2 fp4_x_order(uint2 v) {
 }
 
 /// UE8M0 code -> 2^(code-127) (codes 1..254; 0 gives 2^-127, the subnormal 0x00400000; weights
-/// never hold 255): a shift and a max, no branch.
+/// never hold 255): cuda::detail::ue8m0_to_f32 without its NaN check, a shift and a max.
 __device__ __forceinline__ float ue8m0_value(uint32_t code) { return __uint_as_float(max(code << 23, 0x00400000u)); }
 
 /// cp.async of 16 bytes (zero-filled when !valid).

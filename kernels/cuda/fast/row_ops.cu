@@ -149,15 +149,13 @@ void finish_rows(const float* x, int m, int d, const row_finish& f, float* y) {
     cuda::detail::rope_frequencies(*f.rope, t.freqs);
   }
   const int rotate_blocks = f.rotate ? (f.rotate_heads + rotate_heads_per_block - 1) / rotate_heads_per_block : 0;
-  const dim3 grid(unsigned(m), unsigned(1 + rotate_blocks));
-  const std::size_t smem = sizeof(float) * d;
-  if (d <= 2 * finish_threads)
-    cuda::detail::launch_dependent(finish_kernel<2>, grid, dim3(finish_threads), smem, x, d, f, rope_dim, t, y);
-  else if (d <= 8 * finish_threads)
-    cuda::detail::launch_dependent(finish_kernel<8>, grid, dim3(finish_threads), smem, x, d, f, rope_dim, t, y);
-  else
-    cuda::detail::launch_dependent(finish_kernel<finish_max_dim / finish_threads>, grid, dim3(finish_threads), smem, x,
-                                   d, f, rope_dim, t, y);
+  const auto launch = [&](auto kernel) {
+    cuda::detail::launch_dependent(kernel, dim3(unsigned(m), unsigned(1 + rotate_blocks)), dim3(finish_threads),
+                                   sizeof(float) * d, x, d, f, rope_dim, t, y);
+  };
+  if (d <= 2 * finish_threads) launch(finish_kernel<2>);
+  else if (d <= 8 * finish_threads) launch(finish_kernel<8>);
+  else launch(finish_kernel<finish_max_dim / finish_threads>);
 }
 
 }  // namespace cedar::cuda::fast
