@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -100,6 +101,24 @@ bool gpu_model::impl::fast_attention() const {
   const char* env = std::getenv("CEDAR_GPU_FAST_ATTENTION");  // "0": the exact per-item path (A/B)
   return !(env && std::string(env) == "0");
 }
+
+namespace {
+
+int attention_kernel_choice() {
+  // $CEDAR_GPU_ATTENTION_KERNEL: per16 or all_heads forces that kernel (A/B runs); else automatic
+  static const int choice = [] {
+    const char* env = std::getenv("CEDAR_GPU_ATTENTION_KERNEL");
+    const std::string v = env ? env : "";
+    if (v == "per16") return int(fast::attention_per16);
+    if (v == "all_heads") return int(fast::attention_all_heads);
+    if (!v.empty() && v != "auto")
+      std::fprintf(stderr, "cedar: CEDAR_GPU_ATTENTION_KERNEL='%s' is not per16, all_heads or auto; ignored\n", env);
+    return int(fast::attention_auto);
+  }();
+  return choice;
+}
+
+}  // namespace
 
 fast_attention_state& gpu_model::impl::fast_state(gbatch& b) const {
   if (!b.fast) {
@@ -314,6 +333,7 @@ void gpu_model::impl::attend_fast(int l, gbatch& b, const attn_rows& in, float* 
   if (!in.kv_records) cuda::pack_fp8_rows(in.kv, n, dh, packed.get());
   p.kv_records = in.kv_records ? in.kv_records : packed.get();
   p.store_ring = true;
+  p.variant = attention_kernel_choice();
   fast::sparse_attention(p, items, in.rope_cs, rope[l].rope_dim);  // o rotated back when rope_cs
 }
 

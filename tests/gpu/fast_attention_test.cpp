@@ -3,7 +3,8 @@
 // - sparse attention: several items of different lengths in one launch (decode rows, prefill
 //   chunks, a raised window floor, rows with fewer top-k entries than K, a dominant sink), both
 //   KV dtypes, the real shape (64 x 512, W 128, K 512) and the tiny one; outputs poisoned first;
-//   max |o - o_cpu| <= 1e-4 of the largest |o_cpu|.
+//   max |o - o_cpu| <= 1e-4 of the largest |o_cpu|; the automatic kernel choice, then each
+//   kernel (16 heads a block; all 64 heads on wgmma, on sm_90a devices) forced.
 // - indexer: scores within 1e-5 of the row's largest |score| (-inf past each row's visible
 //   count), and top-k equal to the CPU's except where the CPU's own scores tie within that error.
 // - the GPU model with the fast kernel set on the mixed batch of model_test.cpp: logits within
@@ -192,7 +193,7 @@ void cpu_attention(const synthetic_kv& s, int item, int row0, int heads, int K, 
                         sink.data(), scale, out.data() + std::size_t(row0) * heads * dh);
 }
 
-void attention_case(const std::string& name, int dh, int heads, int W, int K, int ratio, fast::kv_format format,
+void attention_case(const std::string& base, int dh, int heads, int W, int K, int ratio, fast::kv_format format,
                     const std::vector<test_item>& items, uint64_t seed) {
   std::mt19937_64 rng(seed);
   synthetic_kv s(dh, 32, ratio, W, format, items, rng);
@@ -222,43 +223,50 @@ void attention_case(const std::string& name, int dh, int heads, int W, int K, in
 
   dev<float> d_q(q), d_kv(kv), d_sink(sink), d_out(std::size_t(rows) * heads * dh);
   dev<int32_t> d_topk(topk);
-  fast::sparse_attention_params p;
-  p.q = d_q.get(), p.kv = d_kv.get(), p.topk = K > 0 ? d_topk.get() : nullptr, p.sink = d_sink.get();
-  p.out = d_out.get();
-  p.rows = rows, p.heads = heads, p.dim = dh, p.window = W, p.topk_k = K, p.layer = ring_layer;
-  p.ring_record_bytes = s.ring_record, p.scale = scale, p.format = format, p.source = s.source;
-  fast::sparse_attention(p, s.view());
-  const auto got = d_out.host();
-  check_close(name, got.data(), ref.data(), got.size(), 1e-4);
-  // the window's fresh rows as the ring's FP8 records (as the model passes them): the same values,
-  // so the same bits
-  dev<uint8_t> d_rec(std::size_t(rows) * s.ring_record);
-  cuda::pack_fp8_rows(d_kv.get(), rows, dh, d_rec.get());
-  cuda::fill_bytes(d_out.get(), 0xFF, sizeof(float) * got.size());
-  p.kv = nullptr, p.kv_records = d_rec.get();
-  fast::sparse_attention(p, s.view());
-  const auto packed = d_out.host();
-  CHECK_MESSAGE(std::memcmp(packed.data(), got.data(), sizeof(float) * got.size()) == 0, name,
-                ": fresh rows from records give the fp32 rows' bits");
-  // the output rotated back by sparse_attention (rope_cs, in the combine pass or a pass of its
-  // own) against the separate inverse RoPE: the same bits, with one split and with several
-  cpu::rope_params rp;
-  rp.rope_dim = dh >= 128 ? 64 : 16, rp.yarn = true;
-  std::vector<int32_t> pos;
-  for (const test_item& it : items)
-    for (int t = 0; t < it.num_rows; ++t) pos.push_back(int32_t(it.first_pos + t));
-  dev<int32_t> d_pos(pos);
-  dev<float> d_apart(got);
-  cuda::rope(d_apart.get(), rows, heads, dh, d_pos.get(), rp, true);
-  // the rows' cos and sin as the model gets them: from finish_rows' RoPE of the kv rows
-  dev<float> d_cs(std::size_t(rows) * rp.rope_dim), d_scratch(kv);
-  fast::row_finish f;
-  f.positions = d_pos.get(), f.rope = &rp, f.rope_cs = d_cs.get();
-  fast::finish_rows(d_scratch.get(), rows, dh, f, d_scratch.get());
-  cuda::fill_bytes(d_out.get(), 0xFF, sizeof(float) * got.size());
-  fast::sparse_attention(p, s.view(), d_cs.get(), rp.rope_dim);
-  CHECK_MESSAGE(op_reference::same_bits(d_out.host().data(), d_apart.host().data(), got.size()), name,
-                ": the output rotated back in sparse_attention gives the separate RoPE's bits");
+  // the automatic choice, then each kernel forced where this device runs it
+  for (const auto& [vname, variant] : {std::pair<const char*, int>{"auto", fast::attention_auto},
+                                       {"per16", fast::attention_per16}, {"all_heads", fast::attention_all_heads}}) {
+    fast::sparse_attention_params p;
+    p.q = d_q.get(), p.kv = d_kv.get(), p.topk = K > 0 ? d_topk.get() : nullptr, p.sink = d_sink.get();
+    p.out = d_out.get();
+    p.rows = rows, p.heads = heads, p.dim = dh, p.window = W, p.topk_k = K, p.layer = ring_layer;
+    p.ring_record_bytes = s.ring_record, p.scale = scale, p.format = format, p.source = s.source;
+    p.variant = variant;
+    if (!fast::attention_variant_available(p, variant)) continue;
+    const std::string name = base + " [" + vname + "]";
+    fast::sparse_attention(p, s.view());
+    const auto got = d_out.host();
+    check_close(name, got.data(), ref.data(), got.size(), 1e-4);
+    // the window's fresh rows as the ring's FP8 records (as the model passes them): the same values,
+    // so the same bits
+    dev<uint8_t> d_rec(std::size_t(rows) * s.ring_record);
+    cuda::pack_fp8_rows(d_kv.get(), rows, dh, d_rec.get());
+    cuda::fill_bytes(d_out.get(), 0xFF, sizeof(float) * got.size());
+    p.kv = nullptr, p.kv_records = d_rec.get();
+    fast::sparse_attention(p, s.view());
+    const auto packed = d_out.host();
+    CHECK_MESSAGE(std::memcmp(packed.data(), got.data(), sizeof(float) * got.size()) == 0, name,
+                  ": fresh rows from records give the fp32 rows' bits");
+    // the output rotated back by sparse_attention (rope_cs, in the combine pass or a pass of its
+    // own) against the separate inverse RoPE: the same bits, with one split and with several
+    cpu::rope_params rp;
+    rp.rope_dim = dh >= 128 ? 64 : 16, rp.yarn = true;
+    std::vector<int32_t> pos;
+    for (const test_item& it : items)
+      for (int t = 0; t < it.num_rows; ++t) pos.push_back(int32_t(it.first_pos + t));
+    dev<int32_t> d_pos(pos);
+    dev<float> d_apart(got);
+    cuda::rope(d_apart.get(), rows, heads, dh, d_pos.get(), rp, true);
+    // the rows' cos and sin as the model gets them: from finish_rows' RoPE of the kv rows
+    dev<float> d_cs(std::size_t(rows) * rp.rope_dim), d_scratch(kv);
+    fast::row_finish f;
+    f.positions = d_pos.get(), f.rope = &rp, f.rope_cs = d_cs.get();
+    fast::finish_rows(d_scratch.get(), rows, dh, f, d_scratch.get());
+    cuda::fill_bytes(d_out.get(), 0xFF, sizeof(float) * got.size());
+    fast::sparse_attention(p, s.view(), d_cs.get(), rp.rope_dim);
+    CHECK_MESSAGE(op_reference::same_bits(d_out.host().data(), d_apart.host().data(), got.size()), name,
+                  ": the output rotated back in sparse_attention gives the separate RoPE's bits");
+  }
 }
 
 }  // namespace
@@ -279,6 +287,8 @@ TEST_CASE("fast attention: fused sparse attention equals the CPU op within 1e-4 
   attention_case("attention 64x512 one decode row", 512, 64, 128, 512, 1, fast::kv_format::fp4, {{8191, 1, 0}}, 15);
   // enough rows for one split (each block row its own output, no combine)
   attention_case("attention 64x512 prefill of 80 rows", 512, 64, 128, 512, 2, fast::kv_format::fp4, {{100, 80, 0}}, 16);
+  // past attention_rows_min: the automatic choice takes the all-heads kernel where it runs
+  attention_case("attention 64x512 prefill of 160 rows", 512, 64, 128, 512, 2, fast::kv_format::fp8, {{300, 160, 0}}, 17);
 }
 
 namespace {

@@ -1,7 +1,8 @@
 // The attention cases of `cedar kernel-lab` (kernel_lab.hpp): decode at 8K context with the
 // V4.1-Flash shapes (64 x 512 heads, window 128, top-512 of the 4096 entries of a ratio-2 source,
-// indexer 32 x 128), batch 1, 64 and 256, global KV records in FP4 and FP8. The fused kernels
-// (kernels/cuda/fast/attention.hpp: records read through page tables) against the exact path
+// indexer 32 x 128), batch 1, 64, 256 and 1024, global KV records in FP4 and FP8. The fused
+// kernels (kernels/cuda/fast/attention.hpp: records read through page tables; the automatic
+// choice, and from 64 rows each kernel forced) against the exact path
 // (load_records of every visible entry, then the exact ops, one item at a time, record addresses
 // already on the device). The exact outputs are the CPU's bits, so the fused ones are checked
 // against them; bytes are what a call must move (KV records read, q and o, top-k).
@@ -39,6 +40,7 @@ struct decode_batch {
   std::unique_ptr<dbuf<int32_t>> row_item, row_begin, row_end, page_begin, topk;
   std::unique_ptr<dbuf<int64_t>> first_pos, floor;
   std::unique_ptr<dbuf<float>> q, kv, sink, iq, iw;
+  std::unique_ptr<dbuf<uint8_t>> kv_rec;
 
   decode_batch(int b, fast::kv_format f, std::mt19937_64& rng) : batch(b), format(f) {
     const bool fp8 = f == fast::kv_format::fp8;
@@ -109,6 +111,8 @@ struct decode_batch {
     for (float& v : hs) v = 2.0f * u(rng);
     q = std::make_unique<dbuf<float>>(hq);
     kv = std::make_unique<dbuf<float>>(hkv);
+    kv_rec = std::make_unique<dbuf<uint8_t>>(std::size_t(b) * fmt::fp8_record_bytes(dim));
+    cuda::pack_fp8_rows(kv->p, b, dim, kv_rec->p);
     sink = std::make_unique<dbuf<float>>(hs);
     std::vector<float> hiq(std::size_t(b) * index_heads * index_dim), hiw(std::size_t(b) * index_heads);
     for (float& v : hiq) v = 2.0f * u(rng);
@@ -129,9 +133,10 @@ struct decode_batch {
     return {row_item->p, row_begin->p, row_end->p, first_pos->p, floor->p, rings->p, pages->p, page_begin->p};
   }
 
-  fast::sparse_attention_params attention(float* out) const {
+  /// The model's call: the fresh rows as the ring's FP8 records (kv_records; the same values).
+  fast::sparse_attention_params attention(float* out, int variant = fast::attention_auto) const {
     fast::sparse_attention_params p;
-    p.q = q->p, p.kv = kv->p, p.topk = topk->p, p.sink = sink->p, p.out = out;
+    p.q = q->p, p.kv_records = kv_rec->p, p.topk = topk->p, p.sink = sink->p, p.out = out, p.variant = variant;
     p.rows = batch, p.heads = heads, p.dim = dim, p.window = window, p.topk_k = topk_k, p.layer = 0;
     p.ring_record_bytes = fmt::fp8_record_bytes(dim), p.scale = 1.0f / std::sqrt(float(dim));
     p.format = format, p.source = source;
@@ -226,10 +231,10 @@ lab_case make_case(const char* op, const char* variant, fast::kv_format f, int b
 std::vector<lab_case> run_attention_cases(bool quick) {
   std::vector<lab_case> cases;
   std::mt19937_64 rng(2026);
-  const int batches[] = {1, 64, 256};
+  const int batches[] = {1, 64, 256, 1024};
   for (fast::kv_format f : {fast::kv_format::fp4, fast::kv_format::fp8}) {
     for (int batch : batches) {
-      if (quick && batch == 64) continue;
+      if (quick && (batch == 64 || batch == 1024)) continue;
       decode_batch b(batch, f, rng);
       exact_path ex(b);
       const fast::kv_items items = b.items();
@@ -242,18 +247,31 @@ std::vector<lab_case> run_attention_cases(bool quick) {
       // attention: per row the top-512 latents, 127 ring records, the fresh row, q in, o out, top-k
       const double row_bytes = double(topk_k) * b.source.latent_bytes + double(window - 1) * fmt::fp8_record_bytes(dim) +
                                4.0 * dim + 2.0 * 4.0 * heads * dim + 4.0 * topk_k;
-      lab_case fa = make_case("attention", "fused", f, batch, row_bytes * batch, 4.0 * heads * dim * (window + topk_k) * batch);
-      lab_case ea = fa;
-      ea.variant = "exact";
-      const auto run_fast = [&](int) { fast::sparse_attention(b.attention(out_fast.p), items); };
-      run_fast(0);
+      // the automatic choice ("fused"), then each kernel forced where it runs ("per16", "all_heads")
+      const double flops = 4.0 * heads * dim * (window + topk_k) * batch;
       ex.attention(out_exact.p);
-      fa.checked = true;
-      fa.max_err_ratio = max_rel_err(out_fast.host(), out_exact.host());
-      fa.pass = fa.max_err_ratio <= 1e-4;
-      fa.eager_us = 1e3 * fast::time_ms(run_fast, 3, 20);
-      fa.time_us = 1e3 * fast::graph_time_ms(run_fast, 20);
+      const auto exact_out = out_exact.host();
+      lab_case ea = make_case("attention", "exact", f, batch, row_bytes * batch, flops);
       ea.eager_us = ea.time_us = 1e3 * fast::time_ms([&](int) { ex.attention(out_exact.p); }, 1, 2);
+      const std::pair<const char*, int> variants[] = {
+          {"fused", fast::attention_auto}, {"per16", fast::attention_per16}, {"all_heads", fast::attention_all_heads}};
+      std::vector<lab_case> fused;
+      for (const auto& [name, variant] : variants) {
+        if (!fast::attention_variant_available(b.attention(out_fast.p), variant)) continue;
+        if (variant != fast::attention_auto && batch < 64) continue;  // decode: the automatic choice only
+        lab_case fa = make_case("attention", name, f, batch, row_bytes * batch, flops);
+        const auto run_fast = [&](int) { fast::sparse_attention(b.attention(out_fast.p, variant), items); };
+        cuda::fill_bytes(out_fast.p, 0xFF, out_n * sizeof(float));
+        run_fast(0);
+        fa.checked = true;
+        fa.max_err_ratio = max_rel_err(out_fast.host(), exact_out);
+        fa.pass = fa.max_err_ratio <= 1e-4;
+        fa.eager_us = 1e3 * fast::time_ms(run_fast, 3, 20);
+        fa.time_us = 1e3 * fast::graph_time_ms(run_fast, 20);
+        std::printf("attention %s batch %d %s: max rel err %.2e, %.1f us\n", fa.shape.c_str(), batch, name,
+                    fa.max_err_ratio, fa.time_us);
+        fused.push_back(fa);
+      }
 
       // indexer: per row 4096 index keys, q and head weights in, top-k out
       const double irow = double(entries) * b.source.key_bytes + 4.0 * index_heads * (index_dim + 1) + 4.0 * topk_k;
@@ -277,9 +295,9 @@ std::vector<lab_case> run_attention_cases(bool quick) {
       fi.eager_us = 1e3 * fast::time_ms(run_index, 3, 20);
       fi.time_us = 1e3 * fast::graph_time_ms(run_index, 20);
       ei.eager_us = ei.time_us = 1e3 * fast::time_ms([&](int) { ex.indexer(topk_exact.p); }, 1, 2);
-      std::printf("attention %s batch %d: fused vs exact max rel err %.2e; indexer top-k rows identical %d/%d\n",
-                  fa.shape.c_str(), batch, fa.max_err_ratio, same_rows, batch);
-      for (lab_case* c : {&fa, &ea, &fi, &ei}) cases.push_back(*c);
+      std::printf("indexer %s batch %d: top-k rows identical %d/%d\n", fi.shape.c_str(), batch, same_rows, batch);
+      for (const lab_case& c : fused) cases.push_back(c);
+      for (lab_case* c : {&ea, &fi, &ei}) cases.push_back(*c);
     }
   }
   return cases;

@@ -6,7 +6,7 @@
 // slice of the dims. Per chunk of 64 candidates: gather + dequant the chunk [64, dim] into smem,
 // S = Q K^T (each warp its dims' share for all candidates, q fragments in registers, shares summed
 // in warp order), online softmax (16 threads per head), O = O alpha + P V (each warp its dims).
-// q and P are split into three bf16 terms (hi + mid + lo). With more than one split the partial
+// q and P are split into two bf16 terms (hi + lo). With more than one split the partial
 // (O, max, sum) go to scratch and a second kernel combines them with the sink.
 // Indexer: one block per (row, 256 or 1024 keys): q [heads, dim] (exact in bf16) times 256-key
 // tiles, 8 warps of 32 keys.
@@ -18,17 +18,17 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fast/attention.hpp"
+#include "kernels/cuda/fast/attention_records.cuh"
+#include "kernels/cuda/fast/attention_wg.hpp"
 #include "kernels/cuda/fast/mma.cuh"
 
 namespace cedar::cuda::fast {
 namespace {
 
-using cuda::detail::e4m3x2_to_f32;
+using namespace attn;
 using cuda::detail::num_sms;
 using cuda::detail::scratch;
 using cuda::detail::stream;
-
-constexpr float neg_inf = -__builtin_huge_valf();
 
 // ---- tensor-core and format helpers ------------------------------------------------------
 
@@ -51,29 +51,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* sme
 
 __device__ __forceinline__ uint32_t ld32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-/// Two floats as bf16 (round to nearest), the first in the low half.
-__device__ __forceinline__ uint32_t bf16x2(float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float e4m3_value(uint8_t code) { return e4m3x2_to_f32(code).x; }
-
-/// 8 e4m3 codes (bytes of lo, then hi) times s, as 8 bf16 (exact: at most 4 significant bits
-/// times a power of two, or 2 bits times an e4m3 scale).
-__device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, float s) {
-  const float2 a = e4m3x2_to_f32(lo), b = e4m3x2_to_f32(lo >> 16);
-  const float2 c = e4m3x2_to_f32(hi), d = e4m3x2_to_f32(hi >> 16);
-  return make_uint4(bf16x2(a.x * s, a.y * s), bf16x2(b.x * s, b.y * s), bf16x2(c.x * s, c.y * s),
-                    bf16x2(d.x * s, d.y * s));
-}
-
-/// 4 bytes of a record (records of small dims, 66 or 17 bytes, are not 4-byte aligned).
-__device__ __forceinline__ uint32_t load_u32(const uint8_t* p) {
-  if ((reinterpret_cast<uintptr_t>(p) & 3) == 0) return *reinterpret_cast<const uint32_t*>(p);
-  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
-}
-
 /// Values d .. d+7 of an FP8 record (codes [dim], then a UE8M0 scale per 32).
 __device__ __forceinline__ uint4 fp8_record8(const uint8_t* rec, int dim, int d) {
   const uint32_t lo = load_u32(rec + d), hi = load_u32(rec + d + 4);
@@ -89,57 +66,6 @@ __device__ __forceinline__ uint4 fp4_key8(const uint8_t* rec, int dim, int d) {
   return dequant8(e.x, e.y, s);
 }
 
-/// 16 bytes of a record: one vector load when aligned (the real dims' records are), else words.
-__device__ __forceinline__ uint4 load_u128(const uint8_t* p) {
-  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) return *reinterpret_cast<const uint4*>(p);
-  return make_uint4(load_u32(p), load_u32(p + 4), load_u32(p + 8), load_u32(p + 12));
-}
-
-/// 32 values of a candidate, as loaded (codes and scale codes), before the dequantization.
-struct record32 {
-  uint4 a, b;      // FP8: codes 0..15 and 16..31; FP4: a holds the 32 packed E2M1 values
-  uint32_t scale;  // FP8: the UE8M0 code; FP4: the E4M3 codes of values 0..15 (low byte) and 16..31
-};
-
-/// Values d .. d+31 of an FP8 (codes [dim], a UE8M0 scale per 32) or FP4 (packed E2M1 [dim / 2],
-/// an E4M3 scale per 16) record. Loads only: the conversion waits for the data.
-template <bool FP4>
-__device__ __forceinline__ record32 load_record32(const uint8_t* rec, int dim, int d) {
-  record32 r;
-  if constexpr (FP4) {
-    r.a = load_u128(rec + d / 2), r.b = make_uint4(0, 0, 0, 0);
-    r.scale = uint32_t(rec[dim / 2 + d / 16]) | uint32_t(rec[dim / 2 + d / 16 + 1]) << 8;
-  } else {
-    r.a = load_u128(rec + d), r.b = load_u128(rec + d + 16);
-    r.scale = rec[dim + d / 32];
-  }
-  return r;
-}
-
-/// The 32 values of load_record32 as bf16 (exact) into out[0..3] (8 values each; shared memory),
-/// each stored as soon as it is converted.
-template <bool FP4>
-__device__ __forceinline__ void dequant_record32(const record32& r, uint4* out) {
-  if constexpr (FP4) {
-    const float s0 = e4m3_value(uint8_t(r.scale)), s1 = e4m3_value(uint8_t(r.scale >> 8));
-    const uint32_t w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint2 e = detail::e2m1x8_to_e4m3(w[i]);
-      out[i] = dequant8(e.x, e.y, i < 2 ? s0 : s1);
-    }
-  } else {
-    const float s = cuda::detail::ue8m0_to_f32(uint8_t(r.scale));
-    out[0] = dequant8(r.a.x, r.a.y, s), out[1] = dequant8(r.a.z, r.a.w, s);
-    out[2] = dequant8(r.b.x, r.b.y, s), out[3] = dequant8(r.b.z, r.b.w, s);
-  }
-}
-
-__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a < b ? b : a; }
-
-__device__ __forceinline__ int64_t row_position(const kv_items& it, int r, int item) {
-  return it.first_pos[item] + (r - it.row_begin[item]);
-}
 
 /// The ring store of a call's window rows: record r of rec [rows, rec_bytes] to slot pos mod W
 /// of `layer`, for the rows among their item's last W rows (rec == null: none). The attention's
@@ -168,11 +94,6 @@ __global__ void store_ring_kernel(ring_store rs) {
   rs.copy_row(blockIdx.x);
 }
 
-__device__ __forceinline__ const uint8_t* entry_record(const kv_items& it, int item, const kv_source_view& s,
-                                                       int64_t j, std::size_t offset, std::size_t bytes) {
-  const int64_t page = j / s.entries_per_page, in_page = j - page * s.entries_per_page;
-  return it.pages[it.page_begin[item] + page] + offset + std::size_t(in_page) * bytes;
-}
 
 // ---- sparse attention ------------------------------------------------------------------------
 
@@ -193,20 +114,7 @@ constexpr int chunk = 64;            // candidates per step
 template <int DIM>
 constexpr int attn_warps = DIM >= 256 ? 8 : 4;
 
-enum cand_kind : int { cand_none = 0, cand_fp8 = 1, cand_fp4 = 2, cand_fresh = 3 };
 
-/// (a, b) as three bf16 pairs hi + mid + lo (each residual is exact in fp32; 2^-27 of each value
-/// is left over).
-__device__ __forceinline__ void split3_bf16x2(float a, float b, uint32_t t[3]) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  const float2 hf = __bfloat1622float2(h);
-  const float ra = a - hf.x, rb = b - hf.y;
-  const __nv_bfloat162 m = __floats2bfloat162_rn(ra, rb);
-  const float2 mf = __bfloat1622float2(m);
-  t[0] = *reinterpret_cast<const uint32_t*>(&h);
-  t[1] = *reinterpret_cast<const uint32_t*>(&m);
-  t[2] = bf16x2(ra - mf.x, rb - mf.y);
-}
 
 /// Shared-memory plan of the attention kernel (bytes; bf16 rows padded by 8 so that the fragment
 /// loads of 8 rows x 4 words hit 32 distinct banks; score rows padded by 8 floats so that a
@@ -217,8 +125,8 @@ struct attn_smem {
   static constexpr int ld = DIM + 8, ld_p = chunk + 8, ld_s = chunk + 8;
   static constexpr std::size_t kv = 0;                                                        // bf16 [chunk, ld]
   static constexpr std::size_t s = kv + std::size_t(chunk) * ld * 2;                          // f32 [WARPS, 16, ld_s]
-  static constexpr std::size_t p = s + std::size_t(WARPS) * heads_per_block * ld_s * 4;        // bf16 [3, 16, ld_p]
-  static constexpr std::size_t stats = p + std::size_t(3) * heads_per_block * ld_p * 2;        // m, l, alpha
+  static constexpr std::size_t p = s + std::size_t(WARPS) * heads_per_block * ld_s * 4;        // bf16 [terms, 16, ld_p]
+  static constexpr std::size_t stats = p + std::size_t(terms) * heads_per_block * ld_p * 2;    // m, l, alpha
   static constexpr std::size_t cand = stats + 3 * heads_per_block * 4;
   static constexpr std::size_t kind = cand + chunk * sizeof(void*);
   static constexpr std::size_t bytes = kind + chunk * 4;
@@ -249,26 +157,21 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 
   const int r = blockIdx.x, h0 = blockIdx.y * heads_per_block, split = blockIdx.z, splits = gridDim.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
-  const int item = it.row_item[r];
-  const int64_t p0 = it.first_pos[item], pos = row_position(it, r, item);
-  const int rb = it.row_begin[item];
-  const int64_t lo = max64(it.window_floor[item], pos - (p.window - 1));
-  const int nw = int(max64(0, pos - lo + 1));
-  const int nc = nw + p.topk_k;  // slots: the window, then the top-k list
-  const int num_chunks = (nc + chunk - 1) / chunk;
+  const row_candidates rc(p, it, r);
+  const int num_chunks = (rc.nc + chunk - 1) / chunk;
   const int d_warp = warp * dims_per_warp;
 
   // q fragments of this warp's dims: [kstep][term][4], rows gid and gid + 8
-  uint32_t qf[ksteps][3][4];
+  uint32_t qf[ksteps][terms][4];
   for (int ks = 0; ks < ksteps; ++ks)
     for (int half = 0; half < 2; ++half)      // k and k + 8
       for (int row = 0; row < 2; ++row) {     // gid and gid + 8
         const int h = gid + row * 8, d = d_warp + ks * 16 + half * 8 + tig * 2;
         float2 v = make_float2(0.0f, 0.0f);
         if (h0 + h < p.heads) v = *reinterpret_cast<const float2*>(p.q + (std::size_t(r) * p.heads + h0 + h) * DIM + d);
-        uint32_t t[3];
-        split3_bf16x2(v.x, v.y, t);
-        for (int term = 0; term < 3; ++term) qf[ks][term][half * 2 + row] = t[term];
+        uint32_t t[terms];
+        split_terms(v.x, v.y, t);
+        for (int term = 0; term < terms; ++term) qf[ks][term][half * 2 + row] = t[term];
       }
   if (tid < heads_per_block) m_run[tid] = neg_inf, l_run[tid] = 0.0f;
   float o[tiles][4];
@@ -277,30 +180,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
   for (int ch = split; ch < num_chunks; ch += splits) {
     __syncthreads();  // the previous chunk is done with the tiles
     if (tid < chunk) {
-      const int v = ch * chunk + tid;
-      int kind = cand_none;
-      const uint8_t* ptr = nullptr;
-      if (v < nw) {
-        const int64_t ps = lo + v;
-        if (ps < p0) {
-          kind = cand_fp8;
-          ptr = it.rings[item] + (std::size_t(p.layer) * p.window + std::size_t(ps % p.window)) * p.ring_record_bytes;
-        } else if (p.kv_records != nullptr) {  // this call's own rows, packed
-          kind = cand_fp8;
-          ptr = p.kv_records + (std::size_t(rb) + std::size_t(ps - p0)) * p.ring_record_bytes;
-        } else {
-          kind = cand_fresh;
-          ptr = reinterpret_cast<const uint8_t*>(p.kv + (std::size_t(rb) + std::size_t(ps - p0)) * DIM);
-        }
-      } else if (v < nc) {
-        const int32_t j = p.topk[std::size_t(r) * p.topk_k + (v - nw)];
-        if (j >= 0) {
-          kind = p.format == kv_format::fp8 ? cand_fp8 : cand_fp4;
-          ptr = entry_record(it, item, p.source, j, p.source.latent_offset, p.source.latent_bytes);
-        }
-      }
+      const uint8_t* ptr;
+      kinds[tid] = rc.pick<DIM>(p, it, r, ch * chunk + tid, ptr);
       cand[tid] = ptr;
-      kinds[tid] = kind;
     }
     __syncthreads();
     {  // gather: a thread takes 32-value pieces, Batch at a time: their loads are issued before
@@ -314,24 +196,18 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
 #pragma unroll
         for (int j = 0; j < Batch; ++j) {
           const int i = tid + (j0 + j) * threads, c = i / pieces, d = (i % pieces) * 32;
-          if (kinds[c] == cand_fp4) raw[j] = load_record32<true>(cand[c], DIM, d);
-          else if (kinds[c] == cand_fp8) raw[j] = load_record32<false>(cand[c], DIM, d);
+          if (kinds[c] == cand_fp4) raw[j] = load_record32<true, (DIM >= 256)>(cand[c], DIM, d);
+          else if (kinds[c] == cand_fp8) raw[j] = load_record32<false, (DIM >= 256)>(cand[c], DIM, d);
         }
 #pragma unroll
         for (int j = 0; j < Batch; ++j) {
           const int i = tid + (j0 + j) * threads, c = i / pieces, d = (i % pieces) * 32;
           uint4* dst = reinterpret_cast<uint4*>(kvt + c * ld + d);
+          const auto to_tile = [dst](int i, uint4 v) { dst[i] = v; };
           switch (kinds[c]) {
-            case cand_fp8: dequant_record32<false>(raw[j], dst); break;
-            case cand_fp4: dequant_record32<true>(raw[j], dst); break;
-            case cand_fresh: {  // this call's own rows, fp32 (the window's newest positions)
-              const float4* src = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(cand[c]) + d);
-              for (int q = 0; q < 4; ++q) {
-                const float4 a = src[2 * q], b = src[2 * q + 1];
-                dst[q] = make_uint4(bf16x2(a.x, a.y), bf16x2(a.z, a.w), bf16x2(b.x, b.y), bf16x2(b.z, b.w));
-              }
-              break;
-            }
+            case cand_fp8: dequant_record32<false>(raw[j], to_tile); break;
+            case cand_fp4: dequant_record32<true>(raw[j], to_tile); break;
+            case cand_fresh: fresh_row32(reinterpret_cast<const float*>(cand[c]), d, to_tile); break;
             default:
               for (int q = 0; q < 4; ++q) dst[q] = make_uint4(0, 0, 0, 0);
           }
@@ -348,7 +224,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         for (int nt = 0; nt < 4; ++nt) {
           const uint16_t* krow = kvt + (half * 32 + nt * 8 + gid) * ld + k0;
           const uint32_t b0 = ld32(krow), b1 = ld32(krow + 8);
-          for (int term = 0; term < 3; ++term) mma_bf16(s[nt], qf[ks][term], b0, b1);
+          for (int term = 0; term < terms; ++term) mma_bf16(s[nt], qf[ks][term], b0, b1);
         }
       }
       float* sw = st + warp * heads_per_block * ld_s;
@@ -382,9 +258,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         const float e0 = m_new == neg_inf ? 0.0f : expf(sc[i] - m_new);
         const float e1 = m_new == neg_inf ? 0.0f : expf(sc[i + 1] - m_new);
         sum += e0 + e1;
-        uint32_t t[3];
-        split3_bf16x2(e0, e1, t);
-        for (int term = 0; term < 3; ++term)
+        uint32_t t[terms];
+        split_terms(e0, e1, t);
+        for (int term = 0; term < terms; ++term)
           *reinterpret_cast<uint32_t*>(pt + (term * heads_per_block + h) * ld_p + c0 + i) = t[term];
       }
       for (int off = 1; off < threads_per_head; off <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, off);
@@ -403,8 +279,8 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
     for (int t = 0; t < tiles; ++t) o[t][0] *= a_top, o[t][1] *= a_top, o[t][2] *= a_bottom, o[t][3] *= a_bottom;
     for (int ks = 0; ks < chunk / 16; ++ks) {
       const int k0 = ks * 16 + tig * 2;
-      uint32_t pa[3][4];
-      for (int term = 0; term < 3; ++term) {
+      uint32_t pa[terms][4];
+      for (int term = 0; term < terms; ++term) {
         const uint16_t* p0r = pt + (term * heads_per_block + gid) * ld_p + k0;
         pa[term][0] = ld32(p0r), pa[term][1] = ld32(p0r + 8 * ld_p), pa[term][2] = ld32(p0r + 8),
         pa[term][3] = ld32(p0r + 8 * ld_p + 8);
@@ -414,7 +290,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         const int d0 = d_warp + np * 16;
         uint32_t b[4];
         ldmatrix_x4_trans(b, kvt + (ks * 16 + (mi & 1) * 8 + rr) * ld + d0 + (mi >> 1) * 8);
-        for (int term = 0; term < 3; ++term) {
+        for (int term = 0; term < terms; ++term) {
           mma_bf16(o[2 * np], pa[term], b[0], b[1]);
           mma_bf16(o[2 * np + 1], pa[term], b[2], b[3]);
         }
@@ -538,18 +414,24 @@ void launch_attention(const sparse_attention_params& p, const kv_items& items, c
     return true;
   }();
   (void)configured;
+  if (rope_cs == nullptr) rope_dim = 0;
+  CEDAR_CUDA_REQUIRE(rope_dim % 2 == 0 && rope_dim / 2 <= max_rope_half && rope_dim <= DIM,
+                     "fused attention: rope_dim even, at most 128 and head_dim");
+  const bool all_heads = p.variant == attention_all_heads ||
+                         (p.variant == attention_auto && p.rows >= attention_rows_min() && attention_wg_supports(p));
   const int groups = (p.heads + heads_per_block - 1) / heads_per_block;
   const int max_chunks = (p.window + p.topk_k + chunk - 1) / chunk;
   const long long blocks = (long long)p.rows * groups;
   const int want = int(std::min<long long>(max_splits, (2LL * num_sms() + blocks - 1) / blocks));
-  const int splits = std::max(1, std::min(want, max_chunks));
+  const int splits = all_heads ? 1 : std::max(1, std::min(want, max_chunks));
   scratch<float> part_o(splits > 1 ? std::size_t(p.rows) * splits * p.heads * DIM : 0);
   scratch<float> part_ml(splits > 1 ? std::size_t(p.rows) * splits * p.heads * 2 : 0);
-  if (rope_cs == nullptr) rope_dim = 0;
-  CEDAR_CUDA_REQUIRE(rope_dim % 2 == 0 && rope_dim / 2 <= max_rope_half && rope_dim <= DIM,
-                     "fused attention: rope_dim even, at most 128 and head_dim");
-  cuda::detail::launch_dependent(attention_kernel<DIM>, dim3(unsigned(p.rows), unsigned(groups), unsigned(splits)),
-                                 dim3(attn_warps<DIM> * 32), L::bytes, p, items, part_o.get(), part_ml.get());
+  if (all_heads) {
+    attention_wg(p, items);
+  } else {
+    cuda::detail::launch_dependent(attention_kernel<DIM>, dim3(unsigned(p.rows), unsigned(groups), unsigned(splits)),
+                                   dim3(attn_warps<DIM> * 32), L::bytes, p, items, part_o.get(), part_ml.get());
+  }
   ring_store rs;
   if (p.store_ring) {
     CEDAR_CUDA_REQUIRE(p.kv_records != nullptr && p.ring_record_bytes > 0,
@@ -707,6 +589,13 @@ __global__ void store_entries_kernel(const uint8_t* rec, std::size_t rec_bytes, 
 }
 
 }  // namespace
+
+int attention_rows_min() { return 64; }
+
+bool attention_variant_available(const sparse_attention_params& p, int variant) {
+  if (variant == attention_all_heads) return attention_wg_supports(p);
+  return variant == attention_auto || variant == attention_per16;
+}
 
 bool supports(int dim, int index_dim) { return (dim == 512 || dim == 64) && (index_dim == 128 || index_dim == 32); }
 

@@ -6,8 +6,8 @@
 //
 // Numerics (not the CPU's bits; bounds checked by tests/gpu/fast_attention_test.cpp):
 // - KV values (FP4 x E4M3, FP8 x UE8M0, the fresh rows on the FP8 grid) are exact in bf16.
-// - Attention: q and the softmax weights are split into three bf16 terms (hi + mid + lo, 2^-27
-//   of each value left over), products summed in fp32 by the tensor cores; online softmax over
+// - Attention: q and the softmax weights are split into two bf16 terms (hi + lo, 2^-18 of each
+//   value left over), products summed in fp32 by the tensor cores; online softmax over
 //   chunks of 64 candidates with the sink added at the end. Output within 1e-4 of the largest
 //   |o| of the CPU op (tests/gpu/fast_attention_test.cpp prints the measured figure).
 // - Indexer: q (FP4 grid) and the keys are exact in bf16, so each q_h . k_j is exact products
@@ -66,7 +66,20 @@ struct sparse_attention_params {
   /// then kv_records go to their ring slots (pos mod W of `layer`, the rows among their item's
   /// last W) in the attention's last pass, once every block has read the ring
   bool store_ring = false;
+  /// Which kernel: attention_auto picks by shape and row count (attention_rows_min);
+  /// attention_per16 = blocks of 16 heads, candidates split over blocks when rows are few;
+  /// attention_all_heads = a block per row over all 64 heads of 512 on wgmma (sm_90a only).
+  int variant = 0;
 };
+
+enum : int { attention_auto = 0, attention_per16 = 1, attention_all_heads = 2 };
+
+/// Rows from which attention_auto takes attention_all_heads where it can (below, the per-16
+/// kernel's split blocks fill the device better).
+int attention_rows_min();
+
+/// True when `variant` runs p's shapes on this device.
+bool attention_variant_available(const sparse_attention_params& p, int variant);
 
 /// True when the fused kernels take this head_dim and index_head_dim (else use the exact path).
 bool supports(int dim, int index_dim);

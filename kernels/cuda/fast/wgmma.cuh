@@ -1,0 +1,114 @@
+// Hopper warpgroup MMA (wgmma, sm_90a) for the fast kernel set: shared-memory matrix
+// descriptors for the unswizzled core-matrix layout, the fences and the bf16 products the
+// kernels use. A core matrix is 8 rows of 16 bytes stored contiguously (128 bytes); for a
+// K-major operand its rows run along M or N and its 16 bytes along K, for an MN-major one the
+// other way round. A descriptor gives the start, the byte stride between core matrices
+// adjacent along K (the leading dimension offset) and between those adjacent along M or N
+// (the stride dimension offset). Only sm_90a machine code has these instructions: the bodies
+// trap in any other compilation, and hosts ask wgmma_available() first.
+#pragma once
+
+#include <cstdint>
+
+namespace cedar::cuda::fast::wg {
+
+/// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ uint32_t smem_address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+/// Descriptor of an unswizzled operand at shared-memory address `a` (16-byte aligned): k_stride
+/// and mn_stride in bytes, multiples of 16.
+__device__ __forceinline__ uint64_t desc_at(uint32_t a, uint32_t k_stride, uint32_t mn_stride) {
+  return uint64_t((a >> 4) & 0x3FFF) | uint64_t((k_stride >> 4) & 0x3FFF) << 16 |
+         uint64_t((mn_stride >> 4) & 0x3FFF) << 32;
+}
+
+/// Byte offset of element (row, col) of a K-major tile with `cols` columns (K) in core matrices:
+/// the core matrices of 8 rows follow each other along K, then the next 8 rows.
+__host__ __device__ constexpr uint32_t core_offset(int row, int col, int cols) {
+  return uint32_t(((row >> 3) * (cols >> 3) + (col >> 3)) * 128 + (row & 7) * 16 + (col & 7) * 2);
+}
+
+/// Shared-memory writes of the generic proxy made visible to wgmma's (async proxy) reads; each
+/// writing thread runs it before the barrier that precedes the wgmma.
+__device__ __forceinline__ void fence_smem() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+/// Before a warpgroup's first wgmma whose accumulators other instructions wrote.
+__device__ __forceinline__ void fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+/// Commits the issued wgmmas as a group and waits until every group is done.
+__device__ __forceinline__ void commit_and_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+/// Keeps the compiler from moving accesses of v across a wgmma that reads or writes it.
+__device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v)::"memory"); }
+
+/// D (64 x 64, fp32) = A (64 x 16, K-major) B (16 x 64, K-major) + D when accumulate, bf16
+/// operands from shared memory. Thread t of the warpgroup holds rows 16 (t / 32) + (t % 32) / 4
+/// and 8 below it, columns 8 j + 2 (t % 4) + {0, 1} in d[4 j + {0, 1}] and d[4 j + {2, 3}].
+__device__ __forceinline__ void mma_m64n64(float (&d)[32], uint64_t a, uint64_t b, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+#else
+  __trap();
+#endif
+}
+
+/// The same with N = 256 and B MN-major (B's 16 x 256 tile stored with N contiguous).
+__device__ __forceinline__ void mma_m64n256_bt(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(a), "l"(b), "r"(accumulate));
+#else
+  __trap();
+#endif
+}
+
+}  // namespace cedar::cuda::fast::wg
