@@ -112,6 +112,7 @@ __global__ void topk_kernel(const float* scores, int n, int k, int32_t* out) {
           if (lane >= off) incl += v;
         }
         int above = incl - sum;
+        __syncwarp();  // every lane has read remaining_shared before one lane writes it
         if (above < remaining && (remaining <= incl || lane == 31)) {
           int b = 255 - 8 * lane, i = 0;
           for (; i < 7 && above + c[i] < remaining; ++i) above += c[i];
