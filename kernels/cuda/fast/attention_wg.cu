@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(threads, 1) attention_wg_kernel(sparse_attenti
 
   pick_store(0);
   __syncthreads();
-  gather_load(raw, cand, kinds, tid);
+  if (num_chunks > 0) gather_load(raw, cand, kinds, tid);  // (no slots: buffer 0 was never written)
   for (int ch = 0; ch < num_chunks; ++ch) {
     gather_store(raw, cand + (ch & 1) * C, kinds + (ch & 1) * C, tid, kvs);
     wg::fence_smem();
