@@ -5,14 +5,16 @@
 //
 // Two warpgroups, 256 threads; head_dim 512, chunks of 64 candidates. Shared memory, all bf16
 // tiles in unswizzled core matrices (wgmma.cuh): q as two terms [64, 512] (128 KB, loaded once),
-// the chunk's KV [64, 512] (64 KB), P as two terms [64, 64], the second warpgroup's scores.
-// Per chunk: every thread gathers and dequantizes 4 pieces of 32 values; each warpgroup takes
-// S over its 256 dims (m64n64k16, q terms as A, KV as K-major B); the first adds the second's
-// share (one fp32 add: the same bits either way round), runs the online softmax in registers
-// (a quad of threads per head row) and writes P and the rescale factors; then each warpgroup
-// rescales its O [64, 256] (128 fp32 registers a thread) and adds P V (m64n256k16, the same KV
-// tile read MN-major). The sink is added at the end. With one split per row and its own summation
-// order, a row's output differs from attention.cu's in the last bits (both within the bounds).
+// the chunk's KV [64, 512] (64 KB), P as two terms [64, 64], the score shares each warpgroup
+// hands the other. Per chunk: every thread gathers and dequantizes 4 pieces of 32 values of one
+// candidate; each warpgroup takes S over its 256 dims (m64n64k16, q terms as A, KV as K-major
+// B); a thread holds two head rows of S, and each warpgroup finishes one of them: it adds the
+// other's share (one fp32 add: the same bits either way round), runs the online softmax in
+// registers (log2 domain, a quad of threads per row) and writes that row's P and rescale factor;
+// then each warpgroup rescales its O [64, 256] (128 fp32 registers a thread) and adds P V
+// (m64n256k16, the same KV tile read MN-major). The sink is added at the end. With one split per
+// row and its own summation order, a row's output differs from attention.cu's in the last bits
+// (both within the bounds).
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common.cuh"
