@@ -288,7 +288,8 @@ TEST_CASE("fast attention: fused sparse attention equals the CPU op within 1e-4 
   // enough rows for one split (each block row its own output, no combine)
   attention_case("attention 64x512 prefill of 80 rows", 512, 64, 128, 512, 2, fast::kv_format::fp4, {{100, 80, 0}}, 16);
   // past attention_rows_min: the automatic choice takes the all-heads kernel where it runs
-  attention_case("attention 64x512 prefill of 160 rows", 512, 64, 128, 512, 2, fast::kv_format::fp8, {{300, 160, 0}}, 17);
+  attention_case("attention 64x512 prefill of 160 rows", 512, 64, 128, 512, 2, fast::kv_format::fp8, {{300, 160, 0}},
+                 17);
 }
 
 namespace {

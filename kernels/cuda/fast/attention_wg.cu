@@ -73,7 +73,9 @@ __device__ __forceinline__ void gather_store(const record32 (&raw)[4], const uin
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int d = d0 + 128 * j;
-    const auto to_tile = [kvs, c, d](int q, uint4 v) { *reinterpret_cast<uint4*>(kvs + core_offset(c, d + 8 * q, D)) = v; };
+    const auto to_tile = [kvs, c, d](int q, uint4 v) {
+      *reinterpret_cast<uint4*>(kvs + core_offset(c, d + 8 * q, D)) = v;
+    };
     switch (kind) {
       case cand_fp8: dequant_record32<false>(raw[j], to_tile); break;
       case cand_fp4: dequant_record32<true>(raw[j], to_tile); break;
@@ -132,9 +134,9 @@ __global__ void __launch_bounds__(threads, 1) attention_wg_kernel(sparse_attenti
   float m_run = neg_inf, l_run = 0.0f;  // row my_row's running max (log2 domain) and sum
   const float scale2 = p.scale * 1.44269504088896340736f;  // scores to the log2 domain
 
-  // operand descriptors at ks = 0 (a step along K adds its byte offset / 16): this warpgroup's
-  // half of the dims of q (A) and of the tile (B, K-major) for S; P (A) and the tile read
-  // MN-major (B: candidates along K, this warpgroup's dims along N) for P V
+  // the operands' shared-memory addresses at k = 0 (descriptors are built per step from them):
+  // this warpgroup's half of the dims of q (A) and of the tile (B, K-major) for S; P (A) and the
+  // tile read MN-major (B: candidates along K, this warpgroup's dims along N) for P V
   const uint32_t half_dims = core_offset(0, wgi * (D / 2), D);
   const uint32_t q_base = wg::smem_address(qs) + half_dims, p_base = wg::smem_address(ps);
   const uint32_t kv_base = wg::smem_address(kvs) + half_dims;
