@@ -66,7 +66,6 @@ __device__ __forceinline__ uint4 fp4_key8(const uint8_t* rec, int dim, int d) {
   return dequant8(e.x, e.y, s);
 }
 
-
 /// The ring store of a call's window rows: record r of rec [rows, rec_bytes] to slot pos mod W
 /// of `layer`, for the rows among their item's last W rows (rec == null: none). The attention's
 /// last pass (the split combine, or the rotation back) carries it, a block per row, so the
@@ -94,7 +93,6 @@ __global__ void store_ring_kernel(ring_store rs) {
   rs.copy_row(blockIdx.x);
 }
 
-
 // ---- sparse attention ------------------------------------------------------------------------
 
 constexpr int heads_per_block = 16;  // one mma M tile
@@ -113,8 +111,6 @@ constexpr int chunk = 64;            // candidates per step
 /// [w dim / WARPS, (w + 1) dim / WARPS) in both products.
 template <int DIM>
 constexpr int attn_warps = DIM >= 256 ? 8 : 4;
-
-
 
 /// Shared-memory plan of the attention kernel (bytes; bf16 rows padded by 8 so that the fragment
 /// loads of 8 rows x 4 words hit 32 distinct banks; score rows padded by 8 floats so that a
@@ -209,7 +205,7 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
             case cand_fp4: dequant_record32<true>(raw[j], to_tile); break;
             case cand_fresh: fresh_row32(reinterpret_cast<const float*>(cand[c]), d, to_tile); break;
             default:
-              for (int q = 0; q < 4; ++q) dst[q] = make_uint4(0, 0, 0, 0);
+              for (int q = 0; q < 4; ++q) to_tile(q, make_uint4(0, 0, 0, 0));
           }
         }
       }
@@ -481,6 +477,7 @@ __global__ void __launch_bounds__(idx_threads) index_kernel(index_scores_params 
 
   const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
   const int item = it.row_item[p.first_row + r];
+  uint8_t* const* pages = it.pages + it.page_begin[item];
   const int64_t visible64 = (row_position(it, p.first_row + r, item) + 1) / p.ratio;
   const int visible = int(visible64 < p.num_keys ? visible64 : p.num_keys);
   const int first = blockIdx.y * keys_per_block, end = min(p.num_keys, first + keys_per_block);
@@ -501,7 +498,7 @@ __global__ void __launch_bounds__(idx_threads) index_kernel(index_scores_params 
     __syncthreads();
     for (int i = tid; i < idx_keys; i += idx_threads) {
       const int64_t j = t0 + i;
-      ptr[i] = j < last ? entry_record(it, item, p.source, j, p.source.key_offset, p.source.key_bytes) : nullptr;
+      ptr[i] = j < last ? entry_record(pages, p.source, j, p.source.key_offset, p.source.key_bytes) : nullptr;
     }
     __syncthreads();
 #pragma unroll 4

@@ -104,10 +104,11 @@ __device__ __forceinline__ int64_t row_position(const kv_items& it, int r, int i
   return it.first_pos[item] + (r - it.row_begin[item]);
 }
 
-__device__ __forceinline__ const uint8_t* entry_record(const kv_items& it, int item, const kv_source_view& s,
-                                                       int64_t j, std::size_t offset, std::size_t bytes) {
+/// Entry j's record (at offset + in_page * bytes of its page) through an item's page table.
+__device__ __forceinline__ const uint8_t* entry_record(uint8_t* const* pages, const kv_source_view& s, int64_t j,
+                                                       std::size_t offset, std::size_t bytes) {
   const int64_t page = j / s.entries_per_page, in_page = j - page * s.entries_per_page;
-  return it.pages[it.page_begin[item] + page] + offset + std::size_t(in_page) * bytes;
+  return pages[page] + offset + std::size_t(in_page) * bytes;
 }
 
 enum cand_kind : int { cand_none = 0, cand_fp8 = 1, cand_fp4 = 2, cand_fresh = 3 };
@@ -155,8 +156,7 @@ struct row_candidates {
       return cand_fresh;
     }
     if (j < 0) return cand_none;
-    const int64_t page = j / p.source.entries_per_page, in_page = j - page * p.source.entries_per_page;
-    ptr = pages[page] + p.source.latent_offset + std::size_t(in_page) * p.source.latent_bytes;
+    ptr = entry_record(pages, p.source, j, p.source.latent_offset, p.source.latent_bytes);
     return p.format == kv_format::fp8 ? cand_fp8 : cand_fp4;
   }
 

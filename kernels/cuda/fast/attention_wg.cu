@@ -260,8 +260,7 @@ __global__ void __launch_bounds__(threads, 1) attention_wg_kernel(sparse_attenti
 #endif
 }
 
-}  // namespace
-
+/// True on a device that runs the sm_90a machine code.
 bool wgmma_available() {
   // the sm_90a machine code runs on compute capability 9.0 only (elsewhere the compute_90 PTX,
   // without wgmma, would be compiled)
@@ -274,6 +273,8 @@ bool wgmma_available() {
   }();
   return ok;
 }
+
+}  // namespace
 
 bool attention_wg_supports(const sparse_attention_params& p) {
   return p.dim == D && p.heads == H && wgmma_available();

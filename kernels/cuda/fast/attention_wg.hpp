@@ -8,9 +8,6 @@ namespace cedar::cuda::fast {
 
 #ifdef CEDAR_HAVE_CUDA
 
-/// True on a device that runs the sm_90a machine code (compute capability 9.0).
-bool wgmma_available();
-
 /// True when attention_wg takes these shapes on this device (64 heads of 512).
 bool attention_wg_supports(const sparse_attention_params& p);
 

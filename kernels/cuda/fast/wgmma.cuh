@@ -5,7 +5,7 @@
 // other way round. A descriptor gives the start, the byte stride between core matrices
 // adjacent along K (the leading dimension offset) and between those adjacent along M or N
 // (the stride dimension offset). Only sm_90a machine code has these instructions: the bodies
-// trap in any other compilation, and hosts ask wgmma_available() first.
+// trap in any other compilation, and hosts check the device's compute capability (9.0) first.
 #pragma once
 
 #include <cstdint>
