@@ -276,7 +276,9 @@ TEST_CASE("fast grouped_output: wo_a in its FP8 form gives the bf16 form's bits 
 TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grouping, decode and prefill paths") {
   if (!have_gpu()) return;
   std::mt19937_64 rng(63);
-  const int d = 256, inter = 256, num_experts = 16, topk = 4;  // (inter % 256 == 0: the skinny tile applies)
+  // (d and inter multiples of 256: the skinny tile and the wgmma experts apply; d = 512: their
+  // products over K = d take more steps than the wgmma kernel's pipeline has slots)
+  const int d = 512, inter = 256, num_experts = 16, topk = 4;
   std::vector<ref::owned_fp4> host_w;
   std::vector<std::unique_ptr<dev_fp4>> dev_w;
   std::vector<cpu::expert_weights> cpu_e(num_experts), gpu_e(num_experts);
@@ -296,7 +298,8 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
   dev_fp8 g1(s1), g3(s3), g2(s2);
   const cpu::shared_expert_weights shared{s1.view, s3.view, s2.view}, gshared{g1.view, g3.view, g2.view};
   // on the "decode" thresholds m = 20 and 150 run the grouped narrow16 tile, 200 narrow32 (and
-  // m = 1 narrow); the "prefill" ones run the bf16 path
+  // m = 1 narrow); the "prefill" ones run the bf16 path: on sm_90a the wgmma experts (their own
+  // test: fast_experts_test.cpp), and the cuBLAS products per expert
   for (int m : {1, 20, 150, 200}) {
     const auto y = activations(rng, m, d);
     std::vector<int32_t> sel(std::size_t(m) * topk);
@@ -314,7 +317,7 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
     dev<int32_t> ds(sel);
     std::vector<float> ref_y(std::size_t(m) * d);
     cpu::moe_ffn(y.data(), m, d, sel.data(), wts.data(), topk, cpu_e.data(), num_experts, &shared, 10.0f, ref_y.data());
-    both_paths([&](const char* path) {
+    const auto run = [&](const char* path) {
       dev<float> out(ref_y.size());
       fast::moe_ffn(dy.get(), m, d, ds.get(), dw.get(), topk, gpu_e.data(), num_experts, &gshared, 10.0f, out.get());
       const auto got = out.host();
@@ -328,6 +331,12 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
                       dw.get() + std::size_t(m - 1) * topk, topk, gpu_e.data(), num_experts, &gshared, 10.0f, o1.get());
         CHECK(ref::same_bits(o1.host().data(), got.data() + std::size_t(m - 1) * d, d));
       }
-    });
+    };
+    both_paths(run);
+    const fast::tuning saved = fast::tuning_now();
+    fast::tuning_now() = {0, 0, 0, 0};
+    fast::tuning_now().expert_wgmma = false;
+    run("prefill, cuBLAS per expert");
+    fast::tuning_now() = saved;
   }
 }

@@ -52,7 +52,8 @@ bool parse(int argc, char** argv, options& o) {
       o.shape = argv[++i];
     } else return false;
   }
-  if ((o.moe.tokens > 0 || !o.moe.tile.empty()) && o.op != "moe") return false;
+  if (!o.moe.tile.empty() && o.op != "moe") return false;
+  if (o.moe.tokens > 0 && o.op != "moe" && o.op != "prefill") return false;
   if (!o.shape.empty()) {
     const auto named = [&](const auto& shapes) {
       return std::any_of(std::begin(shapes), std::end(shapes), [&](const lab::linear_shape& s) { return o.shape == s.name; });
@@ -154,6 +155,7 @@ int kernel_lab_main(int argc, char** argv) {
                  "                      (that tile only);\n"
                  "       with both, one grouped kernel per matrix, e.g. for\n"
                  "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n"
+                 "       --op prefill --tokens N: only the routed + shared experts (moe_ffn) at N tokens\n"
                  "       --op linear_fp8|linear_fp4 only: [--shape NAME] (that weight only: attn.wq_a, attn.wq_b,\n"
                  "                      attn.wkv, attn.wo_b, shared.w1, shared.w2, square; expert.w13, expert.w2)\n");
     return 2;
@@ -187,7 +189,7 @@ int kernel_lab_main(int argc, char** argv) {
   if (o.op == "linear_fp8" || o.op == "all") add(lab::run_linear_cases(false, o.quick, o.shape));
   if (o.op == "linear_fp4" || o.op == "all") add(lab::run_linear_cases(true, o.quick, o.shape));
   if (o.op == "moe" || o.op == "all") add(lab::run_moe_cases(o.quick, o.moe));
-  if (o.op == "prefill" || o.op == "all") add(lab::run_prefill_cases(o.quick));
+  if (o.op == "prefill" || o.op == "all") add(lab::run_prefill_cases(o.quick, o.moe.tokens));
   if (o.op == "attention" || o.op == "all") add(lab::run_attention_cases(o.quick));
   if (o.op == "mhc" || o.op == "all") add(lab::run_mhc_cases(o.quick));
 

@@ -61,8 +61,9 @@ std::vector<lab_case> run_attention_cases(bool quick);
 std::vector<lab_case> run_mhc_cases(bool quick);
 /// The fast kernel set's prefill path (fast::linear_fp8/fp4 at m = 8192 with its parts and
 /// cuBLASLt FP8 at the same shape), a threshold sweep (gemv vs bf16 path, m = 16..256), the bf16
-/// GEMV at m = 1 (head, wo_a, router, compressor) and fast::moe_ffn at 8192 tokens.
-std::vector<lab_case> run_prefill_cases(bool quick);
+/// GEMV at m = 1 (head, wo_a, router, compressor) and fast::moe_ffn at 8192 tokens; with
+/// moe_tokens > 0, only fast::moe_ffn at that count.
+std::vector<lab_case> run_prefill_cases(bool quick, int moe_tokens = 0);
 
 #ifdef CEDAR_HAVE_CUDA
 /// A device buffer of n T's, freed on scope exit.

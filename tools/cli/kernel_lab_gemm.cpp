@@ -579,8 +579,10 @@ void run_fp8w_gemv(const char* name, int groups, int n, int k, rng& r, std::vect
 /// and the shared expert; timed launched one by one (the bf16 path copies 64 counts to the host,
 /// which a graph cannot hold); 4 rows checked against cpu::moe_ffn on those rows alone. Variant
 /// "fast" is the path the thresholds pick; up to 1024 tokens the grouped narrow stream
-/// ("narrow"), the grouped skinny tile ("skinny") and the dequant + cuBLAS path ("bf16") are also
-/// forced, to place expert_gemv_max_rows and expert_tiled_max_rows.
+/// ("narrow"), the grouped skinny tile ("skinny") and the bf16 path ("bf16": the wgmma experts
+/// where the device has them) are also forced, to place expert_gemv_max_rows and
+/// expert_tiled_max_rows; "cublas" is the bf16 path with a dequantized copy and a cuBLAS product
+/// per expert (tuning::expert_wgmma off), at every count.
 void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
   constexpr int experts = moe_experts, topk = 6, d = 5120, inter = 2304;
   std::vector<host_weight> hw;
@@ -667,7 +669,12 @@ void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
   };
   const fast::tuning now = fast::tuning_now();
   measure("fast", now);
-  if (tokens > 1024) return;
+  fast::tuning cublas = now;
+  cublas.expert_wgmma = false;
+  if (tokens > 1024) {
+    if (now.expert_wgmma) measure("cublas", cublas);
+    return;
+  }
   fast::tuning narrow = now, skinny = now, bf16 = now;
   narrow.expert_gemv_max_rows = never;
   skinny.expert_gemv_max_rows = 0, skinny.expert_tiled_max_rows = never;
@@ -675,6 +682,8 @@ void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
   measure("narrow", narrow);
   measure("skinny", skinny);
   measure("bf16", bf16);
+  bf16.expert_wgmma = false;
+  measure("cublas", bf16);
 }
 
 }  // namespace
@@ -707,9 +716,13 @@ std::vector<lab_case> run_moe_cases(bool quick, const moe_filter& filter) {
   return out;
 }
 
-std::vector<lab_case> run_prefill_cases(bool quick) {
+std::vector<lab_case> run_prefill_cases(bool quick, int moe_tokens) {
   std::vector<lab_case> out;
   rng r{43};
+  if (moe_tokens > 0) {
+    run_moe_prefill(moe_tokens, r, out);
+    return out;
+  }
   const std::vector<int> sweep = quick ? std::vector<int>{64, 128} : std::vector<int>{16, 32, 64, 128, 256};
   for (const linear_shape& s : fp8_shapes)
     if (std::string_view(s.name) != "square") run_prefill_linear(s, 8192, false, r, out);

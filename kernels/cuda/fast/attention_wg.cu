@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(threads, 1) attention_wg_kernel(sparse_attenti
     for (int ks = 0; ks < C / 16; ++ks)  // 16 candidates: 256 bytes of P along K, 16 rows of the tile
 #pragma unroll
       for (int term = 0; term < terms; ++term)
-        wg::mma_m64n256_bt(o, wg::desc_at(p_base + term * L::p_term + 256 * ks, 128, (C / 8) * 128),
+        wg::mma_m64n256<1>(o, wg::desc_at(p_base + term * L::p_term + 256 * ks, 128, (C / 8) * 128),
                            wg::desc_at(kv_base + 2 * (D / 8) * 128 * ks, (D / 8) * 128, 128), 1);
     wg::commit_and_wait();
     for (float& v : o) wg::pin(v);
@@ -260,8 +260,9 @@ __global__ void __launch_bounds__(threads, 1) attention_wg_kernel(sparse_attenti
 #endif
 }
 
-/// True on a device that runs the sm_90a machine code.
-bool wgmma_available() {
+}  // namespace
+
+bool wg::available() {
   // the sm_90a machine code runs on compute capability 9.0 only (elsewhere the compute_90 PTX,
   // without wgmma, would be compiled)
   static const bool ok = [] {
@@ -274,10 +275,8 @@ bool wgmma_available() {
   return ok;
 }
 
-}  // namespace
-
 bool attention_wg_supports(const sparse_attention_params& p) {
-  return p.dim == D && p.heads == H && wgmma_available();
+  return p.dim == D && p.heads == H && wg::available();
 }
 
 void attention_wg(const sparse_attention_params& p, const kv_items& items) {

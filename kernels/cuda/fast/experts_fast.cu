@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/fast/experts_wg.hpp"
 #include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/side_lane.cuh"
 #include "kernels/cuda/internal.cuh"
@@ -293,6 +294,7 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
     tile = tile_kind::gemv;
   else
     grouped = m <= tune.expert_tiled_max_rows && tiles_fit;
+  const bool wg_experts = !grouped && tune.expert_wgmma && detail::experts_wg_supports(experts, num_experts, d, inter);
   const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
   const int cap = chunk * topk;
   scratch<int32_t> slot_src(cap), slot_row(cap), iota(cap), slot_pos(cap);
@@ -337,6 +339,16 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
                                        hq.get(), hs.get());
         grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile);
         if (shared_done) side_wait();
+      } else if (wg_experts) {
+        // prefill on Hopper: all experts' w1 and w3 in one launch, then w2, on the sorted rows'
+        // bf16 activations, the counts read on the device (no host round trip)
+        scratch<uint16_t> xb(size_t(slots) * d), hb(size_t(slots) * inter);
+        scratch<float> gu(size_t(slots) * 2 * inter);
+        fake_quant_bf16(y_c, d, slot_row.get(), total, slots, d, xb.get());
+        detail::experts_wg(xb.get(), counts.get(), table, num_experts, 0, 2 * inter, d, slots, gu.get(), 2 * inter);
+        cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(unsigned(slots), blocks_for(inter / 8, 256)),
+                                       dim3(256), 0, gu.get(), inter, slot_src.get(), w_c, total, limit, hb.get());
+        detail::experts_wg(hb.get(), counts.get(), table, num_experts, 1, d, inter, slots, down.get(), d);
       } else {
         // prefill: the 64 (or so) counts to the host, then per-expert bf16 GEMMs on sorted rows
         CEDAR_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), counts.get(), sizeof(int) * num_experts,

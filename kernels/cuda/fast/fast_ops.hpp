@@ -133,6 +133,10 @@ struct tuning {
   /// decode of bench-40L-E64: 12.84 ms a step before, 12.79 with split4, 12.52 with the sets too.
   int split_min_k = 2048;
   int split_min_out = 4096;
+  /// Routed experts past expert_tiled_max_rows tokens on sm_90a: one wgmma launch per matrix for
+  /// all experts, FP4 turned into bf16 in shared memory (experts_wg.cu), instead of a bf16 copy
+  /// of each expert's weights and a cuBLAS product per expert.
+  bool expert_wgmma = true;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

@@ -12,6 +12,10 @@
 
 namespace cedar::cuda::fast::wg {
 
+/// True on a device that runs the sm_90a machine code (compute capability 9.0; elsewhere the
+/// compute_90 PTX, without wgmma, would be compiled). Host code.
+bool available();
+
 /// The shared-memory address of a generic pointer into shared memory.
 __device__ __forceinline__ uint32_t smem_address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
 
@@ -20,6 +24,19 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) { return uint32_
 __device__ __forceinline__ uint64_t desc_at(uint32_t a, uint32_t k_stride, uint32_t mn_stride) {
   return uint64_t((a >> 4) & 0x3FFF) | uint64_t((k_stride >> 4) & 0x3FFF) << 16 |
          uint64_t((mn_stride >> 4) & 0x3FFF) << 32;
+}
+
+/// Descriptor of a K-major operand in the 128-byte swizzle at shared-memory address `a`: rows of
+/// 64 bf16 (128 bytes) one after another, 16-byte piece c of row r stored as piece c ^ (r % 8);
+/// the 8-row groups 1024 bytes apart, the tile 1024-byte aligned. `a` may point 32 k-bytes into
+/// the rows (the k16 steps of a row): the hardware swizzles the addresses it forms.
+__device__ __forceinline__ uint64_t desc_swizzled(uint32_t a) {
+  return uint64_t((a >> 4) & 0x3FFF) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
+}
+
+/// Byte offset of piece `piece` (8 bf16) of row `row` of a K-major tile in the 128-byte swizzle.
+__host__ __device__ constexpr uint32_t swizzle128(int row, int piece) {
+  return uint32_t(row * 128 + ((piece ^ (row & 7)) * 16));
 }
 
 /// Byte offset of element (row, col) of a K-major tile with `cols` columns (K) in core matrices:
@@ -50,6 +67,21 @@ __device__ __forceinline__ void commit_and_wait() {
 #endif
 }
 
+/// Commits the issued wgmmas as a group and waits until at most N groups are pending.
+template <int N>
+__device__ __forceinline__ void commit_and_wait_for() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/// Waits until every committed group of wgmmas is done.
+__device__ __forceinline__ void wait_all() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
 /// Keeps the compiler from moving accesses of v across a wgmma that reads or writes it.
 __device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v)::"memory"); }
 
@@ -74,8 +106,10 @@ __device__ __forceinline__ void mma_m64n64(float (&d)[32], uint64_t a, uint64_t 
 #endif
 }
 
-/// The same with N = 256 and B MN-major (B's 16 x 256 tile stored with N contiguous).
-__device__ __forceinline__ void mma_m64n256_bt(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
+/// The same with N = 256, B K-major (TransB = 0) or MN-major (1: B's 16 x 256 tile stored with N
+/// contiguous).
+template <int TransB>
+__device__ __forceinline__ void mma_m64n256(float (&d)[128], uint64_t a, uint64_t b, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -88,7 +122,7 @@ __device__ __forceinline__ void mma_m64n256_bt(float (&d)[128], uint64_t a, uint
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      "}, %128, %129, p, 1, 1, 0, %131;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -105,7 +139,7 @@ __device__ __forceinline__ void mma_m64n256_bt(float (&d)[128], uint64_t a, uint
         "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
         "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(a), "l"(b), "r"(accumulate));
+      : "l"(a), "l"(b), "r"(accumulate), "n"(TransB));
 #else
   __trap();
 #endif

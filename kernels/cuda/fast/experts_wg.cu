@@ -1,0 +1,284 @@
+// The routed experts' products at prefill on Hopper (experts_wg.hpp, sm_90a): every expert's
+// rows against its FP4 weight in one launch, the weight turned into bf16 in shared memory on its
+// way to the tensor cores, instead of a dequantized bf16 copy of each expert per call and one
+// cuBLAS product per expert.
+//
+// A block computes a tile of 128 of one expert's sorted rows by 256 outputs, K in steps of 64:
+// two warpgroups, each m64n256k16 wgmmas over 64 of the rows (128 fp32 accumulators a thread).
+// Per step, a tensor copy (tma.cuh) brings the rows' bf16 activations (K-major, 128-byte rows in
+// the 128-byte swizzle) and cp.async the weight's packed E2M1 codes into one of `stages` slots,
+// `ahead` steps before use; each thread turns one weight row's 64 codes into bf16 (table lookups
+// by byte permutes, then one bf16 multiply by the row block's UE8M0 scale: the product is the
+// value, exactly) into one of two bf16 tiles while the wgmmas of the step before run. Every product of two bf16 values is
+// exact in fp32, so the results are the CPU op's sums in another order, as with the cuBLAS path.
+//
+// Tiles are found from the experts' row counts on the device (no host round trip): tile row y is
+// the y-th 128-row piece in expert order; blocks past the last piece return at once.
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fast/experts_wg.hpp"
+#include "kernels/cuda/fast/mma.cuh"
+#include "kernels/cuda/fast/tma.cuh"
+#include "kernels/cuda/fast/wgmma.cuh"
+
+namespace cedar::cuda::fast::detail {
+namespace {
+
+constexpr int bm = 128, bn = 256, bk = 64, stages = 5, ahead = stages - 2, threads = 256;
+constexpr int a_bytes = bm * bk * 2;  // a slot's activations, bf16
+constexpr int r_bytes = bn * bk / 2;  // a slot's weight codes, E2M1
+constexpr int b_bytes = bn * bk * 2;  // one of the two bf16 weight tiles
+constexpr int smem_bytes = stages * (a_bytes + r_bytes) + 2 * b_bytes + 1024;  // + alignment
+
+/// Offset of half h of weight row `row`'s 32 code bytes in a slot: rows in order, the halves
+/// swapped in rows 4-7 of every 8, so that 8 threads reading one half each of 8 rows hit all banks.
+__host__ __device__ constexpr uint32_t codes_offset(int row, int half) {
+  return uint32_t(row * 32 + ((half ^ ((row >> 2) & 1)) * 16));
+}
+
+/// cp.async of 16 bytes to shared-memory address s (zero-filled when !valid).
+__device__ __forceinline__ void cp_async16_at(uint32_t s, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+struct tile_place {
+  int expert, row0, rows;  // expert -1: no tile
+};
+
+/// Warp 0: the expert, first sorted row and row count of 128-row piece `tile` (pieces in expert
+/// order, each expert's rows following the rows of the experts before it).
+__device__ tile_place find_tile(const int* counts, int num_experts, int tile) {
+  const int lane = threadIdx.x & 31;
+  int tiles_before = 0, rows_before = 0;
+  for (int base = 0; base < num_experts; base += 32) {
+    const int c = base + lane < num_experts ? counts[base + lane] : 0;
+    const int t = (c + bm - 1) / bm;
+    int t_incl = t, c_incl = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int tu = __shfl_up_sync(0xFFFFFFFFu, t_incl, o), cu = __shfl_up_sync(0xFFFFFFFFu, c_incl, o);
+      if (lane >= o) t_incl += tu, c_incl += cu;
+    }
+    const int first = tiles_before + t_incl - t;
+    const bool mine = tile >= first && tile < first + t;
+    const unsigned hit = __ballot_sync(0xFFFFFFFFu, mine);
+    if (hit != 0) {
+      const int src = __ffs(hit) - 1;
+      const int piece = tile - __shfl_sync(0xFFFFFFFFu, first, src);
+      const int cnt = __shfl_sync(0xFFFFFFFFu, c, src);
+      const int row0 = rows_before + __shfl_sync(0xFFFFFFFFu, c_incl - c, src) + piece * bm;
+      return {base + src, row0, min(bm, cnt - piece * bm)};
+    }
+    tiles_before += __shfl_sync(0xFFFFFFFFu, t_incl, 31);
+    rows_before += __shfl_sync(0xFFFFFFFFu, c_incl, 31);
+  }
+  return {-1, 0, 0};
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+/// Eight E2M1 codes (low nibble first) as four bf16 pairs, each times the bf16 pair `scale`.
+/// Byte permutes do the table lookups: the codes' magnitudes (3 bits) select the low and the high
+/// bytes of the bf16 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 from two 8-byte tables, the sign bits are
+/// gathered into bit 7 of the high bytes, and two more permutes interleave low and high bytes.
+__device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale) {
+  const uint32_t mags = w & 0x77777777u, w4 = w << 4;
+  uint32_t o[4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // codes 4h .. 4h + 3
+    const uint32_t sel = h ? mags >> 16 : mags;
+    const uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel);
+    // a code's sign is bit 7 of byte i of w (odd codes) or of w << 4 (even codes)
+    const uint32_t sign = __byte_perm(w, w4, h ? 0x3726u : 0x1504u);
+    const uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel) | (sign & 0x80808080u);
+    o[2 * h] = mul_bf16x2(__byte_perm(lo, hi, 0x5140u), scale);
+    o[2 * h + 1] = mul_bf16x2(__byte_perm(lo, hi, 0x7362u), scale);
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+struct wg_params {
+  const int* counts;  // [num_experts] (the activations [sorted rows, k] bf16: the tensor map)
+  const cpu::expert_weights* table;
+  int num_experts, which, n, k;
+  float* y;
+  int ldy;
+};
+
+__global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_constant__ CUtensorMap a_map,
+                                                                  wg_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) uint8_t smem_raw[];  // (1024-byte aligned below: the swizzle)
+  uint8_t* smem = smem_raw + ((1024 - wg::smem_address(smem_raw) % 1024) % 1024);
+  __shared__ tile_place place;
+  __shared__ __align__(8) uint64_t full[stages];  // a slot's activations have landed
+  const int tid = threadIdx.x, n0 = blockIdx.x * bn;
+  if (tid == 0) {
+    for (int i = 0; i < stages; ++i) tma::init(&full[i], 1);
+    tma::fence_init();
+  }
+  cuda::detail::grid_dependency_wait();  // the counts and rows come from the kernels before
+  if (tid < 32) {
+    const tile_place t = find_tile(p.counts, p.num_experts, int(blockIdx.y));
+    if (tid == 0) place = t;
+  }
+  __syncthreads();
+  const tile_place t = place;
+  if (t.expert < 0) return;
+  const cpu::expert_weights& ew = p.table[t.expert];
+  const bool up = p.which == 0, second = up && n0 >= p.n / 2;
+  const fp4_weight& w = up ? (second ? ew.w3 : ew.w1) : ew.w2;
+  const int wrow = second ? n0 - p.n / 2 : n0;
+  const int k = p.k, steps = k / bk;
+  const uint8_t* r_src[r_bytes / 16 / threads];
+  uint32_t r_dst[r_bytes / 16 / threads];
+#pragma unroll
+  for (int i = 0; i < r_bytes / 16 / threads; ++i) {  // a row's 32 bytes, its halves swapped
+    const int q = tid + threads * i, row = q >> 1, half = q & 1;
+    r_src[i] = w.data + std::size_t(wrow + row) * (k / 2) + half * 16;
+    r_dst[i] = a_bytes + codes_offset(row, half);
+  }
+  // Each load first advances the code sources to its step (pointers written well before the
+  // cp.async reads them, not right after, where the write would wait for the copy to take its
+  // address), then copies into the step's slot (a uniform base plus fixed offsets).
+  const uint32_t smem_base = wg::smem_address(smem);
+  const auto load = [&](int step, bool advance) {
+#pragma unroll
+    for (int i = 0; i < r_bytes / 16 / threads; ++i) r_src[i] += advance ? bk / 2 : 0;
+    const uint32_t slot = smem_base + (step % stages) * (a_bytes + r_bytes);
+    if (tid == 0) {  // the activations: one tensor copy (rows past this expert's are not stored)
+      tma::arrive_expect(&full[step % stages], a_bytes);
+      tma::load_2d(slot, &a_map, step * bk, t.row0, &full[step % stages]);
+    }
+#pragma unroll
+    for (int i = 0; i < r_bytes / 16 / threads; ++i) cp_async16_at(slot + r_dst[i], r_src[i], true);
+  };
+  // row tid's scales, two bytes a step, read four steps at a time (steps % 4 == 0)
+  const uint2* my_scales = reinterpret_cast<const uint2*>(w.scale + std::size_t(wrow + tid) * (k / 32));
+
+  float acc[128];
+#pragma unroll
+  for (float& v : acc) v = 0.0f;
+#pragma unroll
+  for (int s = 0; s < ahead; ++s) {
+    if (s < steps) load(s, s > 0);
+    cp_async_commit();
+  }
+  const int wgi = tid >> 7;
+  uint8_t* b_tiles = smem + stages * (a_bytes + r_bytes);
+  const uint32_t a_base = smem_base + wgi * 64 * (bk * 2);  // the warpgroup's 64 rows
+  const uint32_t b_base = wg::smem_address(b_tiles);
+  uint2 scales4 = {0, 0}, scales_next = __ldg(my_scales);
+
+  for (int s = 0; s < steps; ++s) {
+    cp_async_wait<ahead - 1>();
+    __syncthreads();  // step s has landed; every wgmma of step s - 2 is done (its slot and tile free)
+    // this thread's weight row (64 codes), read before the next loads are issued
+    const uint8_t* rs = smem + (s % stages) * (a_bytes + r_bytes) + a_bytes;
+    const uint4 c0 = *reinterpret_cast<const uint4*>(rs + codes_offset(tid, 0)),
+                c1 = *reinterpret_cast<const uint4*>(rs + codes_offset(tid, 1));
+    if (s % 4 == 0) {
+      scales4 = scales_next;
+      if (s + 4 < steps) scales_next = __ldg(my_scales + (s + 4) / 4);
+    }
+    if (s + ahead < steps) load(s + ahead, true);
+    cp_async_commit();
+    const uint32_t scales = ((s & 2) ? scales4.y : scales4.x) >> (16 * (s & 1));
+    const uint32_t words[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+    uint8_t* b_row = b_tiles + (s % 2) * b_bytes + (tid >> 3) * (bk / 8) * 128 + (tid & 7) * 16;
+#pragma unroll
+    for (int blk = 0; blk < 2; ++blk) {
+      // the block's scale 2^(e - 127) as a bf16 pair (e = 0: the subnormal 2^-127)
+      const uint32_t e = (scales >> (8 * blk)) & 0xFF, bits = e ? e << 7 : 0x0040u;
+      const uint32_t scale = bits | bits << 16;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        *reinterpret_cast<uint4*>(b_row + (4 * blk + j) * 128) = decode8(words[4 * blk + j], scale);
+    }
+    wg::fence_smem();
+    __syncthreads();  // the bf16 tile is whole
+    const uint32_t as = a_base + (s % stages) * (a_bytes + r_bytes), bs = b_base + (s % 2) * b_bytes;
+    tma::wait(&full[s % stages], uint32_t(s / stages) & 1);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < bk / 16; ++kk)
+      wg::mma_m64n256<0>(acc, wg::desc_swizzled(as + 32 * kk), wg::desc_at(bs + 256 * kk, 128, (bk / 8) * 128), 1);
+    wg::commit_and_wait_for<1>();
+  }
+  wg::wait_all();
+  for (float& v : acc) wg::pin(v);
+
+  // thread t of a warpgroup: rows 16 (t / 32) + (t % 32) / 4 and 8 below, columns 8 j + 2 (t % 4)
+  const int tw = tid & 127, row = 64 * wgi + 16 * (tw >> 5) + ((tw & 31) >> 2);
+  float* y0 = p.y + std::size_t(t.row0 + row) * p.ldy + n0 + 2 * (tw & 3);
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    if (row < t.rows) *reinterpret_cast<float2*>(y0 + 8 * j) = make_float2(acc[4 * j], acc[4 * j + 1]);
+    if (row + 8 < t.rows)
+      *reinterpret_cast<float2*>(y0 + std::size_t(8) * p.ldy + 8 * j) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+  }
+#endif
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool experts_wg_supports(const cpu::expert_weights* experts, int num_experts, int d, int inter) {
+  if (d % bn != 0 || inter % bn != 0 || !wg::available()) return false;  // (then K % (4 bk) == 0 too)
+  for (int e = 0; e < num_experts; ++e) {
+    const cpu::expert_weights& w = experts[e];
+    for (const fp4_weight* m : {&w.w1, &w.w3, &w.w2})
+      if (m->data != nullptr && (!aligned16(m->data) || reinterpret_cast<uintptr_t>(m->scale) % 8 != 0)) return false;
+  }
+  return true;
+}
+
+/// The tensor map of a [rows, k] bf16 row-major matrix in boxes of 128 rows by 64 columns, in
+/// the 128-byte swizzle; rows past the last read as zeros.
+CUtensorMap activation_map(const uint16_t* a, int rows, int k) {
+  using encode_fn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static const encode_fn encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    CEDAR_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    CEDAR_CUDA_REQUIRE(found == cudaDriverEntryPointSuccess && fn != nullptr, "cuTensorMapEncodeTiled not found");
+    return reinterpret_cast<encode_fn>(fn);
+  }();
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(rows)}, strides[1] = {cuuint64_t(k) * 2};
+  const cuuint32_t box[2] = {bk, bm}, unit[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(a), dims, strides, box,
+                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CEDAR_CUDA_REQUIRE(r == CUDA_SUCCESS, "experts_wg: cuTensorMapEncodeTiled failed");
+  return map;
+}
+
+void experts_wg(const uint16_t* a, const int* counts, const cpu::expert_weights* table, int num_experts, int which,
+                int n, int k, int slots, float* y, int ldy) {
+  CEDAR_CUDA_REQUIRE(n % bn == 0 && k % (4 * bk) == 0 && ldy % 2 == 0 && aligned16(a) && aligned16(y),
+                     "experts_wg: n % 256 == 0, k % 256 == 0, aligned rows");
+  if (slots <= 0) return;
+  static const bool configured = [] {
+    CEDAR_CUDA_CHECK(
+        cudaFuncSetAttribute(experts_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    return true;
+  }();
+  (void)configured;
+  // at most one partial piece per expert beyond the whole ones
+  const long long pieces = (slots + bm - 1) / bm + num_experts;
+  CEDAR_CUDA_REQUIRE(pieces <= 65535, "experts_wg: at most 65535 row pieces");
+  cuda::detail::launch_dependent(experts_wg_kernel, dim3(unsigned(n / bn), unsigned(pieces)), dim3(threads),
+                                 smem_bytes, activation_map(a, slots, k),
+                                 wg_params{counts, table, num_experts, which, n, k, y, ldy});
+}
+
+}  // namespace cedar::cuda::fast::detail
