@@ -62,8 +62,10 @@ TEST_CASE("fast experts wgmma: every expert's rows within 2^-16 of sum|xw| of th
     // rows already on the FP8 grid (so the CPU's W4A8 linear takes them as they are), as bf16
     std::vector<float> x = activations(rng, rows, k);
     for (int r = 0; r < rows; ++r) fmt::fake_quant_fp8(x.data() + std::size_t(r) * k, k);
-    std::vector<uint16_t> xb(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) xb[i] = fmt::f32_to_bf16(x[i]);
+    std::vector<uint16_t> xb(x.size());  // each row's columns in the kernel's order
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < k; ++c)
+        xb[std::size_t(r) * k + cuda::fast::detail::wg_column(c)] = fmt::f32_to_bf16(x[std::size_t(r) * k + c]);
     dev<uint16_t> a(xb);
     const int spare = 8;  // rows past the last, which must stay as they are (0xFF bytes)
     dev<float> y(std::size_t(rows + spare) * n);

@@ -136,11 +136,12 @@ __global__ void swiglu_codes_kernel(float* g, const float* u, int cap, int inter
   if (lane == 0) scales[gi] = sc;
 }
 
-/// The same on gu [cap, 2 inter] (g then u), written as the fake-quantized bf16 h [cap, inter].
+/// The same on gu [cap, 2 inter] (g then u), written as the fake-quantized bf16 h [cap, inter]
+/// (its columns in wg_column's order with wg_order).
 /// Grid (slots, ceil(inter / 8 / blockDim.x)): eight values a thread, four threads (neighbour
 /// lanes) a group of 32; slots at or past *total get zeros.
 __global__ void swiglu_bf16_kernel(const float* gu, int inter, const int32_t* slot_src, const float* weights,
-                                   const int* total, float limit, uint16_t* out) {
+                                   const int* total, float limit, bool wg_order, uint16_t* out) {
   cuda::detail::dependent_start();
   const int s = int(blockIdx.x), c8 = int(blockIdx.y * blockDim.x + threadIdx.x);
   const bool in = c8 * 8 < inter;  // inter % 32 == 0: a group's four threads are all in or all out
@@ -159,7 +160,7 @@ __global__ void swiglu_bf16_kernel(const float* gu, int inter, const int32_t* sl
     }
   }
   const uint4 q = cuda::detail::fake_quant8_bf16(h);
-  if (in) reinterpret_cast<uint4*>(out + size_t(s) * inter)[c8] = q;
+  if (in) store8(out + size_t(s) * inter, c8, q, wg_order);
 }
 
 /// out[r, c] = (0 + down[pos(r, 0), c] + ... in top-k order) + shared[r, c] (0 when null),
@@ -344,10 +345,11 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         // bf16 activations, the counts read on the device (no host round trip)
         scratch<uint16_t> xb(size_t(slots) * d), hb(size_t(slots) * inter);
         scratch<float> gu(size_t(slots) * 2 * inter);
-        fake_quant_bf16(y_c, d, slot_row.get(), total, slots, d, xb.get());
+        fake_quant_bf16(y_c, d, slot_row.get(), total, slots, d, xb.get(), true);
         detail::experts_wg(xb.get(), counts.get(), table, num_experts, 0, 2 * inter, d, slots, gu.get(), 2 * inter);
         cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(unsigned(slots), blocks_for(inter / 8, 256)),
-                                       dim3(256), 0, gu.get(), inter, slot_src.get(), w_c, total, limit, hb.get());
+                                       dim3(256), 0, gu.get(), inter, slot_src.get(), w_c, total, limit, true,
+                                       hb.get());
         detail::experts_wg(hb.get(), counts.get(), table, num_experts, 1, d, inter, slots, down.get(), d);
       } else {
         // prefill: the 64 (or so) counts to the host, then per-expert bf16 GEMMs on sorted rows
@@ -381,7 +383,8 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
             });
         if (used > 0) {  // none when this shard holds none of the chosen experts
           cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(unsigned(used), blocks_for(inter / 8, 256)),
-                                         dim3(256), 0, gu.get(), inter, slot_src.get(), w_c, total, limit, hb.get());
+                                         dim3(256), 0, gu.get(), inter, slot_src.get(), w_c, total, limit, false,
+                                         hb.get());
         }
         overlapped_experts(
             host_counts, size_t(inter) * d,

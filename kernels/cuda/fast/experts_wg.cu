@@ -1,19 +1,22 @@
 // The routed experts' products at prefill on Hopper (experts_wg.hpp, sm_90a): every expert's
-// rows against its FP4 weight in one launch, the weight turned into bf16 in shared memory on its
-// way to the tensor cores, instead of a dequantized bf16 copy of each expert per call and one
-// cuBLAS product per expert.
+// rows against its FP4 weight in one launch, the weight turned into bf16 in registers on its way
+// to the tensor cores, instead of a dequantized bf16 copy of each expert per call and one cuBLAS
+// product per expert.
 //
-// A block computes a tile of 128 of one expert's sorted rows by 256 outputs, K in steps of 64:
-// two warpgroups, each m64n256k16 wgmmas over 64 of the rows (128 fp32 accumulators a thread).
-// Per step, a tensor copy (tma.cuh) brings the rows' bf16 activations (K-major, 128-byte rows in
-// the 128-byte swizzle) and cp.async the weight's packed E2M1 codes into one of `stages` slots,
-// `ahead` steps before use; each thread turns one weight row's 64 codes into bf16 (table lookups
-// by byte permutes, then one bf16 multiply by the row block's UE8M0 scale: the product is the
-// value, exactly) into one of two bf16 tiles while the wgmmas of the step before run. Every product of two bf16 values is
+// A block computes 128 outputs (weight rows) for 256 of one expert's sorted rows (tokens), K in
+// steps of 64: two warpgroups, each wgmma m64n256k16 with 64 weight rows as A, from registers, and
+// the tokens as B, from shared memory (128 fp32 accumulators a thread). Per step, a tensor copy
+// (tma.cuh) brings the tokens' bf16 activations (K-major, 128-byte rows in the 128-byte swizzle)
+// and cp.async the weight's packed E2M1 codes into one of `stages` slots, `ahead` steps before
+// use. Each thread turns the 32 codes of its A fragments (two rows, 16 columns: 8 bytes of each
+// row, the activations' columns stored in the matching order, wg_column) into bf16 by byte-permute
+// table lookups and one bf16 multiply by the block's UE8M0 scale (the product is the value,
+// exactly), and hands them to the wgmma straight from registers: no bf16 weight tile in shared
+// memory, no barrier between the conversion and the product. Every product of two bf16 values is
 // exact in fp32, so the results are the CPU op's sums in another order, as with the cuBLAS path.
 //
 // Tiles are found from the experts' row counts on the device (no host round trip): tile row y is
-// the y-th 128-row piece in expert order; blocks past the last piece return at once.
+// the y-th 256-row piece in expert order; blocks past the last piece return at once.
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/common.cuh"
@@ -25,17 +28,11 @@
 namespace cedar::cuda::fast::detail {
 namespace {
 
-constexpr int bm = 128, bn = 256, bk = 64, stages = 5, ahead = stages - 2, threads = 256;
+constexpr int bm = 256, bn = 128, bk = 64, stages = 5, ahead = stages - 2, threads = 256;
 constexpr int a_bytes = bm * bk * 2;  // a slot's activations, bf16
 constexpr int r_bytes = bn * bk / 2;  // a slot's weight codes, E2M1
-constexpr int b_bytes = bn * bk * 2;  // one of the two bf16 weight tiles
-constexpr int smem_bytes = stages * (a_bytes + r_bytes) + 2 * b_bytes + 1024;  // + alignment
-
-/// Offset of half h of weight row `row`'s 32 code bytes in a slot: rows in order, the halves
-/// swapped in rows 4-7 of every 8, so that 8 threads reading one half each of 8 rows hit all banks.
-__host__ __device__ constexpr uint32_t codes_offset(int row, int half) {
-  return uint32_t(row * 32 + ((half ^ ((row >> 2) & 1)) * 16));
-}
+constexpr int slot_bytes = a_bytes + r_bytes;
+constexpr int smem_bytes = stages * slot_bytes + 1024;  // + alignment
 
 /// cp.async of 16 bytes to shared-memory address s (zero-filled when !valid).
 __device__ __forceinline__ void cp_async16_at(uint32_t s, const void* gmem, bool valid) {
@@ -46,7 +43,7 @@ struct tile_place {
   int expert, row0, rows;  // expert -1: no tile
 };
 
-/// Warp 0: the expert, first sorted row and row count of 128-row piece `tile` (pieces in expert
+/// Warp 0: the expert, first sorted row and row count of bm-row piece `tile` (pieces in expert
 /// order, each expert's rows following the rows of the experts before it).
 __device__ tile_place find_tile(const int* counts, int num_experts, int tile) {
   const int lane = threadIdx.x & 31;
@@ -135,31 +132,27 @@ __global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_con
   const fp4_weight& w = up ? (second ? ew.w3 : ew.w1) : ew.w2;
   const int wrow = second ? n0 - p.n / 2 : n0;
   const int k = p.k, steps = k / bk;
-  const uint8_t* r_src[r_bytes / 16 / threads];
-  uint32_t r_dst[r_bytes / 16 / threads];
-#pragma unroll
-  for (int i = 0; i < r_bytes / 16 / threads; ++i) {  // a row's 32 bytes, its halves swapped
-    const int q = tid + threads * i, row = q >> 1, half = q & 1;
-    r_src[i] = w.data + std::size_t(wrow + row) * (k / 2) + half * 16;
-    r_dst[i] = a_bytes + codes_offset(row, half);
-  }
-  // Each load first advances the code sources to its step (pointers written well before the
-  // cp.async reads them, not right after, where the write would wait for the copy to take its
-  // address), then copies into the step's slot (a uniform base plus fixed offsets).
+  // the codes: thread tid copies half tid % 2 of weight row tid / 2's 32 bytes a step
+  const uint8_t* r_src = w.data + std::size_t(wrow + (tid >> 1)) * (k / 2) + (tid & 1) * 16;
+  // Each load first advances the code source to its step (a pointer written well before the
+  // cp.async reads it, not right after, where the write would wait for the copy to take its
+  // address), then copies into the step's slot.
   const uint32_t smem_base = wg::smem_address(smem);
   const auto load = [&](int step, bool advance) {
-#pragma unroll
-    for (int i = 0; i < r_bytes / 16 / threads; ++i) r_src[i] += advance ? bk / 2 : 0;
-    const uint32_t slot = smem_base + (step % stages) * (a_bytes + r_bytes);
+    r_src += advance ? bk / 2 : 0;
+    const uint32_t slot = smem_base + (step % stages) * slot_bytes;
     if (tid == 0) {  // the activations: one tensor copy (rows past this expert's are not stored)
       tma::arrive_expect(&full[step % stages], a_bytes);
       tma::load_2d(slot, &a_map, step * bk, t.row0, &full[step % stages]);
     }
-#pragma unroll
-    for (int i = 0; i < r_bytes / 16 / threads; ++i) cp_async16_at(slot + r_dst[i], r_src[i], true);
+    cp_async16_at(slot + a_bytes + tid * 16, r_src, true);
   };
-  // row tid's scales, two bytes a step, read four steps at a time (steps % 4 == 0)
-  const uint2* my_scales = reinterpret_cast<const uint2*>(w.scale + std::size_t(wrow + tid) * (k / 32));
+  // the weight rows of this thread's fragments (rows g and g + 8 of its warp's 16), the codes of
+  // columns 16 l .. 16 l + 15 of each step (one scale block), scales read four steps at a time
+  const int wgi = tid >> 7, lane = tid & 31, g = lane >> 2, l = lane & 3;
+  const int frag_row = 64 * wgi + 16 * ((tid >> 5) & 3) + g;
+  const uint2* scales_of[2] = {reinterpret_cast<const uint2*>(w.scale + std::size_t(wrow + frag_row) * (k / 32)),
+                               reinterpret_cast<const uint2*>(w.scale + std::size_t(wrow + frag_row + 8) * (k / 32))};
 
   float acc[128];
 #pragma unroll
@@ -169,59 +162,68 @@ __global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_con
     if (s < steps) load(s, s > 0);
     cp_async_commit();
   }
-  const int wgi = tid >> 7;
-  uint8_t* b_tiles = smem + stages * (a_bytes + r_bytes);
-  const uint32_t a_base = smem_base + wgi * 64 * (bk * 2);  // the warpgroup's 64 rows
-  const uint32_t b_base = wg::smem_address(b_tiles);
-  uint2 scales4 = {0, 0}, scales_next = __ldg(my_scales);
+  uint2 scales4[2] = {}, scales_next[2] = {__ldg(scales_of[0]), __ldg(scales_of[1])};
+  uint32_t frags[2][16];  // a step's A fragments, two steps' sets: a wgmma reads them until done
 
-  for (int s = 0; s < steps; ++s) {
+  const auto step = [&](int s, uint32_t(&a)[16]) {
     cp_async_wait<ahead - 1>();
-    __syncthreads();  // step s has landed; every wgmma of step s - 2 is done (its slot and tile free)
-    // this thread's weight row (64 codes), read before the next loads are issued
-    const uint8_t* rs = smem + (s % stages) * (a_bytes + r_bytes) + a_bytes;
-    const uint4 c0 = *reinterpret_cast<const uint4*>(rs + codes_offset(tid, 0)),
-                c1 = *reinterpret_cast<const uint4*>(rs + codes_offset(tid, 1));
-    if (s % 4 == 0) {
-      scales4 = scales_next;
-      if (s + 4 < steps) scales_next = __ldg(my_scales + (s + 4) / 4);
-    }
+    __syncthreads();  // step s's codes have landed; every wgmma of step s - 2 is done (slot free)
+    const uint8_t* codes = smem + (s % stages) * slot_bytes + a_bytes + 8 * l;
+    const uint2 c0 = *reinterpret_cast<const uint2*>(codes + frag_row * 32),
+                c1 = *reinterpret_cast<const uint2*>(codes + (frag_row + 8) * 32);
+    if (s % 4 == 0)
+      for (int r = 0; r < 2; ++r) {
+        scales4[r] = scales_next[r];
+        if (s + 4 < steps) scales_next[r] = __ldg(scales_of[r] + (s + 4) / 4);
+      }
     if (s + ahead < steps) load(s + ahead, true);
     cp_async_commit();
-    const uint32_t scales = ((s & 2) ? scales4.y : scales4.x) >> (16 * (s & 1));
-    const uint32_t words[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-    uint8_t* b_row = b_tiles + (s % 2) * b_bytes + (tid >> 3) * (bk / 8) * 128 + (tid & 7) * 16;
-#pragma unroll
-    for (int blk = 0; blk < 2; ++blk) {
-      // the block's scale 2^(e - 127) as a bf16 pair (e = 0: the subnormal 2^-127)
-      const uint32_t e = (scales >> (8 * blk)) & 0xFF, bits = e ? e << 7 : 0x0040u;
-      const uint32_t scale = bits | bits << 16;
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        *reinterpret_cast<uint4*>(b_row + (4 * blk + j) * 128) = decode8(words[4 * blk + j], scale);
+    // the scale block of columns 16 l .. 16 l + 15 of step s: byte 2 (s % 4) + l / 2 of the four
+    // steps' eight; 2^(e - 127) as a bf16 pair (e = 0: the subnormal 2^-127)
+    const int byte = 2 * (s & 3) + (l >> 1);
+    uint32_t scale[2];
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t e = ((byte & 4 ? scales4[r].y : scales4[r].x) >> (8 * (byte & 3))) & 0xFF;
+      const uint32_t bits = e ? e << 7 : 0x0040u;
+      scale[r] = bits | bits << 16;
     }
-    wg::fence_smem();
-    __syncthreads();  // the bf16 tile is whole
-    const uint32_t as = a_base + (s % stages) * (a_bytes + r_bytes), bs = b_base + (s % 2) * b_bytes;
+    // byte i of a row's 8 holds columns 16 l + 2 i, + 1: the pair that k16 step i / 2 takes at
+    // a0 (row g) / a1 (row g + 8) for even i, a2 / a3 for odd i (wg_column's order)
+    const uint4 r0[2] = {decode8(c0.x, scale[0]), decode8(c0.y, scale[0])};
+    const uint4 r1[2] = {decode8(c1.x, scale[1]), decode8(c1.y, scale[1])};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      a[8 * h + 0] = r0[h].x, a[8 * h + 1] = r1[h].x, a[8 * h + 2] = r0[h].y, a[8 * h + 3] = r1[h].y;
+      a[8 * h + 4] = r0[h].z, a[8 * h + 5] = r1[h].z, a[8 * h + 6] = r0[h].w, a[8 * h + 7] = r1[h].w;
+    }
+    const uint32_t tile = smem_base + (s % stages) * slot_bytes;
     tma::wait(&full[s % stages], uint32_t(s / stages) & 1);
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < bk / 16; ++kk)
-      wg::mma_m64n256<0>(acc, wg::desc_swizzled(as + 32 * kk), wg::desc_at(bs + 256 * kk, 128, (bk / 8) * 128), 1);
+      wg::mma_m64n256_rs(acc, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3],
+                         wg::desc_swizzled(tile + 32 * kk));
     wg::commit_and_wait_for<1>();
+  };
+  for (int s = 0; s < steps; s += 2) {  // steps % 4 == 0; the fragment sets alternate
+    step(s, frags[0]);
+    step(s + 1, frags[1]);
   }
   wg::wait_all();
   for (float& v : acc) wg::pin(v);
 
-  // thread t of a warpgroup: rows 16 (t / 32) + (t % 32) / 4 and 8 below, columns 8 j + 2 (t % 4)
-  const int tw = tid & 127, row = 64 * wgi + 16 * (tw >> 5) + ((tw & 31) >> 2);
-  float* y0 = p.y + std::size_t(t.row0 + row) * p.ldy + n0 + 2 * (tw & 3);
+  // acc[4 j + {0, 1}]: weight row frag_row, tokens 8 j + 2 l + {0, 1}; acc[4 j + {2, 3}]: row + 8
+  float* y0 = p.y + std::size_t(t.row0) * p.ldy + n0 + frag_row;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    if (row < t.rows) *reinterpret_cast<float2*>(y0 + 8 * j) = make_float2(acc[4 * j], acc[4 * j + 1]);
-    if (row + 8 < t.rows)
-      *reinterpret_cast<float2*>(y0 + std::size_t(8) * p.ldy + 8 * j) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
-  }
+  for (int j = 0; j < 32; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int tok = 8 * j + 2 * l + c;
+      if (tok < t.rows) {
+        y0[std::size_t(tok) * p.ldy] = acc[4 * j + c];
+        y0[std::size_t(tok) * p.ldy + 8] = acc[4 * j + 2 + c];
+      }
+    }
 #endif
 }
 
@@ -239,7 +241,7 @@ bool experts_wg_supports(const cpu::expert_weights* experts, int num_experts, in
   return true;
 }
 
-/// The tensor map of a [rows, k] bf16 row-major matrix in boxes of 128 rows by 64 columns, in
+/// The tensor map of a [rows, k] bf16 row-major matrix in boxes of bm rows by bk columns, in
 /// the 128-byte swizzle; rows past the last read as zeros.
 CUtensorMap activation_map(const uint16_t* a, int rows, int k) {
   using encode_fn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,

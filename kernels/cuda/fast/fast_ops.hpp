@@ -174,8 +174,10 @@ namespace detail {
 void dequant_bf16(const fp8_weight& w, uint16_t* out);
 /// FP4: on_stream, when given, is the stream to run on instead of the current one.
 void dequant_bf16(const fp4_weight& w, uint16_t* out, void* on_stream = nullptr);
-/// out [m, k] bf16 = fmt::fake_quant_fp8 of x rows (rows[r] when given; zeros at r >= *count).
-void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k, uint16_t* out);
+/// out [m, k] bf16 = fmt::fake_quant_fp8 of x rows (rows[r] when given; zeros at r >= *count),
+/// with wg_order each 64-column block in the wgmma experts' order (experts_wg.hpp, wg_column).
+void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k, uint16_t* out,
+                     bool wg_order = false);
 /// out [parts, m, k] bf16: x = out[0] + out[1] + out[2] exactly with three parts, within
 /// 2^-18 |x| with two.
 void split_bf16(const float* x, int ldx, int m, int k, int parts, uint16_t* out);

@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/fast/experts_wg.hpp"
 #include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/mma.cuh"
 #include "kernels/cuda/internal.cuh"
@@ -109,11 +110,11 @@ __global__ void dequant_fp4_kernel(const uint8_t* data, const uint8_t* scale, lo
 }
 
 /// Four threads per group of 32 (8 values each): row r of out [m, k] is fmt::fake_quant_fp8 of
-/// x row rows[r] (or r) as bf16 (exact). Rows at or past *count (when given) or with rows[r] < 0
-/// are zeros. v / s is computed as v * (1 / s): s is a power of two, so both are the same
+/// x row rows[r] (or r) as bf16 (exact), its columns in wg_column's order with wg_order. Rows at
+/// or past *count (when given) or with rows[r] < 0 are zeros. v / s is computed as v * (1 / s): s is a power of two, so both are the same
 /// correctly rounded value.
 __global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k,
-                                       uint16_t* out) {
+                                       bool wg_order, uint16_t* out) {
   cuda::detail::dependent_start();
   const long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;  // 8 values each
   const int per_row = k / 8;
@@ -129,7 +130,7 @@ __global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* r
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   }
   const uint4 q = cuda::detail::fake_quant8_bf16(v);
-  if (in) reinterpret_cast<uint4*>(out + size_t(r) * k)[c8] = q;
+  if (in) store8(out + size_t(r) * k, c8, q, wg_order);
 }
 
 /// x [m, k] (row stride ldx) -> out [Parts, m, k] bf16: each part the residual of the ones
@@ -365,13 +366,14 @@ void dequant_bf16(const fp4_weight& w, uint16_t* out, void* on_stream) {
   CEDAR_CUDA_CHECK(cudaGetLastError());
 }
 
-void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k, uint16_t* out) {
+void fake_quant_bf16(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k, uint16_t* out,
+                     bool wg_order) {
   CEDAR_CUDA_REQUIRE(k % 32 == 0 && ldx % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0,
                      "fake_quant_bf16: k % 32 == 0, 16-byte aligned rows");
   const long long threads = (long long)m * k / 8;
   if (threads == 0) return;
   cuda::detail::launch_dependent(fake_quant_bf16_kernel, dim3(blocks_for(threads, 256)), dim3(256), 0, x, ldx, rows,
-                                 count, m, k, out);
+                                 count, m, k, wg_order, out);
 }
 
 void split_bf16(const float* x, int ldx, int m, int k, int parts, uint16_t* out) {
