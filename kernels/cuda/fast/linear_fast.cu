@@ -111,8 +111,8 @@ __global__ void dequant_fp4_kernel(const uint8_t* data, const uint8_t* scale, lo
 
 /// Four threads per group of 32 (8 values each): row r of out [m, k] is fmt::fake_quant_fp8 of
 /// x row rows[r] (or r) as bf16 (exact), its columns in wg_column's order with wg_order. Rows at
-/// or past *count (when given) or with rows[r] < 0 are zeros. v / s is computed as v * (1 / s): s is a power of two, so both are the same
-/// correctly rounded value.
+/// or past *count (when given) or with rows[r] < 0 are zeros. v / s is computed as v * (1 / s): s
+/// is a power of two, so both are the same correctly rounded value.
 __global__ void fake_quant_bf16_kernel(const float* x, int ldx, const int32_t* rows, const int* count, int m, int k,
                                        bool wg_order, uint16_t* out) {
   cuda::detail::dependent_start();
