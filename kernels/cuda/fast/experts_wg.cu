@@ -148,11 +148,12 @@ __global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_con
     cp_async16_at(slot + a_bytes + tid * 16, r_src, true);
   };
   // the weight rows of this thread's fragments (rows g and g + 8 of its warp's 16), the codes of
-  // columns 16 l .. 16 l + 15 of each step (one scale block), scales read four steps at a time
+  // columns 16 l .. 16 l + 15 of each step (one scale block), scales read two steps at a time
   const int wgi = tid >> 7, lane = tid & 31, g = lane >> 2, l = lane & 3;
   const int frag_row = 64 * wgi + 16 * ((tid >> 5) & 3) + g;
-  const uint2* scales_of[2] = {reinterpret_cast<const uint2*>(w.scale + std::size_t(wrow + frag_row) * (k / 32)),
-                               reinterpret_cast<const uint2*>(w.scale + std::size_t(wrow + frag_row + 8) * (k / 32))};
+  const uint32_t* scales_of[2] = {
+      reinterpret_cast<const uint32_t*>(w.scale + std::size_t(wrow + frag_row) * (k / 32)),
+      reinterpret_cast<const uint32_t*>(w.scale + std::size_t(wrow + frag_row + 8) * (k / 32))};
 
   float acc[128];
 #pragma unroll
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_con
     if (s < steps) load(s, s > 0);
     cp_async_commit();
   }
-  uint2 scales4[2] = {}, scales_next[2] = {__ldg(scales_of[0]), __ldg(scales_of[1])};
+  uint32_t scales2[2] = {}, scales_next[2] = {__ldg(scales_of[0]), __ldg(scales_of[1])};
   uint32_t frags[2][16];  // a step's A fragments, two steps' sets: a wgmma reads them until done
 
   const auto step = [&](int s, uint32_t(&a)[16]) {
@@ -171,19 +172,19 @@ __global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_con
     const uint8_t* codes = smem + (s % stages) * slot_bytes + a_bytes + 8 * l;
     const uint2 c0 = *reinterpret_cast<const uint2*>(codes + frag_row * 32),
                 c1 = *reinterpret_cast<const uint2*>(codes + (frag_row + 8) * 32);
-    if (s % 4 == 0)
+    if (s % 2 == 0)
       for (int r = 0; r < 2; ++r) {
-        scales4[r] = scales_next[r];
-        if (s + 4 < steps) scales_next[r] = __ldg(scales_of[r] + (s + 4) / 4);
+        scales2[r] = scales_next[r];
+        if (s + 2 < steps) scales_next[r] = __ldg(scales_of[r] + (s + 2) / 2);
       }
     if (s + ahead < steps) load(s + ahead, true);
     cp_async_commit();
-    // the scale block of columns 16 l .. 16 l + 15 of step s: byte 2 (s % 4) + l / 2 of the four
-    // steps' eight; 2^(e - 127) as a bf16 pair (e = 0: the subnormal 2^-127)
-    const int byte = 2 * (s & 3) + (l >> 1);
+    // the scale block of columns 16 l .. 16 l + 15 of step s: byte 2 (s % 2) + l / 2 of the two
+    // steps' four; 2^(e - 127) as a bf16 pair (e = 0: the subnormal 2^-127)
+    const int byte = 2 * (s & 1) + (l >> 1);
     uint32_t scale[2];
     for (int r = 0; r < 2; ++r) {
-      const uint32_t e = ((byte & 4 ? scales4[r].y : scales4[r].x) >> (8 * (byte & 3))) & 0xFF;
+      const uint32_t e = (scales2[r] >> (8 * byte)) & 0xFF;
       const uint32_t bits = e ? e << 7 : 0x0040u;
       scale[r] = bits | bits << 16;
     }
@@ -205,7 +206,7 @@ __global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_con
                          wg::desc_swizzled(tile + 32 * kk));
     wg::commit_and_wait_for<1>();
   };
-  for (int s = 0; s < steps; s += 2) {  // steps % 4 == 0; the fragment sets alternate
+  for (int s = 0; s < steps; s += 2) {  // steps % 2 == 0; the fragment sets alternate
     step(s, frags[0]);
     step(s + 1, frags[1]);
   }
@@ -232,11 +233,12 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 bool experts_wg_supports(const cpu::expert_weights* experts, int num_experts, int d, int inter) {
-  if (d % bn != 0 || inter % bn != 0 || !wg::available()) return false;  // (then K % (4 bk) == 0 too)
+  // n (2 inter or d) a multiple of bn, k (d or inter) of 2 bk: the steps run in pairs
+  if (d % bn != 0 || inter % bn != 0 || d % (2 * bk) != 0 || inter % (2 * bk) != 0 || !wg::available()) return false;
   for (int e = 0; e < num_experts; ++e) {
     const cpu::expert_weights& w = experts[e];
     for (const fp4_weight* m : {&w.w1, &w.w3, &w.w2})
-      if (m->data != nullptr && (!aligned16(m->data) || reinterpret_cast<uintptr_t>(m->scale) % 8 != 0)) return false;
+      if (m->data != nullptr && (!aligned16(m->data) || reinterpret_cast<uintptr_t>(m->scale) % 4 != 0)) return false;
   }
   return true;
 }
@@ -266,8 +268,8 @@ CUtensorMap activation_map(const uint16_t* a, int rows, int k) {
 
 void experts_wg(const uint16_t* a, const int* counts, const cpu::expert_weights* table, int num_experts, int which,
                 int n, int k, int slots, float* y, int ldy) {
-  CEDAR_CUDA_REQUIRE(n % bn == 0 && k % (4 * bk) == 0 && ldy % 2 == 0 && aligned16(a) && aligned16(y),
-                     "experts_wg: n % 256 == 0, k % 256 == 0, aligned rows");
+  CEDAR_CUDA_REQUIRE(n % bn == 0 && k % (2 * bk) == 0 && ldy % 2 == 0 && aligned16(a) && aligned16(y),
+                     "experts_wg: n % 128 == 0, k % 128 == 0, aligned rows");
   if (slots <= 0) return;
   static const bool configured = [] {
     CEDAR_CUDA_CHECK(

@@ -33,7 +33,7 @@ __device__ __forceinline__ void store8(uint16_t* row, int c8, uint4 q, bool wg_o
 #endif
 
 /// True when experts_wg takes these experts on this device: sm_90a, d and inter multiples of
-/// 256, every weight's codes 16-byte and its scales 8-byte aligned.
+/// 128, every weight's codes 16-byte and its scales 4-byte aligned.
 bool experts_wg_supports(const cpu::expert_weights* experts, int num_experts, int d, int inter);
 
 /// For every expert e and each of its counts[e] rows r of a (sorted by expert; expert e's rows
