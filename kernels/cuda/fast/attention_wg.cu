@@ -51,6 +51,7 @@ static_assert(wg_smem::bytes <= 227 * 1024, "one block a SM");
 /// 32 (tid / 64) + 128 j (j < 4): one record, so one pointer and one kind for all four. Its
 /// loads are issued a phase before their conversion into the tile, so they are in flight during
 /// the products of the chunk before.
+[[maybe_unused]]  // (in the sm_90a compilation only)
 __device__ __forceinline__ void gather_load(record32 (&raw)[4], const uint8_t* const* cand, const int* kinds, int tid) {
   const int c = tid & (C - 1), d0 = (tid >> 6) * 32;
   const int kind = kinds[c];
@@ -66,6 +67,7 @@ __device__ __forceinline__ void gather_load(record32 (&raw)[4], const uint8_t* c
 
 /// The pieces of gather_load as bf16 into the tile (core matrices; 8 consecutive threads fill
 /// the 8 rows of one).
+[[maybe_unused]]  // (in the sm_90a compilation only)
 __device__ __forceinline__ void gather_store(const record32 (&raw)[4], const uint8_t* const* cand, const int* kinds,
                                              int tid, unsigned char* kvs) {
   const int c = tid & (C - 1), d0 = (tid >> 6) * 32;

@@ -28,14 +28,15 @@
 namespace cedar::cuda::fast::detail {
 namespace {
 
-constexpr int bm = 256, bn = 128, bk = 64, stages = 5, ahead = stages - 2, threads = 256;
+constexpr int bm = 256, bn = 128, bk = 64, stages = 5, threads = 256;
+[[maybe_unused]] constexpr int ahead = stages - 2;  // steps loaded before their use
 constexpr int a_bytes = bm * bk * 2;  // a slot's activations, bf16
 constexpr int r_bytes = bn * bk / 2;  // a slot's weight codes, E2M1
 constexpr int slot_bytes = a_bytes + r_bytes;
 constexpr int smem_bytes = stages * slot_bytes + 1024;  // + alignment
 
 /// cp.async of 16 bytes to shared-memory address s (zero-filled when !valid).
-__device__ __forceinline__ void cp_async16_at(uint32_t s, const void* gmem, bool valid) {
+[[maybe_unused]] __device__ __forceinline__ void cp_async16_at(uint32_t s, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
 
@@ -45,7 +46,7 @@ struct tile_place {
 
 /// Warp 0: the expert, first sorted row and row count of bm-row piece `tile` (pieces in expert
 /// order, each expert's rows following the rows of the experts before it).
-__device__ tile_place find_tile(const int* counts, int num_experts, int tile) {
+[[maybe_unused]] __device__ tile_place find_tile(const int* counts, int num_experts, int tile) {
   const int lane = threadIdx.x & 31;
   int tiles_before = 0, rows_before = 0;
   for (int base = 0; base < num_experts; base += 32) {
@@ -83,7 +84,7 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 /// Byte permutes do the table lookups: the codes' magnitudes (3 bits) select the low and the high
 /// bytes of the bf16 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 from two 8-byte tables, the sign bits are
 /// gathered into bit 7 of the high bytes, and two more permutes interleave low and high bytes.
-__device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale) {
+[[maybe_unused]] __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale) {
   const uint32_t mags = w & 0x77777777u, w4 = w << 4;
   uint32_t o[4];
 #pragma unroll
