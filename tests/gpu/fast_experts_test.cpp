@@ -1,6 +1,7 @@
 // GPU test of the routed experts' wgmma products (kernels/cuda/fast/experts_wg.cu) on their own:
-// experts of zero, one, 129 (a whole 128-row piece and one row) and 300 rows, an expert another
-// shard holds, weight scales from 2^-7 to 2^4, K over more steps than the pipeline has slots.
+// experts of zero, one, 129 and 300 rows (whole and partial pieces of each token tile: 64, 128 and
+// 256 rows), an expert another shard holds, weight scales from 2^-7 to 2^4, K over more steps
+// than the pipeline has slots.
 // Each output within 2^-16 of sum_k |x_k w_k| of the CPU's W4A8 linear (the products are exact,
 // only the order of the fp32 sums differs), every row of every expert written, nothing past the
 // last row.
@@ -67,10 +68,6 @@ TEST_CASE("fast experts wgmma: every expert's rows within 2^-16 of sum|xw| of th
       for (int c = 0; c < k; ++c)
         xb[std::size_t(r) * k + cuda::fast::detail::wg_column(c)] = fmt::f32_to_bf16(x[std::size_t(r) * k + c]);
     dev<uint16_t> a(xb);
-    const int spare = 8;  // rows past the last, which must stay as they are (0xFF bytes)
-    dev<float> y(std::size_t(rows + spare) * n);
-    cuda::fast::detail::experts_wg(a.get(), dcounts.get(), table.get(), experts, which, n, k, rows, y.get(), n);
-    const std::vector<float> got = y.host();
 
     std::vector<float> want(std::size_t(rows) * n);
     std::vector<double> sabs(want.size());
@@ -94,23 +91,29 @@ TEST_CASE("fast experts wgmma: every expert's rows within 2^-16 of sum|xw| of th
           }
       }
     }
-    double worst = 0;
-    std::size_t same = 0;
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      const double diff = std::fabs(double(got[i]) - want[i]);
-      const double ratio = sabs[i] > 0 ? diff / sabs[i] : (diff == 0 ? 0 : INFINITY);
-      worst = std::isnan(ratio) ? INFINITY : std::max(worst, ratio);
-      same += std::memcmp(&got[i], &want[i], 4) == 0;
+    for (int tile : {64, 128, 256}) {
+      const int spare = 8;  // rows past the last, which must stay as they are (0xFF bytes)
+      dev<float> y(std::size_t(rows + spare) * n);
+      cuda::fast::detail::experts_wg(a.get(), dcounts.get(), table.get(), experts, which, n, k, rows, y.get(), n, tile);
+      const std::vector<float> got = y.host();
+      double worst = 0;
+      std::size_t same = 0;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        const double diff = std::fabs(double(got[i]) - want[i]);
+        const double ratio = sabs[i] > 0 ? diff / sabs[i] : (diff == 0 ? 0 : INFINITY);
+        worst = std::isnan(ratio) ? INFINITY : std::max(worst, ratio);
+        same += std::memcmp(&got[i], &want[i], 4) == 0;
+      }
+      std::printf("  experts_wg which=%d tile %3d (%d x %d, %d rows)  err/sum|xw| %.2e  bound %.1e  identical %.2f%%\n",
+                  which, tile, n, k, rows, worst, 1.0 / 65536, 100.0 * double(same) / double(want.size()));
+      CHECK_MESSAGE(worst <= 1.0 / 65536, "experts_wg which=" << which << " tile " << tile);
+      bool untouched = true;
+      for (std::size_t i = want.size(); i < got.size(); ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &got[i], 4);
+        untouched = untouched && bits == 0xFFFFFFFFu;
+      }
+      CHECK_MESSAGE(untouched, "experts_wg which=" << which << " tile " << tile << " wrote past the last row");
     }
-    std::printf("  experts_wg which=%d (%d x %d, %d rows)  err/sum|xw| %.2e  bound %.1e  identical %6.2f%%\n", which,
-                n, k, rows, worst, 1.0 / 65536, 100.0 * double(same) / double(want.size()));
-    CHECK_MESSAGE(worst <= 1.0 / 65536, "experts_wg which=" << which);
-    bool untouched = true;
-    for (std::size_t i = want.size(); i < got.size(); ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, &got[i], 4);
-      untouched = untouched && bits == 0xFFFFFFFFu;
-    }
-    CHECK_MESSAGE(untouched, "experts_wg which=" << which << " wrote past the last row");
   }
 }

@@ -299,7 +299,8 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
   const cpu::shared_expert_weights shared{s1.view, s3.view, s2.view}, gshared{g1.view, g3.view, g2.view};
   // on the "decode" thresholds m = 20 and 150 run the grouped narrow16 tile, 200 narrow32 (and
   // m = 1 narrow); the "prefill" ones run the bf16 path: on sm_90a the wgmma experts (their own
-  // test: fast_experts_test.cpp), and the cuBLAS products per expert
+  // test: fast_experts_test.cpp), and the cuBLAS products per expert; the defaults take the
+  // wgmma experts from 129 tokens on (sm_90a) and the grouped tiles below
   for (int m : {1, 20, 150, 200}) {
     const auto y = activations(rng, m, d);
     std::vector<int32_t> sel(std::size_t(m) * topk);
@@ -332,9 +333,14 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
         CHECK(ref::same_bits(o1.host().data(), got.data() + std::size_t(m - 1) * d, d));
       }
     };
-    both_paths(run);
+    // the default thresholds, then without the wgmma experts (the grouped tiles at every m
+    // here), then the bf16 path: the wgmma experts, and the cuBLAS products per expert
     const fast::tuning saved = fast::tuning_now();
+    run("default");
+    fast::tuning_now().expert_wgmma = false;
+    run("decode");
     fast::tuning_now() = {0, 0, 0, 0};
+    run("prefill");
     fast::tuning_now().expert_wgmma = false;
     run("prefill, cuBLAS per expert");
     fast::tuning_now() = saved;

@@ -581,8 +581,9 @@ void run_fp8w_gemv(const char* name, int groups, int n, int k, rng& r, std::vect
 /// "fast" is the path the thresholds pick; up to 1024 tokens the grouped narrow stream
 /// ("narrow"), the grouped skinny tile ("skinny") and the bf16 path ("bf16": the wgmma experts
 /// where the device has them) are also forced, to place expert_gemv_max_rows and
-/// expert_tiled_max_rows; "cublas" is the bf16 path with a dequantized copy and a cuBLAS product
-/// per expert (tuning::expert_wgmma off), at every count.
+/// expert_tiled_max_rows, with the wgmma experts' token tiles forced too ("wg64", "wg128",
+/// "wg256"); "cublas" is the bf16 path with a dequantized copy and a cuBLAS product per expert
+/// (tuning::expert_wgmma off), at every count.
 void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
   constexpr int experts = moe_experts, topk = 6, d = 5120, inter = 2304;
   std::vector<host_weight> hw;
@@ -676,12 +677,18 @@ void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
     return;
   }
   fast::tuning narrow = now, skinny = now, bf16 = now;
-  narrow.expert_gemv_max_rows = never;
-  skinny.expert_gemv_max_rows = 0, skinny.expert_tiled_max_rows = never;
+  narrow.expert_gemv_max_rows = never, narrow.expert_wgmma = false;
+  skinny.expert_gemv_max_rows = 0, skinny.expert_tiled_max_rows = never, skinny.expert_wgmma = false;
   bf16.expert_gemv_max_rows = 0, bf16.expert_tiled_max_rows = 0;
   measure("narrow", narrow);
   measure("skinny", skinny);
   measure("bf16", bf16);
+  if (bf16.expert_wgmma)
+    for (int tile : {64, 128, 256}) {
+      fast::tuning wg = bf16;
+      wg.expert_wg_tile = tile;
+      measure(tile == 64 ? "wg64" : tile == 128 ? "wg128" : "wg256", wg);
+    }
   bf16.expert_wgmma = false;
   measure("cublas", bf16);
 }

@@ -295,7 +295,11 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
     tile = tile_kind::gemv;
   else
     grouped = m <= tune.expert_tiled_max_rows && tiles_fit;
-  const bool wg_experts = !grouped && tune.expert_wgmma && detail::experts_wg_supports(experts, num_experts, d, inter);
+  // on sm_90a, from expert_wg_min_rows tokens (or wherever the thresholds above leave the bf16
+  // path) the wgmma experts instead, on the device as well
+  const bool wg_experts = (!grouped || m >= tune.expert_wg_min_rows) && tune.expert_wgmma &&
+                          detail::experts_wg_supports(experts, num_experts, d, inter);
+  if (wg_experts) grouped = false;
   const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
   const int cap = chunk * topk;
   scratch<int32_t> slot_src(cap), slot_row(cap), iota(cap), slot_pos(cap);
@@ -346,11 +350,13 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         scratch<uint16_t> xb(size_t(slots) * d), hb(size_t(slots) * inter);
         scratch<float> gu(size_t(slots) * 2 * inter);
         fake_quant_bf16(y_c, d, slot_row.get(), total, slots, d, xb.get(), true);
-        detail::experts_wg(xb.get(), counts.get(), table, num_experts, 0, 2 * inter, d, slots, gu.get(), 2 * inter);
+        detail::experts_wg(xb.get(), counts.get(), table, num_experts, 0, 2 * inter, d, slots, gu.get(), 2 * inter,
+                           tune.expert_wg_tile);
         cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(unsigned(slots), blocks_for(inter / 8, 256)),
                                        dim3(256), 0, gu.get(), inter, slot_src.get(), w_c, total, limit, true,
                                        hb.get());
-        detail::experts_wg(hb.get(), counts.get(), table, num_experts, 1, d, inter, slots, down.get(), d);
+        detail::experts_wg(hb.get(), counts.get(), table, num_experts, 1, d, inter, slots, down.get(), d,
+                           tune.expert_wg_tile);
       } else {
         // prefill: the 64 (or so) counts to the host, then per-expert bf16 GEMMs on sorted rows
         CEDAR_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), counts.get(), sizeof(int) * num_experts,

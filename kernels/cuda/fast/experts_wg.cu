@@ -19,6 +19,8 @@
 // the y-th 256-row piece in expert order; blocks past the last piece return at once.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fast/experts_wg.hpp"
 #include "kernels/cuda/fast/mma.cuh"
@@ -28,12 +30,18 @@
 namespace cedar::cuda::fast::detail {
 namespace {
 
-constexpr int bm = 256, bn = 128, bk = 64, stages = 5, threads = 256;
+constexpr int bn = 128, bk = 64, stages = 5, threads = 256;
 [[maybe_unused]] constexpr int ahead = stages - 2;  // steps loaded before their use
-constexpr int a_bytes = bm * bk * 2;  // a slot's activations, bf16
-constexpr int r_bytes = bn * bk / 2;  // a slot's weight codes, E2M1
-constexpr int slot_bytes = a_bytes + r_bytes;
-constexpr int smem_bytes = stages * slot_bytes + 1024;  // + alignment
+constexpr int r_bytes = bn * bk / 2;                // a slot's weight codes, E2M1
+
+/// The shapes of a block of BM tokens (64, 128 or 256).
+template <int BM>
+struct tiles {
+  static constexpr int a_bytes = BM * bk * 2;  // a slot's activations, bf16
+  static constexpr int slot_bytes = a_bytes + r_bytes;
+  static constexpr int smem_bytes = stages * slot_bytes + 1024;  // + alignment
+  static constexpr int min_blocks = BM <= 128 ? 2 : 1;         // blocks a SM (registers, memory)
+};
 
 /// cp.async of 16 bytes to shared-memory address s (zero-filled when !valid).
 [[maybe_unused]] __device__ __forceinline__ void cp_async16_at(uint32_t s, const void* gmem, bool valid) {
@@ -46,7 +54,7 @@ struct tile_place {
 
 /// Warp 0: the expert, first sorted row and row count of bm-row piece `tile` (pieces in expert
 /// order, each expert's rows following the rows of the experts before it).
-[[maybe_unused]] __device__ tile_place find_tile(const int* counts, int num_experts, int tile) {
+[[maybe_unused]] __device__ tile_place find_tile(const int* counts, int num_experts, int tile, int bm) {
   const int lane = threadIdx.x & 31;
   int tiles_before = 0, rows_before = 0;
   for (int base = 0; base < num_experts; base += 32) {
@@ -108,9 +116,11 @@ struct wg_params {
   int ldy;
 };
 
-__global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_constant__ CUtensorMap a_map,
-                                                                  wg_params p) {
+template <int BM>
+__global__ void __launch_bounds__(threads, tiles<BM>::min_blocks)
+    experts_wg_kernel(const __grid_constant__ CUtensorMap a_map, wg_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int a_bytes = tiles<BM>::a_bytes, slot_bytes = tiles<BM>::slot_bytes;
   extern __shared__ __align__(128) uint8_t smem_raw[];  // (1024-byte aligned below: the swizzle)
   uint8_t* smem = smem_raw + ((1024 - wg::smem_address(smem_raw) % 1024) % 1024);
   __shared__ tile_place place;
@@ -122,7 +132,7 @@ __global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_con
   }
   cuda::detail::grid_dependency_wait();  // the counts and rows come from the kernels before
   if (tid < 32) {
-    const tile_place t = find_tile(p.counts, p.num_experts, int(blockIdx.y));
+    const tile_place t = find_tile(p.counts, p.num_experts, int(blockIdx.y), BM);
     if (tid == 0) place = t;
   }
   __syncthreads();
@@ -156,7 +166,7 @@ __global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_con
       reinterpret_cast<const uint32_t*>(w.scale + std::size_t(wrow + frag_row) * (k / 32)),
       reinterpret_cast<const uint32_t*>(w.scale + std::size_t(wrow + frag_row + 8) * (k / 32))};
 
-  float acc[128];
+  float acc[BM / 2];
 #pragma unroll
   for (float& v : acc) v = 0.0f;
 #pragma unroll
@@ -203,8 +213,7 @@ __global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_con
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < bk / 16; ++kk)
-      wg::mma_m64n256_rs(acc, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3],
-                         wg::desc_swizzled(tile + 32 * kk));
+      wg::mma_rs<BM>(acc, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], wg::desc_swizzled(tile + 32 * kk));
     wg::commit_and_wait_for<1>();
   };
   for (int s = 0; s < steps; s += 2) {  // steps % 2 == 0; the fragment sets alternate
@@ -217,7 +226,7 @@ __global__ void __launch_bounds__(threads, 1) experts_wg_kernel(const __grid_con
   // acc[4 j + {0, 1}]: weight row frag_row, tokens 8 j + 2 l + {0, 1}; acc[4 j + {2, 3}]: row + 8
   float* y0 = p.y + std::size_t(t.row0) * p.ldy + n0 + frag_row;
 #pragma unroll
-  for (int j = 0; j < 32; ++j)
+  for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int tok = 8 * j + 2 * l + c;
@@ -244,9 +253,11 @@ bool experts_wg_supports(const cpu::expert_weights* experts, int num_experts, in
   return true;
 }
 
+namespace {
+
 /// The tensor map of a [rows, k] bf16 row-major matrix in boxes of bm rows by bk columns, in
 /// the 128-byte swizzle; rows past the last read as zeros.
-CUtensorMap activation_map(const uint16_t* a, int rows, int k) {
+CUtensorMap activation_map(const uint16_t* a, int rows, int k, int bm) {
   using encode_fn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -259,7 +270,7 @@ CUtensorMap activation_map(const uint16_t* a, int rows, int k) {
   }();
   CUtensorMap map{};
   const cuuint64_t dims[2] = {cuuint64_t(k), cuuint64_t(rows)}, strides[1] = {cuuint64_t(k) * 2};
-  const cuuint32_t box[2] = {bk, bm}, unit[2] = {1, 1};
+  const cuuint32_t box[2] = {bk, cuuint32_t(bm)}, unit[2] = {1, 1};
   const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(a), dims, strides, box,
                             unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -267,23 +278,37 @@ CUtensorMap activation_map(const uint16_t* a, int rows, int k) {
   return map;
 }
 
-void experts_wg(const uint16_t* a, const int* counts, const cpu::expert_weights* table, int num_experts, int which,
-                int n, int k, int slots, float* y, int ldy) {
-  CEDAR_CUDA_REQUIRE(n % bn == 0 && k % (2 * bk) == 0 && ldy % 2 == 0 && aligned16(a) && aligned16(y),
-                     "experts_wg: n % 128 == 0, k % 128 == 0, aligned rows");
-  if (slots <= 0) return;
+template <int BM>
+void launch_wg(const uint16_t* a, const int* counts, const cpu::expert_weights* table, int num_experts, int which,
+               int n, int k, int slots, float* y, int ldy) {
   static const bool configured = [] {
-    CEDAR_CUDA_CHECK(
-        cudaFuncSetAttribute(experts_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(experts_wg_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          tiles<BM>::smem_bytes));
     return true;
   }();
   (void)configured;
   // at most one partial piece per expert beyond the whole ones
-  const long long pieces = (slots + bm - 1) / bm + num_experts;
+  const long long pieces = (slots + BM - 1) / BM + num_experts;
   CEDAR_CUDA_REQUIRE(pieces <= 65535, "experts_wg: at most 65535 row pieces");
-  cuda::detail::launch_dependent(experts_wg_kernel, dim3(unsigned(n / bn), unsigned(pieces)), dim3(threads),
-                                 smem_bytes, activation_map(a, slots, k),
+  cuda::detail::launch_dependent(experts_wg_kernel<BM>, dim3(unsigned(n / bn), unsigned(pieces)), dim3(threads),
+                                 tiles<BM>::smem_bytes, activation_map(a, slots, k, BM),
                                  wg_params{counts, table, num_experts, which, n, k, y, ldy});
+}
+
+}  // namespace
+
+void experts_wg(const uint16_t* a, const int* counts, const cpu::expert_weights* table, int num_experts, int which,
+                int n, int k, int slots, float* y, int ldy, int tile_tokens) {
+  CEDAR_CUDA_REQUIRE(n % bn == 0 && k % (2 * bk) == 0 && ldy % 2 == 0 && aligned16(a) && aligned16(y),
+                     "experts_wg: n % 128 == 0, k % 128 == 0, aligned rows");
+  if (slots <= 0) return;
+  CEDAR_CUDA_REQUIRE(tile_tokens == 0 || tile_tokens == 64 || tile_tokens == 128 || tile_tokens == 256,
+                     "experts_wg: tiles of 64, 128 or 256 tokens");
+  // the token tile by the rows an expert has on average: every block multiplies its whole tile
+  const int per_expert = tile_tokens ? tile_tokens : slots / std::max(num_experts, 1);
+  if (per_expert <= 64) launch_wg<64>(a, counts, table, num_experts, which, n, k, slots, y, ldy);
+  else if (per_expert <= 160) launch_wg<128>(a, counts, table, num_experts, which, n, k, slots, y, ldy);
+  else launch_wg<256>(a, counts, table, num_experts, which, n, k, slots, y, ldy);
 }
 
 }  // namespace cedar::cuda::fast::detail

@@ -40,8 +40,9 @@ bool experts_wg_supports(const cpu::expert_weights* experts, int num_experts, in
 /// follow those of the experts before it; columns in wg_column's order, `slots` rows allocated):
 /// y[r, :n] = a[r, :k] W^T, W the expert's [w1; w3]
 /// (which 0: n = 2 inter, k = d) or w2 (which 1: n = d, k = inter) from the device table, bf16
-/// operands, fp32 sums. Counts are read on the device.
+/// operands, fp32 sums. Counts are read on the device. A block takes tile_tokens of an expert's
+/// rows (64, 128 or 256; 0: by the rows an expert has on average, slots / num_experts).
 void experts_wg(const uint16_t* a, const int* counts, const cpu::expert_weights* table, int num_experts, int which,
-                int n, int k, int slots, float* y, int ldy);
+                int n, int k, int slots, float* y, int ldy, int tile_tokens = 0);
 
 }  // namespace cedar::cuda::fast::detail

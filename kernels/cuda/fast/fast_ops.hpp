@@ -104,12 +104,10 @@ void grouped_fp4_pair(const uint8_t* xq, const float* xs, const int32_t* slot_ro
 struct tuning {
   int gemv_max_rows = 32;           ///< FP8 / W4A8 linears: gemv tile
   int bf16_gemv_max_rows = 16;      ///< bf16 linears and wo_a: the bf16 GEMV
-  /// Routed experts (tokens): the grouped narrow streams up to expert_gemv_max_rows (the gemv
-  /// tile where d or inter is not a multiple of 256), then the grouped W4A8 skinny tile up to
-  /// expert_tiled_max_rows, above that the bf16 path (on sm_90a the wgmma experts). `--op prefill`
-  /// (ms a layer, narrow / wgmma): 256 tokens 1.19 / 1.81, 512 tokens 2.18 / 1.86.
-  int expert_gemv_max_rows = 400;
-  int expert_tiled_max_rows = 400;
+  int expert_gemv_max_rows = 512;   ///< routed experts (tokens): the grouped narrow streams
+                                    ///< (the gemv tile where d or inter is not a multiple of 256)
+  int expert_tiled_max_rows = 512;  ///< above that: the grouped W4A8 skinny tile, all on the
+                                    ///< device (no dequant pass, no host round trip); above: bf16
   int expert_narrow_max_rows = 80;  ///< within expert_gemv_max_rows: 8 slots a narrow pass up
                                     ///< to here, then 16 (last: brace-initialized tunings keep it)
   int expert_narrow16_max_rows = 160;  ///< then 32 slots a pass (narrow32)
@@ -139,6 +137,13 @@ struct tuning {
   /// all experts, FP4 turned into bf16 in shared memory (experts_wg.cu), instead of a bf16 copy
   /// of each expert's weights and a cuBLAS product per expert.
   bool expert_wgmma = true;
+  /// Tokens a block of those takes (64, 128 or 256; 0: by the rows an expert has on average).
+  int expert_wg_tile = 0;
+  /// The wgmma experts (where they run) from this many tokens on, in place of the grouped tiles.
+  /// `--op prefill`, ms a layer, narrow / wgmma (64-token tiles): 128 tokens 0.94 / 0.86, 256
+  /// tokens 1.19 / 0.91, 512 tokens 2.18 / 1.00. 129: a window's 128 rows (the truncated layers,
+  /// a prefix hit's replay) keep the grouped tiles, which their CUDA graphs hold.
+  int expert_wg_min_rows = 129;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();
