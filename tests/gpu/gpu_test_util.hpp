@@ -74,6 +74,23 @@ struct dev_bf16 {
   explicit dev_bf16(const op_reference::owned_bf16& w) : data(w.data), view{w.view.out, w.view.in, data.get()} {}
 };
 
+/// Every |gpu - cpu| <= bound * sabs (sabs: sum_k |x_k w_k| of the output; NaN fails); prints
+/// "what  worst ratio  bound  identical%".
+inline void check_bound(const std::string& what, const std::vector<float>& gpu, const std::vector<float>& cpu,
+                        const std::vector<double>& sabs, double bound) {
+  double worst = 0;
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    const double d = std::fabs(double(gpu[i]) - cpu[i]);
+    const double ratio = sabs[i] > 0 ? d / sabs[i] : (d == 0 ? 0 : INFINITY);
+    worst = std::isnan(ratio) ? INFINITY : std::max(worst, ratio);
+    same += std::memcmp(&gpu[i], &cpu[i], 4) == 0;
+  }
+  std::printf("  %-40s err/sum|xw| %.2e  bound %.1e  identical %6.2f%%\n", what.c_str(), worst, bound,
+              gpu.empty() ? 100.0 : 100.0 * double(same) / double(gpu.size()));
+  CHECK_MESSAGE(worst <= bound, what);
+}
+
 /// max |gpu - cpu| / max |cpu| over n values (NaN anywhere counts as infinite error); prints
 /// "op  error  bound  identical%" and checks error <= bound.
 inline void check_close(const std::string& op, const float* gpu, const float* cpu, std::size_t n,
