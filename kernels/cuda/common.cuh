@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
+#include <tuple>
 
 #include "kernels/cuda/expf_port.hpp"
 
@@ -73,6 +76,19 @@ inline int num_sms() {
     return v;
   }();
   return n;
+}
+
+/// Raises `kernel`'s dynamic shared memory limit to `bytes` on the calling thread's current
+/// device. The limit belongs to the kernel on each device, so it is set once per (kernel, device,
+/// bytes), not once per process (a process may drive several devices).
+inline void allow_dynamic_smem(const void* kernel, int bytes) {
+  static std::mutex mu;
+  static std::set<std::tuple<const void*, int, int>> done;
+  int dev = 0;
+  CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.emplace(kernel, dev, bytes).second)
+    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
 // ---- programmatic dependent launch (sm_90) --------------------------------------------------

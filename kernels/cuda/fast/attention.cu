@@ -404,12 +404,7 @@ __global__ void rotate_back_kernel(float* out, int heads, int dim, const float* 
 template <int DIM>
 void launch_attention(const sparse_attention_params& p, const kv_items& items, const float* rope_cs, int rope_dim) {
   using L = attn_smem<DIM>;
-  static const bool configured = [] {
-    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(L::bytes)));
-    return true;
-  }();
-  (void)configured;
+  cuda::detail::allow_dynamic_smem(reinterpret_cast<const void*>(attention_kernel<DIM>), int(L::bytes));
   if (rope_cs == nullptr) rope_dim = 0;
   CEDAR_CUDA_REQUIRE(rope_dim % 2 == 0 && rope_dim / 2 <= max_rope_half && rope_dim <= DIM,
                      "fused attention: rope_dim even, at most 128 and head_dim");
@@ -549,12 +544,7 @@ __global__ void __launch_bounds__(idx_threads) index_kernel(index_scores_params 
 template <int DIM, int MT>
 void launch_index(const index_scores_params& p, const kv_items& items) {
   using L = idx_smem<DIM>;
-  static const bool configured = [] {
-    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(index_kernel<DIM, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(L::bytes)));
-    return true;
-  }();
-  (void)configured;
+  cuda::detail::allow_dynamic_smem(reinterpret_cast<const void*>(index_kernel<DIM, MT>), int(L::bytes));
   // 4 tiles per block (q loaded once per 1024 keys) when that still fills the GPU twice over
   const long long tiles = (long long)p.rows * ((p.num_keys + idx_keys - 1) / idx_keys);
   const int per_block = idx_keys * (tiles >= 8LL * num_sms() ? 4 : 1);

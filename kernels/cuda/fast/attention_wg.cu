@@ -283,12 +283,7 @@ bool attention_wg_supports(const sparse_attention_params& p) {
 
 void attention_wg(const sparse_attention_params& p, const kv_items& items) {
   CEDAR_CUDA_REQUIRE(attention_wg_supports(p), "all-heads attention: 64 heads of 512 on an sm_90a device");
-  static const bool configured = [] {
-    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(attention_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(wg_smem::bytes)));
-    return true;
-  }();
-  (void)configured;
+  cuda::detail::allow_dynamic_smem(reinterpret_cast<const void*>(attention_wg_kernel), int(wg_smem::bytes));
   cuda::detail::launch_dependent(attention_wg_kernel, dim3(unsigned(p.rows)), dim3(threads), wg_smem::bytes, p,
                                  items);
 }

@@ -281,12 +281,7 @@ CUtensorMap activation_map(const uint16_t* a, int rows, int k, int bm) {
 template <int BM>
 void launch_wg(const uint16_t* a, const int* counts, const cpu::expert_weights* table, int num_experts, int which,
                int n, int k, int slots, float* y, int ldy) {
-  static const bool configured = [] {
-    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(experts_wg_kernel<BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          tiles<BM>::smem_bytes));
-    return true;
-  }();
-  (void)configured;
+  cuda::detail::allow_dynamic_smem(reinterpret_cast<const void*>(experts_wg_kernel<BM>), tiles<BM>::smem_bytes);
   // at most one partial piece per expert beyond the whole ones
   const long long pieces = (slots + BM - 1) / BM + num_experts;
   CEDAR_CUDA_REQUIRE(pieces <= 65535, "experts_wg: at most 65535 row pieces");

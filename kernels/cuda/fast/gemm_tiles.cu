@@ -370,14 +370,10 @@ __global__ void __launch_bounds__(S::threads) split_kernel(const __grid_constant
 // ---- launch ----------------------------------------------------------------------------------
 
 /// Kernel as a dependent launch with `smem` bytes of dynamic shared memory (its limit raised on
-/// the first call, which is on one thread).
+/// each device it runs on).
 template <auto Kernel, class Arg>
 void launch_with_smem(dim3 grid, int threads, int smem, const Arg& arg) {
-  static const bool configured = [smem] {
-    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    return true;
-  }();
-  (void)configured;
+  cuda::detail::allow_dynamic_smem(reinterpret_cast<const void*>(Kernel), smem);
   cuda::detail::launch_dependent(Kernel, grid, dim3(threads), smem, arg);
 }
 
