@@ -3,9 +3,10 @@
 // to the tensor cores, instead of a dequantized bf16 copy of each expert per call and one cuBLAS
 // product per expert.
 //
-// A block computes 128 outputs (weight rows) for 256 of one expert's sorted rows (tokens), K in
-// steps of 64: two warpgroups, each wgmma m64n256k16 with 64 weight rows as A, from registers, and
-// the tokens as B, from shared memory (128 fp32 accumulators a thread). Per step, a tensor copy
+// A block computes 128 outputs (weight rows) for BM of one expert's sorted rows (tokens: 64, 128
+// or 256, by the rows an expert has on average), K in steps of 64: two warpgroups, each wgmma
+// m64nBMk16 with 64 weight rows as A, from registers, and the tokens as B, from shared memory
+// (BM / 2 fp32 accumulators a thread; BM <= 128 runs two blocks a SM). Per step, a tensor copy
 // (tma.cuh) brings the tokens' bf16 activations (K-major, 128-byte rows in the 128-byte swizzle)
 // and cp.async the weight's packed E2M1 codes into one of `stages` slots, `ahead` steps before
 // use. Each thread turns the 32 codes of its A fragments (two rows, 16 columns: 8 bytes of each
@@ -16,7 +17,7 @@
 // exact in fp32, so the results are the CPU op's sums in another order, as with the cuBLAS path.
 //
 // Tiles are found from the experts' row counts on the device (no host round trip): tile row y is
-// the y-th 256-row piece in expert order; blocks past the last piece return at once.
+// the y-th BM-row piece in expert order; blocks past the last piece return at once.
 #include <cuda_bf16.h>
 
 #include <algorithm>
