@@ -7,9 +7,12 @@
 // Prefill: the per-expert counts to the host, then per expert a cuBLAS bf16 GEMM on its sorted
 // rows (linear_fast.cu's building blocks), its weights dequantized on a side stream under the
 // previous expert's GEMM.
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -219,6 +222,19 @@ void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, f
   linear_fp8(g.get(), m, e.w2, out);
 }
 
+/// $CEDAR_GPU_EXPERTS: "cublas" keeps the experts past the grouped tiles on the cuBLAS path
+/// (A/B runs against the wgmma experts); unset or "auto": tuning::expert_wgmma decides.
+bool wgmma_experts_allowed() {
+  static const bool allowed = [] {
+    const char* env = std::getenv("CEDAR_GPU_EXPERTS");
+    const std::string v = env ? env : "";
+    if (!v.empty() && v != "auto" && v != "cublas")
+      std::fprintf(stderr, "cedar: CEDAR_GPU_EXPERTS='%s' is not cublas or auto; ignored\n", env);
+    return v != "cublas";
+  }();
+  return allowed;
+}
+
 /// Rows per pass of the experts at prefill (bounds the [slots, 2 inter] fp32 buffer).
 constexpr int moe_chunk_rows = 8192;
 
@@ -298,7 +314,7 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   // on sm_90a, from expert_wg_min_rows tokens (or wherever the thresholds above leave the bf16
   // path) the wgmma experts instead, on the device as well
   const bool wg_experts = (!grouped || m >= tune.expert_wg_min_rows) && tune.expert_wgmma &&
-                          detail::experts_wg_supports(experts, num_experts, d, inter);
+                          wgmma_experts_allowed() && detail::experts_wg_supports(experts, num_experts, d, inter);
   if (wg_experts) grouped = false;
   const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
   const int cap = chunk * topk;
