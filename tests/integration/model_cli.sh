@@ -3,8 +3,9 @@
 # change its tokens, and --prompt-ids runs (a..b) are the listed ids; `cedar logits` writes its header and every row, and its last row's argmax
 # is the token generate picks first; a checkpoint directory gives the same tokens as the preset
 # with the same seed, and a checkpoint that does not match its config is refused; kernel-lab
-# refuses options it does not take with its usage (exit 2) before it looks for a device, and the
-# GPU-only --gpu-dense-bf16 is refused on the CPU backend.
+# refuses options it does not take with its usage (exit 2) before it looks for a device and takes
+# those it does (--tokens with moe and prefill, --tile with moe), and the GPU-only
+# --gpu-dense-bf16 is refused on the CPU backend.
 # usage: tests/integration/model_cli.sh path/to/cedar
 set -euo pipefail
 cedar="${1:?usage: model_cli.sh path/to/cedar}"
@@ -52,17 +53,20 @@ if "$cedar" generate --model "$tmp/ckpt" --prompt-ids "$ids" --max-tokens 2 2> "
 fi
 grep -q "does not match" "$tmp/err" || { cat "$tmp/err"; exit 1; }
 
-for bad in "--op moe --tile nope" "--op moe --tokens 0" "--op moe --tokens 64x" "--op prefill --tokens 64" "--op nope" \
+for bad in "--op moe --tile nope" "--op moe --tokens 0" "--op moe --tokens 64x" "--op prefill --tile narrow" \
+           "--op attention --tokens 64" "--op prefill --tokens 0" "--op nope" \
            "--op linear_fp8 --shape nope" "--op linear_fp4 --shape attn.wq_b" "--op moe --shape attn.wq_b"; do
   rc=0
   # shellcheck disable=SC2086
   "$cedar" kernel-lab $bad > /dev/null 2> "$tmp/err" || rc=$?
   [[ $rc == 2 ]] && grep -q "usage: cedar kernel-lab" "$tmp/err" || { echo "kernel-lab $bad: exit $rc"; cat "$tmp/err"; exit 1; }
 done
-for tile in narrow split4 split8; do
+for ok in "--op moe --tokens 64 --tile narrow" "--op moe --tokens 64 --tile split4" \
+          "--op moe --tokens 64 --tile split8" "--op prefill --tokens 64"; do
   rc=0
-  "$cedar" kernel-lab --op moe --tokens 64 --tile $tile > /dev/null 2> "$tmp/err" || rc=$?
-  if [[ $rc == 2 ]]; then echo "kernel-lab --op moe --tokens 64 --tile $tile was refused"; cat "$tmp/err"; exit 1; fi
+  # shellcheck disable=SC2086
+  "$cedar" kernel-lab $ok > /dev/null 2> "$tmp/err" || rc=$?
+  if [[ $rc == 2 ]]; then echo "kernel-lab $ok was refused"; cat "$tmp/err"; exit 1; fi
 done
 # --gpu-dense-bf16 is a GPU option: with the CPU backend (or exact kernels) it is refused, not ignored
 for cmd in "generate --model micro --prompt-ids 5 --max-tokens 1 --gpu-dense-bf16" \
