@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/cuda/fast/experts_wg.hpp"
 #include "kernels/ops.hpp"
 #include "tests/kernels/op_reference.hpp"
 
@@ -149,4 +150,25 @@ TEST_CASE("moe_ffn sums routed experts in top-k order plus the shared expert, ba
     for (int c = 0; c < d; ++c) expect[c] += part[c];
     CHECK(same_bits(expect.data(), out.data() + size_t(r) * d, d));
   }
+}
+
+TEST_CASE("the wgmma experts' column order: a permutation of each 64-column block that keeps pairs") {
+  // (kernels/cuda/fast/experts_wg.hpp: the activations' writers and the kernel's weight
+  // fragments agree on it; a thread's 16 columns 16 l .. 16 l + 15 are its fragments' pairs)
+  for (int block = 0; block < 3; ++block) {
+    std::vector<int> seen(64, 0);
+    for (int p = 0; p < 64; ++p) {
+      const int at = cuda::fast::detail::wg_column(64 * block + p);
+      REQUIRE(at / 64 == block);
+      ++seen[at % 64];
+      if (p % 2 == 1) CHECK(at == cuda::fast::detail::wg_column(64 * block + p - 1) + 1);  // pairs adjacent
+    }
+    CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  }
+  // thread l's pair 2 kk + h (its codes' byte) lands where k16 step kk's fragment register a0
+  // (h = 0) or a2 (h = 1) takes columns 2 l, 2 l + 1 (+ 8 for a2) of that step
+  for (int l = 0; l < 4; ++l)
+    for (int kk = 0; kk < 4; ++kk)
+      for (int h = 0; h < 2; ++h)
+        CHECK(cuda::fast::detail::wg_column(16 * l + 4 * kk + 2 * h) == 16 * kk + 8 * h + 2 * l);
 }
