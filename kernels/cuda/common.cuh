@@ -78,6 +78,9 @@ inline int num_sms() {
   return n;
 }
 
+/// True when p is 16-byte aligned (a 16-byte vector load or store, cp.async of 16 bytes).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 /// Raises `kernel`'s dynamic shared memory limit to `bytes` on the calling thread's current
 /// device. The limit belongs to the kernel on each device, so it is set once per (kernel, device,
 /// bytes), not once per process (a process may drive several devices).

@@ -31,6 +31,8 @@
 namespace cedar::cuda::fast::detail {
 namespace {
 
+using cuda::detail::aligned16;
+
 constexpr int bn = 128, bk = 64, stages = 5, threads = 256;
 [[maybe_unused]] constexpr int ahead = stages - 2;  // steps loaded before their use
 constexpr int r_bytes = bn * bk / 2;                // a slot's weight codes, E2M1
@@ -43,11 +45,6 @@ struct tiles {
   static constexpr int smem_bytes = stages * slot_bytes + 1024;  // + alignment
   static constexpr int min_blocks = BM <= 128 ? 2 : 1;         // blocks a SM (registers, memory)
 };
-
-/// cp.async of 16 bytes to shared-memory address s (zero-filled when !valid).
-[[maybe_unused]] __device__ __forceinline__ void cp_async16_at(uint32_t s, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
 
 struct tile_place {
   int expert, row0, rows;  // expert -1: no tile
@@ -157,7 +154,7 @@ __global__ void __launch_bounds__(threads, tiles<BM>::min_blocks)
       tma::arrive_expect(&full[step % stages], a_bytes);
       tma::load_2d(slot, &a_map, step * bk, t.row0, &full[step % stages]);
     }
-    cp_async16_at(slot + a_bytes + tid * 16, r_src, true);
+    cp_async16(slot + a_bytes + tid * 16, r_src, true);
   };
   // the weight rows of this thread's fragments (rows g and g + 8 of its warp's 16), the codes of
   // columns 16 l .. 16 l + 15 of each step (one scale block), scales read two steps at a time
@@ -238,8 +235,6 @@ __global__ void __launch_bounds__(threads, tiles<BM>::min_blocks)
     }
 #endif
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

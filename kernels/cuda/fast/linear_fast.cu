@@ -33,6 +33,7 @@ namespace cedar::cuda::fast {
 namespace detail {
 namespace {
 
+using cuda::detail::aligned16;
 using cuda::detail::blocks_for;
 using cuda::detail::scratch;
 using cuda::detail::stream;
@@ -315,8 +316,6 @@ void launch_gemv(const float* x, int ldx, long long xg, int m, const W& w, int n
   else if (m <= 4) launch_gemv_r<4>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
   else launch_gemv_r<8>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // ---- cuBLAS --------------------------------------------------------------------------------
 

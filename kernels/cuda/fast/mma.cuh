@@ -78,10 +78,13 @@ __host__ __device__ __forceinline__ uint2 fp4_x_order(uint2 v) {
 /// never hold 255): cuda::detail::ue8m0_to_f32 without its NaN check, a shift and a max.
 __device__ __forceinline__ float ue8m0_value(uint32_t code) { return __uint_as_float(max(code << 23, 0x00400000u)); }
 
-/// cp.async of 16 bytes (zero-filled when !valid).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
+/// cp.async of 16 bytes to shared-memory address s (zero-filled when !valid).
+__device__ __forceinline__ void cp_async16(uint32_t s, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+/// The same to a generic pointer into shared memory.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  cp_async16(uint32_t(__cvta_generic_to_shared(smem)), gmem, valid);
 }
 /// cp.async of 4 bytes (zero-filled when !valid).
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {

@@ -10,14 +10,16 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/fast/wgmma.cuh"
+
 namespace cedar::cuda::fast::tma {
 
-__device__ __forceinline__ uint32_t address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+using wg::smem_address;
 
 /// One thread: barrier `bar` expects `count` arrivals a phase. Then fence_init and a block barrier.
 __device__ __forceinline__ void init(uint64_t* bar, int count) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(address(bar)), "r"(count));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count));
 #endif
 }
 
@@ -31,7 +33,7 @@ __device__ __forceinline__ void fence_init() {
 /// Arrives on `bar` and adds `bytes` to the bytes its phase waits for.
 __device__ __forceinline__ void arrive_expect(uint64_t* bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(address(bar)), "r"(bytes)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
                : "memory");
 #endif
 }
@@ -42,7 +44,7 @@ __device__ __forceinline__ void load_2d(uint32_t dst, const CUtensorMap* map, in
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(address(bar))
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_address(bar))
       : "memory");
 #endif
 }
@@ -53,7 +55,7 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nwait_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(address(bar)),
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_address(bar)),
       "r"(parity)
       : "memory");
 #endif
