@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
-#include <set>
-#include <tuple>
+#include <utility>
 
 #include "kernels/cuda/expf_port.hpp"
 
@@ -81,17 +81,21 @@ inline int num_sms() {
 /// True when p is 16-byte aligned (a 16-byte vector load or store, cp.async of 16 bytes).
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-/// Raises `kernel`'s dynamic shared memory limit to `bytes` on the calling thread's current
-/// device. The limit belongs to the kernel on each device, so it is set once per (kernel, device,
-/// bytes), not once per process (a process may drive several devices).
+/// Raises `kernel`'s dynamic shared memory limit to at least `bytes` on the calling thread's
+/// current device. The limit belongs to the kernel on each device, so it is kept per (kernel,
+/// device), not once per process (a process may drive several devices), and only ever raised:
+/// a kernel launched with several sizes keeps the largest (lowering it to a later, smaller
+/// size would make the next larger launch fail).
 inline void allow_dynamic_smem(const void* kernel, int bytes) {
   static std::mutex mu;
-  static std::set<std::tuple<const void*, int, int>> done;
+  static std::map<std::pair<const void*, int>, int> limit;
   int dev = 0;
   CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  if (done.emplace(kernel, dev, bytes).second)
-    CEDAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  int& now = limit[{kernel, dev}];
+  if (bytes <= now) return;
+  CEDAR_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  now = bytes;
 }
 
 // ---- programmatic dependent launch (sm_90) --------------------------------------------------

@@ -236,3 +236,124 @@ TEST_CASE("fast grouped_fp4_pair: two products of one x in one launch give group
     CHECK_MESSAGE(!op_reference::same_bits(got_a.data(), got_b.data(), got_a.size()), "the two weights differ");
   }
 }
+
+TEST_CASE("fast stream tile: within 2^-16 of the CPU op at 1 to 8 rows, a row's bits whatever the other rows") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(35);
+  // n: blocks of 64 rows with a partial last one; k: FP4 5 chunks of 128 (a partial group of
+  // four in flight), FP8 10 chunks of 64
+  const int n = 200, k = 640;
+  for (bool fp4 : {false, true}) {
+    const auto w8 = op_reference::random_fp8(rng, n, k);
+    const auto w4 = op_reference::random_fp4(rng, n, k);
+    const std::vector<float> wd = fp4 ? op_reference::dequant(w4.view) : op_reference::dequant(w8.view);
+    const dev_fp8 d8(w8);
+    const dev_fp4 d4(w4);
+    const auto run = [&](const uint8_t* xq, const float* xs, int m, float* y) {
+      if (fp4) fast::gemm_fp4(xq, xs, m, d4.view, y, fast::tile_kind::stream);
+      else fast::gemm_fp8(xq, xs, m, d8.view, y, fast::tile_kind::stream);
+    };
+    for (int m : {1, 2, 3, 4, 5, 8}) {
+      const std::vector<float> x = activations(rng, m, k);
+      std::vector<float> ref(std::size_t(m) * n);
+      if (fp4) cpu::linear_fp4(x.data(), m, w4.view, ref.data());
+      else cpu::linear_fp8(x.data(), m, w8.view, ref.data());
+      const quantized_x qx(x, m, k);
+      dev<float> y(std::size_t(m) * n);
+      cuda::fill_bytes(y.get(), 0xFF, sizeof(float) * std::size_t(m) * n);
+      run(qx.q.get(), qx.s.get(), m, y.get());
+      const std::vector<float> got = y.host();
+      const std::string what = std::string(fp4 ? "stream fp4" : "stream fp8") + " m=" + std::to_string(m);
+      check_bound(what, got, ref, abs_products(x, m, k, wd, n), bound);
+      // each row alone gives the same bits
+      for (int r = 0; r < m; ++r) {
+        dev<float> y1(n);
+        run(qx.q.get() + std::size_t(r) * k, qx.s.get() + std::size_t(r) * (k / 32), 1, y1.get());
+        CHECK_MESSAGE(op_reference::same_bits(y1.host().data(), got.data() + std::size_t(r) * n, n),
+                      (what + " row " + std::to_string(r) + " alone"));
+      }
+    }
+  }
+}
+
+TEST_CASE("fast stream tile: grouped W4A8 and its pair equal each expert's dense product; FP8 sets each weight's") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(36);
+  const int n = 192, k = 512, experts = 6, tokens = 8;
+  std::vector<op_reference::owned_fp4> ha, hb;
+  std::vector<std::unique_ptr<dev_fp4>> da, db;
+  for (int e = 0; e < experts; ++e) {
+    ha.push_back(op_reference::random_fp4(rng, n, k)), hb.push_back(op_reference::random_fp4(rng, n, k));
+    da.push_back(std::make_unique<dev_fp4>(ha[e])), db.push_back(std::make_unique<dev_fp4>(hb[e]));
+  }
+  // expert e takes e + 1 of the tokens (1 to 6 slots), from token e on, wrapping
+  std::vector<int32_t> slot_rows;
+  std::vector<fast::expert_group> ga, gb;
+  int max_slots = 0;
+  for (int e = 0; e < experts; ++e) {
+    fast::expert_group a{da[e]->view.data, da[e]->view.scale, int(slot_rows.size()), e + 1};
+    for (int i = 0; i <= e; ++i) slot_rows.push_back((e + i) % tokens);
+    fast::expert_group b = a;
+    b.w = db[e]->view.data, b.scale = db[e]->view.scale;
+    ga.push_back(a), gb.push_back(b);
+    max_slots = std::max(max_slots, a.num_slots);
+  }
+  const int slots = int(slot_rows.size());
+  const quantized_x qx(activations(rng, tokens, k), tokens, k);
+  const std::vector<uint8_t> xq_host = qx.q.host();
+  const std::vector<float> xs_host = qx.s.host();
+  dev<int32_t> rows_d(slot_rows);
+  dev<fast::expert_group> ga_d(ga), gb_d(gb);
+  const fast::tile_kind t = fast::tile_kind::stream;
+  dev<float> ya(std::size_t(slots) * n), yb(std::size_t(slots) * n), wa(std::size_t(slots) * n);
+  fast::grouped_fp4_pair(qx.q.get(), qx.s.get(), rows_d.get(), ga_d.get(), gb_d.get(), experts, slots, max_slots, n, k,
+                         ya.get(), yb.get(), t);
+  fast::grouped_fp4(qx.q.get(), qx.s.get(), rows_d.get(), ga_d.get(), experts, slots, max_slots, n, k, wa.get(), t);
+  const std::vector<float> got_a = ya.host(), got_b = yb.host(), alone_a = wa.host();
+  CHECK_MESSAGE(op_reference::same_bits(alone_a.data(), got_a.data(), got_a.size()), "pair vs grouped_fp4");
+  for (int e = 0; e < experts; ++e) {
+    std::vector<uint8_t> gq;
+    std::vector<float> gs;
+    for (int s = ga[e].first_slot; s < ga[e].first_slot + ga[e].num_slots; ++s) {
+      const auto row = xq_host.begin() + std::size_t(slot_rows[s]) * k;
+      gq.insert(gq.end(), row, row + k);
+      gs.insert(gs.end(), xs_host.begin() + std::size_t(slot_rows[s]) * (k / 32),
+                xs_host.begin() + std::size_t(slot_rows[s] + 1) * (k / 32));
+    }
+    dev<uint8_t> gq_d(gq);
+    dev<float> gs_d(gs);
+    for (int which = 0; which < 2; ++which) {
+      dev<float> ye(std::size_t(ga[e].num_slots) * n);
+      fast::gemm_fp4(gq_d.get(), gs_d.get(), ga[e].num_slots, (which ? db : da)[e]->view, ye.get(), t);
+      const std::vector<float> want = ye.host();
+      const float* got = (which ? got_b : got_a).data() + std::size_t(ga[e].first_slot) * n;
+      CHECK_MESSAGE(op_reference::same_bits(want.data(), got, want.size()),
+                    ("expert " + std::to_string(e) + (which ? " w3" : " w1")));
+    }
+  }
+  // dense FP8 sets of one x: each member's bits alone
+  const int outs[] = {256, 72, 1280};
+  std::vector<op_reference::owned_fp8> h8;
+  std::vector<std::unique_ptr<dev_fp8>> d8;
+  for (int o : outs) {
+    h8.push_back(op_reference::random_fp8(rng, o, k));
+    d8.push_back(std::make_unique<dev_fp8>(h8.back()));
+  }
+  for (int m : {1, 6}) {
+    std::vector<const fp8_weight*> w;
+    std::vector<std::unique_ptr<dev<float>>> ys;
+    std::vector<float*> yp;
+    for (int i = 0; i < 3; ++i) {
+      w.push_back(&d8[i]->view);
+      ys.push_back(std::make_unique<dev<float>>(std::size_t(m) * outs[i]));
+      yp.push_back(ys.back()->get());
+    }
+    fast::gemm_fp8_set(qx.q.get(), qx.s.get(), m, 3, w.data(), yp.data(), t);
+    for (int i = 0; i < 3; ++i) {
+      dev<float> alone(std::size_t(m) * outs[i]);
+      fast::gemm_fp8(qx.q.get(), qx.s.get(), m, d8[i]->view, alone.get(), t);
+      CHECK_MESSAGE(op_reference::same_bits(alone.host().data(), ys[i]->host().data(), std::size_t(m) * outs[i]),
+                    ("gemm_fp8_set stream m=" + std::to_string(m) + " member " + std::to_string(i)));
+    }
+  }
+}

@@ -177,6 +177,37 @@ TEST_CASE("fast linears past the gemv rows: the narrow32 tile for large weights,
   fast::tuning_now() = saved;
 }
 
+TEST_CASE("fast linears at up to 8 rows: a short-K weight of many rows takes the stream tile, batch-invariant") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(65);
+  const int n = 384, k = 1024;
+  const weight_pair w(rng, n, k);
+  const fast::tuning saved = fast::tuning_now();
+  fast::tuning_now().stream_min_out = n;  // this small weight qualifies
+  const auto wd = ref::dequant(w.w8.view);
+  for (int m : {1, 3, 8}) {
+    const std::vector<float> x = activations(rng, m, k);
+    dev<float> xd(x);
+    std::vector<float> ref_y(std::size_t(m) * n);
+    cpu::linear_fp8(x.data(), m, w.w8.view, ref_y.data());
+    dev<float> y(std::size_t(m) * n), by_tile(std::size_t(m) * n), y1(n);
+    fast::linear_fp8(xd.get(), m, w.d8.view, y.get());
+    const auto got = y.host();
+    const std::string what = "linear_fp8 stream m=" + std::to_string(m);
+    check_bound(what, got, ref_y, abs_products(x, m, k, wd, n, true), linear_bound);
+    // the tile the op took is the stream tile: its bits
+    dev<uint8_t> xq(std::size_t(m) * k);
+    dev<float> xs(std::size_t(m) * (k / 32));
+    fast::quantize_rows_fp8(xd.get(), m, k, xq.get(), xs.get());
+    fast::gemm_fp8(xq.get(), xs.get(), m, w.d8.view, by_tile.get(), fast::tile_kind::stream);
+    CHECK_MESSAGE(ref::same_bits(by_tile.host().data(), got.data(), got.size()), (what + " vs the stream tile"));
+    // the last row alone gives the same bits
+    fast::linear_fp8(xd.get() + std::size_t(m - 1) * k, 1, w.d8.view, y1.get());
+    CHECK_MESSAGE(ref::same_bits(y1.host().data(), got.data() + std::size_t(m - 1) * n, n), (what + " last row alone"));
+  }
+  fast::tuning_now() = saved;
+}
+
 TEST_CASE("fast linears at up to 8 rows: wide weights through the narrow tile give the gemv tile's bits") {
   if (!have_gpu()) return;
   std::mt19937_64 rng(65);

@@ -45,7 +45,8 @@ bool parse(int argc, char** argv, options& o) {
       o.moe.tokens = int(v);
     } else if (a == "--tile" && i + 1 < argc) {
       o.moe.tile = argv[++i];
-      static const char* tiles[] = {"gemv", "narrow", "narrow16", "narrow32", "split4", "split8", "skinny", "wide"};
+      static const char* tiles[] = {"gemv",   "narrow", "narrow16", "narrow32", "split4",
+                                    "split8", "skinny", "wide",     "stream"};
       if (std::none_of(std::begin(tiles), std::end(tiles), [&](const char* t) { return o.moe.tile == t; }))
         return false;
     } else if (a == "--shape" && i + 1 < argc) {
@@ -151,7 +152,7 @@ int kernel_lab_main(int argc, char** argv) {
                  "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|attention|mhc|ceilings|floor|all\n"
                  "                        [--out FILE.json] [--quick]\n"
                  "       --op moe only: [--tokens N] (1..65536: that token count only)\n"
-                 "                      [--tile gemv|narrow|narrow16|narrow32|split4|split8|skinny|wide]\n"
+                 "                      [--tile gemv|narrow|narrow16|narrow32|split4|split8|skinny|wide|stream]\n"
                  "                      (that tile only);\n"
                  "       with both, one grouped kernel per matrix, e.g. for\n"
                  "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n"

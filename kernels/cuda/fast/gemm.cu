@@ -281,9 +281,14 @@ void require_shape(const gemm_problem& p, tile_kind t) {
 /// problem (a pair when p.groups2 is set: 2 x num_groups blocks in z, the pipelined tiles).
 template <bool FP4>
 void run(const gemm_problem* ps, int count, int num_groups, int max_slots, tile_kind t) {
-  const bool set_tile = t == tile_kind::gemv || t == tile_kind::split4 || t == tile_kind::split8;
+  const bool set_tile =
+      t == tile_kind::gemv || t == tile_kind::split4 || t == tile_kind::split8 || t == tile_kind::stream;
   CEDAR_CUDA_REQUIRE(count == 1 || (!FP4 && set_tile && !ps[0].groups),
-                     "fast gemm: a set of several weights is dense FP8 on the gemv or split tiles");
+                     "fast gemm: a set of several weights is dense FP8 on the gemv, split or stream tiles");
+  if (t == tile_kind::stream) {  // its own shape checks
+    if (max_slots > 0) launch_stream<FP4>(ps, count, ps[0].groups2 ? 2 * num_groups : num_groups, max_slots);
+    return;
+  }
   for (int i = 0; i < count; ++i) require_shape(ps[i], t);
   if (max_slots <= 0) return;
   if (t != tile_kind::gemv)
@@ -305,6 +310,7 @@ const char* tile_name(tile_kind t) {
     case tile_kind::narrow32: return "narrow32";
     case tile_kind::skinny: return "skinny";
     case tile_kind::wide: return "wide";
+    case tile_kind::stream: return "stream";
   }
   return "?";
 }

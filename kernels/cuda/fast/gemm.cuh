@@ -48,6 +48,23 @@ __device__ __forceinline__ group_view group_of(const gemm_problem& p) {
 
 __device__ __forceinline__ int x_row(const gemm_problem& p, int slot) { return p.rows ? p.rows[slot] : slot; }
 
+/// In a launch of `count` problems of one x whose members take block columns [end[i - 1],
+/// end[i]): p (member 0's on entry) takes the weight, scales, output and n of blockIdx.x's
+/// member; returns the block column within it. Selects over constant indices, so the launch
+/// parameters are never indexed at run time (which would copy them to local memory).
+template <int N>
+__device__ __forceinline__ int set_member(gemm_problem& p, const gemm_problem (&ps)[N], const int (&end)[N],
+                                          int count) {
+  int bx = int(blockIdx.x);
+  if constexpr (N > 1) {
+#pragma unroll
+    for (int i = 1; i < N; ++i)
+      if (i < count && int(blockIdx.x) >= end[i - 1])
+        p.w = ps[i].w, p.ws = ps[i].ws, p.y = ps[i].y, p.n = ps[i].n, bx = int(blockIdx.x) - end[i - 1];
+  }
+  return bx;
+}
+
 /// Weight scale of row n, block kb.
 template <bool FP4>
 __device__ __forceinline__ float weight_scale(const uint8_t* ws, int n, int kb, int k) {
@@ -103,5 +120,10 @@ constexpr int max_set = 4;
 /// for a pair), max_slots slots at most per group. Shapes are checked by the caller.
 template <bool FP4>
 void launch_pipelined(tile_kind t, const gemm_problem* ps, int count, int z, int max_slots);
+
+/// The stream tile (gemm_stream.cu) for `count` dense FP8 problems of one x or one grouped
+/// problem (a pair: groups2) over `z` groups, at most stream_max_slots slots a group.
+template <bool FP4>
+void launch_stream(const gemm_problem* ps, int count, int z, int max_slots);
 
 }  // namespace cedar::cuda::fast::detail

@@ -286,14 +286,7 @@ __global__ void __launch_bounds__(S::threads) split_kernel(const __grid_constant
   using loader_t = stage_loader<S, FP4>;
   gemm_problem p = set.p[0];
   if (p.groups) cuda::detail::grid_dependency_wait();  // the group tables come from the kernel before
-  int bx = int(blockIdx.x);
-  if constexpr (N > 1) {
-    // selects over constant indices (the parameters are never indexed at run time)
-#pragma unroll
-    for (int i = 1; i < N; ++i)
-      if (i < set.count && int(blockIdx.x) >= set.end[i - 1])
-        p.w = set.p[i].w, p.ws = set.p[i].ws, p.y = set.p[i].y, p.n = set.p[i].n, bx = int(blockIdx.x) - set.end[i - 1];
-  }
+  const int bx = set_member(p, set.p, set.end, set.count);
   const group_view gv = group_of(p);
   const int n0 = bx * S::BW, slot0 = blockIdx.y * S::BT;
   if (slot0 >= gv.count) return;
@@ -419,7 +412,10 @@ void launch_pipelined(tile_kind t, const gemm_problem* ps, int count, int z, int
     case tile_kind::split8: launch_split<split8_shape, FP4>(ps, count, z, max_slots); break;
     case tile_kind::skinny: launch_tiled<skinny_shape, FP4>(p, z, max_slots); break;
     case tile_kind::wide: launch_tiled<wide_shape, FP4>(p, z, max_slots); break;
-    case tile_kind::gemv: CEDAR_CUDA_REQUIRE(false, "launch_pipelined: the gemv tile is gemm.cu's"); break;
+    case tile_kind::gemv:
+    case tile_kind::stream:
+      CEDAR_CUDA_REQUIRE(false, "launch_pipelined: the gemv and stream tiles are not pipelined");
+      break;
   }
 }
 

@@ -17,8 +17,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -426,7 +429,13 @@ bool gemv_fp8w(const float* x, int ldx, int m, const fp8_weight& w, int n, int k
 using namespace detail;
 
 tuning& tuning_now() {
-  static tuning t;
+  static tuning t = [] {
+    tuning d;
+    // CEDAR_GPU_STREAM_TILE=0: no dense weight on the stream tile (A/B runs of the model)
+    if (const char* env = std::getenv("CEDAR_GPU_STREAM_TILE"); env && std::string(env) == "0")
+      d.stream_min_out = std::numeric_limits<int>::max();
+    return d;
+  }();
   return t;
 }
 
@@ -458,9 +467,14 @@ std::optional<tile_kind> quantized_tile(int m, const W& w) {
   const bool tiled = !gemv && !kept && narrow_fits && m <= tune.fp8_narrow_max_rows &&
                      (long long)w.out * w.in >= tune.fp8_narrow_min_weight;
   const bool split = m <= 8 && split_fits(w.out, w.in, tune) && w.out >= tune.split_min_out;
-  const bool stream = !split && narrow_fits && m <= 8 && w.out >= tune.dense_stream_min_out;
-  if (!(gemv || tiled || stream || split)) return std::nullopt;
-  return split ? tile_kind::split4 : stream ? tile_kind::narrow : gemv ? tile_kind::gemv : tile_kind::narrow32;
+  const bool narrow = !split && narrow_fits && m <= 8 && w.out >= tune.dense_stream_min_out;
+  bool stream = false;  // the stream tile: FP8, short K, many rows (FP4 dense weights stay on the tiles)
+  if constexpr (!FP4)
+    stream = m <= stream_max_slots && w.in <= tune.stream_max_k && w.out >= tune.stream_min_out &&
+             w.in % 64 == 0 && w.out % 8 == 0;
+  if (stream) return tile_kind::stream;
+  if (!(gemv || tiled || narrow || split)) return std::nullopt;
+  return split ? tile_kind::split4 : narrow ? tile_kind::narrow : gemv ? tile_kind::gemv : tile_kind::narrow32;
 }
 
 template <bool FP4, class W>
