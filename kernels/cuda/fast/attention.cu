@@ -335,11 +335,12 @@ __global__ void combine_kernel(const float* part_o, const float* part_ml, int sp
   if (threadIdx.x < 32) {  // lane s holds split s (splits <= 32); the max is exact in any order
     const int s = threadIdx.x;
     const float m = s < splits ? ml[(std::size_t(s) * heads + h) * 2] : neg_inf;
+    const float l = s < splits ? ml[(std::size_t(s) * heads + h) * 2 + 1] : 0.0f;  // loaded beside m
     float M = fmaxf(sink[h], m);
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
     if (s < splits) {
       weight[s] = m == neg_inf ? 0.0f : expf(m - M);
-      ell[s] = ml[(std::size_t(s) * heads + h) * 2 + 1];
+      ell[s] = l;
     }
     __syncwarp();
     if (s == 0) {  // the denominator in split order
@@ -351,22 +352,34 @@ __global__ void combine_kernel(const float* part_o, const float* part_ml, int sp
     load_rope(rope_cs, r, rope_dim, rope_c, rope_s, int(threadIdx.x) - 32, int(blockDim.x) - 32);
   }
   __syncthreads();
-  // U pairs of dimensions a thread, every split's loads of them issued together (splits in
-  // order, each value its own sum)
-  constexpr int U = 2;
+  // U pairs of dimensions a thread; the loads of S splits issued together, then added in split
+  // order (each value its own sum; a split of weight 0 is neither loaded nor added)
+  constexpr int U = 1, S = 16;
   const int pairs = dim / 2, rope_lo = dim - rope_dim;
   for (int j0 = threadIdx.x; j0 < pairs; j0 += blockDim.x * U) {
     float2 acc[U] = {};
-#pragma unroll 4
-    for (int s = 0; s < splits; ++s) {
-      const float w = weight[s];
-      if (w == 0.0f) continue;
-      const float2* po = reinterpret_cast<const float2*>(part_o + ((std::size_t(r) * splits + s) * heads + h) * dim);
-      float2 v[U];
+    for (int s0 = 0; s0 < splits; s0 += S) {
+      float2 v[S][U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) v[u] = j0 + u * int(blockDim.x) < pairs ? po[j0 + u * int(blockDim.x)] : float2{};
+      for (int i = 0; i < S; ++i) {
+        const int s = s0 + i;
+        const bool used = s < splits && weight[s] != 0.0f;
+        const float2* po = reinterpret_cast<const float2*>(part_o + ((std::size_t(r) * splits + s) * heads + h) * dim);
 #pragma unroll
-      for (int u = 0; u < U; ++u) acc[u].x += w * v[u].x, acc[u].y += w * v[u].y;
+        for (int u = 0; u < U; ++u) {
+          const int j = j0 + u * int(blockDim.x);
+          v[i][u] = used && j < pairs ? po[j] : float2{};
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < S; ++i) {
+        const int s = s0 + i;
+        if (s >= splits) break;
+        const float w = weight[s];
+        if (w == 0.0f) continue;
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc[u].x += w * v[i][u].x, acc[u].y += w * v[i][u].y;
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -430,7 +443,7 @@ void launch_attention(const sparse_attention_params& p, const kv_items& items, c
     rs = {p.kv_records, p.ring_record_bytes, items, p.layer, p.window};
   }
   if (splits > 1) {
-    cuda::detail::launch_dependent(combine_kernel, dim3(unsigned(p.rows), unsigned(p.heads)), dim3(128), 0,
+    cuda::detail::launch_dependent(combine_kernel, dim3(unsigned(p.rows), unsigned(p.heads)), dim3(256), 0,
                                    part_o.get(), part_ml.get(), splits, p.heads, DIM, p.sink, p.out, rope_cs, rope_dim,
                                    rs);
   } else if (rope_dim > 0) {

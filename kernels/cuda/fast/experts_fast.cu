@@ -175,10 +175,23 @@ __global__ void combine_kernel(const float* down, const int32_t* slot_pos, const
   const int r = int(blockIdx.x), c4 = int(blockIdx.y * blockDim.x + threadIdx.x);
   if (c4 * 4 >= d) return;
   float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int i = 0; i < topk; ++i) {
-    const int p = slot_pos[size_t(r) * topk + i];
-    const float4 v = p >= 0 ? reinterpret_cast<const float4*>(down + size_t(p) * d)[c4] : make_float4(0, 0, 0, 0);
-    o.x += v.x, o.y += v.y, o.z += v.z, o.w += v.w;
+  const auto add = [&o](const float4& v) { o.x += v.x, o.y += v.y, o.z += v.z, o.w += v.w; };
+  const auto row = [&](int p) {
+    return p >= 0 ? reinterpret_cast<const float4*>(down + size_t(p) * d)[c4] : make_float4(0, 0, 0, 0);
+  };
+  constexpr int in_flight = 8;  // up to this top-k: every position, then every row, loaded at once
+  if (topk <= in_flight) {       // (two load latencies, not two per expert)
+    int pos[in_flight];
+    float4 v[in_flight];
+#pragma unroll
+    for (int i = 0; i < in_flight; ++i) pos[i] = i < topk ? slot_pos[size_t(r) * topk + i] : -1;
+#pragma unroll
+    for (int i = 0; i < in_flight; ++i) v[i] = row(pos[i]);
+#pragma unroll
+    for (int i = 0; i < in_flight; ++i)
+      if (i < topk) add(v[i]);
+  } else {
+    for (int i = 0; i < topk; ++i) add(row(slot_pos[size_t(r) * topk + i]));
   }
   {  // + 0 without a shared expert, as the scalar sum (it turns -0 into +0)
     const float4 v = shared ? reinterpret_cast<const float4*>(shared + size_t(r) * d)[c4] : make_float4(0, 0, 0, 0);
