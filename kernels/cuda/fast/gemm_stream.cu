@@ -180,12 +180,13 @@ __global__ void __launch_bounds__(stream_warps * 32) stream_kernel(const __grid_
   float* sxs = reinterpret_cast<float*>(zero_image + image_units + 4);
 
   // Image of (T0, T1) for one mma: {x(T0) pair, x(T1) pair, x(T0) pair, x(T1) pair} as the
-  // mma's a0..a3, zeros for T1 with HALVES = 1 or a slot past count. FP4: two units a word of 8
-  // codes (e2m1x8_to_e4m3_scaled's order), FP8: one unit a word of 4 codes (natural order).
-  // Scales times 2^6 for FP4 (undoing the weight codes' 2^-6; exact).
+  // mma's a0..a3, zeros for T1 with HALVES = 1 or a slot past count; two units a word of 8
+  // codes (FP4 in e2m1x8_to_f16_scaled's pair order, FP8 in cvt's). Scales times 2^14 for FP4
+  // (undoing the weight values' 2^-14; exact).
   const auto slot_word = [&](int s, int word) -> uint4 {  // f16 pairs of 8 codes of slot s
     if (s >= count) return make_uint4(0, 0, 0, 0);
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p.xq + size_t(x_row(p, gv.first + s)) * k + size_t(word) * 8));
+    const uint8_t* src = p.xq + size_t(x_row(p, gv.first + s)) * k + size_t(word) * 8;
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
     if constexpr (FP4) return x_f16_pairs_fp4(v);
     else return f16_pairs(v);
   };
@@ -202,7 +203,8 @@ __global__ void __launch_bounds__(stream_warps * 32) stream_kernel(const __grid_
   for (int i = threadIdx.x; i < image_units; i += blockDim.x) zero_image[i] = make_uint4(0, 0, 0, 0);
   for (int i = threadIdx.x; i < (max_tokens + 1) * kb_count; i += blockDim.x) {
     const int s = i / kb_count, kb = i % kb_count;
-    sxs[i] = s < count ? p.xs[size_t(x_row(p, gv.first + s)) * kb_count + kb] * (FP4 ? fp4_f16_unscale : 1.0f) : 0.0f;
+    const float unscale = FP4 ? fp4_f16_unscale : 1.0f;
+    sxs[i] = s < count ? p.xs[size_t(x_row(p, gv.first + s)) * kb_count + kb] * unscale : 0.0f;
   }
   __syncthreads();
   cuda::detail::launch_dependents();
@@ -211,7 +213,7 @@ __global__ void __launch_bounds__(stream_warps * 32) stream_kernel(const __grid_
   // D row g (+ 8) of pass q: slot q * per_pass + h * per_half + g / LB, K block g % LB of each
   // chunk. The lane reads its A from the image of pass q and g / LB where it carries the row's
   // block (diag; FP4 lane t: block 4c + t, FP8 lanes 2b, 2b + 1: block 2c + b), else the zero
-  // units (stride 0); scales: the slot's (zero past count), for every lane of the row.
+  // image; scales: the slot's (zero past count), for every lane of the row.
   const bool diag = FP4 ? g % 4 == t : g % 2 == t / 2;
   const uint4* a_src[PASSES];
   const float* x_scale[PASSES][HALVES];
