@@ -44,6 +44,30 @@ struct quantized_x {
   }
 };
 
+/// A random FP8 or W4A8 weight [n, k] on the host (dequantized too) and on the device, with the
+/// CPU op's output for x and the GEMM of a tile.
+struct test_weight {
+  bool fp4;
+  op_reference::owned_fp8 w8;
+  op_reference::owned_fp4 w4;
+  std::vector<float> wd;
+  dev_fp8 d8;
+  dev_fp4 d4;
+  test_weight(std::mt19937_64& rng, bool fp4_, int n, int k)
+      : fp4(fp4_), w8(op_reference::random_fp8(rng, n, k)), w4(op_reference::random_fp4(rng, n, k)),
+        wd(fp4 ? op_reference::dequant(w4.view) : op_reference::dequant(w8.view)), d8(w8), d4(w4) {}
+  std::vector<float> cpu_op(const std::vector<float>& x, int m) const {
+    std::vector<float> y(std::size_t(m) * (fp4 ? w4.view.out : w8.view.out));
+    if (fp4) cpu::linear_fp4(x.data(), m, w4.view, y.data());
+    else cpu::linear_fp8(x.data(), m, w8.view, y.data());
+    return y;
+  }
+  void gemm(const uint8_t* xq, const float* xs, int m, float* y, fast::tile_kind t) const {
+    if (fp4) fast::gemm_fp4(xq, xs, m, d4.view, y, t);
+    else fast::gemm_fp8(xq, xs, m, d8.view, y, t);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("fast gemm: every tile within 2^-16 of the CPU op, all tiles give the same bits") {
@@ -51,17 +75,11 @@ TEST_CASE("fast gemm: every tile within 2^-16 of the CPU op, all tiles give the 
   std::mt19937_64 rng(31);
   const int n = 256, k = 768;
   for (bool fp4 : {false, true}) {
-    const auto w8 = op_reference::random_fp8(rng, n, k);
-    const auto w4 = op_reference::random_fp4(rng, n, k);
-    const std::vector<float> wd = fp4 ? op_reference::dequant(w4.view) : op_reference::dequant(w8.view);
-    const dev_fp8 d8(w8);
-    const dev_fp4 d4(w4);
+    const test_weight w(rng, fp4, n, k);
     for (int m : {1, 5, 37, 130}) {
       const std::vector<float> x = activations(rng, m, k);
-      std::vector<float> ref(std::size_t(m) * n);
-      if (fp4) cpu::linear_fp4(x.data(), m, w4.view, ref.data());
-      else cpu::linear_fp8(x.data(), m, w8.view, ref.data());
-      const std::vector<double> sabs = abs_products(x, m, k, wd, n);
+      const std::vector<float> ref = w.cpu_op(x, m);
+      const std::vector<double> sabs = abs_products(x, m, k, w.wd, n);
       dev<float> xd(x);
       dev<uint8_t> xq(std::size_t(m) * k);
       dev<float> xs(std::size_t(m) * (k / 32));
@@ -75,8 +93,7 @@ TEST_CASE("fast gemm: every tile within 2^-16 of the CPU op, all tiles give the 
       std::vector<float> first;
       for (fast::tile_kind t : fast::all_tiles) {
         dev<float> y(std::size_t(m) * n);
-        if (fp4) fast::gemm_fp4(xq.get(), xs.get(), m, d4.view, y.get(), t);
-        else fast::gemm_fp8(xq.get(), xs.get(), m, d8.view, y.get(), t);
+        w.gemm(xq.get(), xs.get(), m, y.get(), t);
         const std::vector<float> got = y.host();
         const std::string what = std::string(fp4 ? "gemm_fp4 " : "gemm_fp8 ") + fast::tile_name(t) + " m=" + std::to_string(m);
         check_bound(what, got, ref, sabs, bound);
@@ -244,27 +261,20 @@ TEST_CASE("fast stream tile: within 2^-16 of the CPU op at 1 to 8 rows, a row's 
   // four in flight), FP8 10 chunks of 64
   const int n = 200, k = 640;
   for (bool fp4 : {false, true}) {
-    const auto w8 = op_reference::random_fp8(rng, n, k);
-    const auto w4 = op_reference::random_fp4(rng, n, k);
-    const std::vector<float> wd = fp4 ? op_reference::dequant(w4.view) : op_reference::dequant(w8.view);
-    const dev_fp8 d8(w8);
-    const dev_fp4 d4(w4);
+    const test_weight w(rng, fp4, n, k);
     const auto run = [&](const uint8_t* xq, const float* xs, int m, float* y) {
-      if (fp4) fast::gemm_fp4(xq, xs, m, d4.view, y, fast::tile_kind::stream);
-      else fast::gemm_fp8(xq, xs, m, d8.view, y, fast::tile_kind::stream);
+      w.gemm(xq, xs, m, y, fast::tile_kind::stream);
     };
     for (int m : {1, 2, 3, 4, 5, 8}) {
       const std::vector<float> x = activations(rng, m, k);
-      std::vector<float> ref(std::size_t(m) * n);
-      if (fp4) cpu::linear_fp4(x.data(), m, w4.view, ref.data());
-      else cpu::linear_fp8(x.data(), m, w8.view, ref.data());
+      const std::vector<float> ref = w.cpu_op(x, m);
       const quantized_x qx(x, m, k);
       dev<float> y(std::size_t(m) * n);
       cuda::fill_bytes(y.get(), 0xFF, sizeof(float) * std::size_t(m) * n);
       run(qx.q.get(), qx.s.get(), m, y.get());
       const std::vector<float> got = y.host();
       const std::string what = std::string(fp4 ? "stream fp4" : "stream fp8") + " m=" + std::to_string(m);
-      check_bound(what, got, ref, abs_products(x, m, k, wd, n), bound);
+      check_bound(what, got, ref, abs_products(x, m, k, w.wd, n), bound);
       // each row alone gives the same bits
       for (int r = 0; r < m; ++r) {
         dev<float> y1(n);
