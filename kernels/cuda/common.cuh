@@ -150,12 +150,14 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float x) {
 
 __device__ __forceinline__ float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
-/// Two e4m3 codes (the low two bytes of `two`, low byte first) -> floats, exact (the hardware
-/// conversion through f16).
-__device__ __forceinline__ float2 e4m3x2_to_f32(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
-  return __half22float2(__half2(h));
+/// Two e4m3 codes (the low two bytes of `two`, low byte first) -> their f16 values, exact, as
+/// one f16 pair (the hardware conversion).
+__device__ __forceinline__ __half2_raw e4m3x2_to_f16x2(uint32_t two) {
+  return __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
 }
+
+/// The same as floats, exact.
+__device__ __forceinline__ float2 e4m3x2_to_f32(uint32_t two) { return __half22float2(__half2(e4m3x2_to_f16x2(two))); }
 
 __device__ __forceinline__ float e4m3_to_f32(uint8_t code) {
   const bool neg = code & 0x80;

@@ -352,24 +352,20 @@ __global__ void combine_kernel(const float* part_o, const float* part_ml, int sp
     load_rope(rope_cs, r, rope_dim, rope_c, rope_s, int(threadIdx.x) - 32, int(blockDim.x) - 32);
   }
   __syncthreads();
-  // U pairs of dimensions a thread; the loads of S splits issued together, then added in split
+  // a pair of dimensions a thread; the loads of S splits issued together, then added in split
   // order (each value its own sum; a split of weight 0 is neither loaded nor added)
-  constexpr int U = 1, S = 16;
+  constexpr int S = 16;
   const int pairs = dim / 2, rope_lo = dim - rope_dim;
-  for (int j0 = threadIdx.x; j0 < pairs; j0 += blockDim.x * U) {
-    float2 acc[U] = {};
+  const float2* po = reinterpret_cast<const float2*>(part_o + (std::size_t(r) * splits * heads + h) * dim);
+  const std::size_t split_stride = std::size_t(heads) * pairs;  // float2 from one split to the next
+  for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
+    float2 acc = {};
     for (int s0 = 0; s0 < splits; s0 += S) {
-      float2 v[S][U];
+      float2 v[S];
 #pragma unroll
       for (int i = 0; i < S; ++i) {
         const int s = s0 + i;
-        const bool used = s < splits && weight[s] != 0.0f;
-        const float2* po = reinterpret_cast<const float2*>(part_o + ((std::size_t(r) * splits + s) * heads + h) * dim);
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int j = j0 + u * int(blockDim.x);
-          v[i][u] = used && j < pairs ? po[j] : float2{};
-        }
+        v[i] = s < splits && weight[s] != 0.0f ? po[s * split_stride + j] : float2{};
       }
 #pragma unroll
       for (int i = 0; i < S; ++i) {
@@ -377,21 +373,15 @@ __global__ void combine_kernel(const float* part_o, const float* part_ml, int sp
         if (s >= splits) break;
         const float w = weight[s];
         if (w == 0.0f) continue;
-#pragma unroll
-        for (int u = 0; u < U; ++u) acc[u].x += w * v[i][u].x, acc[u].y += w * v[i][u].y;
+        acc.x += w * v[i].x, acc.y += w * v[i].y;
       }
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = j0 + u * int(blockDim.x);
-      if (j >= pairs) continue;
-      float o[2] = {acc[u].x * inv_denom, acc[u].y * inv_denom};
-      if (rope_dim > 0 && 2 * j >= rope_lo) {  // inverse: sin negated
-        const int i = j - rope_lo / 2;
-        cuda::detail::rope_rotate(o[0], o[1], rope_c[i], -rope_s[i], o);
-      }
-      reinterpret_cast<float2*>(out + (std::size_t(r) * heads + h) * dim)[j] = make_float2(o[0], o[1]);
+    float o[2] = {acc.x * inv_denom, acc.y * inv_denom};
+    if (rope_dim > 0 && 2 * j >= rope_lo) {  // inverse: sin negated
+      const int i = j - rope_lo / 2;
+      cuda::detail::rope_rotate(o[0], o[1], rope_c[i], -rope_s[i], o);
     }
+    reinterpret_cast<float2*>(out + (std::size_t(r) * heads + h) * dim)[j] = make_float2(o[0], o[1]);
   }
 }
 

@@ -48,19 +48,41 @@ __device__ __forceinline__ group_view group_of(const gemm_problem& p) {
 
 __device__ __forceinline__ int x_row(const gemm_problem& p, int slot) { return p.rows ? p.rows[slot] : slot; }
 
-/// In a launch of `count` problems of one x whose members take block columns [end[i - 1],
-/// end[i]): p (member 0's on entry) takes the weight, scales, output and n of blockIdx.x's
-/// member; returns the block column within it. Selects over constant indices, so the launch
+/// One grouped problem, or up to N dense ones of one x (xq, xs, m, k), in one launch: member i
+/// takes block columns [end[i - 1], end[i]) (the split and stream tiles).
+template <int N>
+struct problem_set {
+  gemm_problem p[N];
+  int end[N];  ///< block columns, cumulative
+  int count;
+};
+
+/// The set of ps[0 .. count) with ceil(n / rows_per_block) block columns each; cols: their sum.
+template <int N>
+problem_set<N> make_set(const gemm_problem* ps, int count, int rows_per_block, int& cols) {
+  problem_set<N> set{};
+  set.count = count;
+  cols = 0;
+  for (int i = 0; i < count; ++i) {
+    set.p[i] = ps[i];
+    cols += (ps[i].n + rows_per_block - 1) / rows_per_block;
+    set.end[i] = cols;
+  }
+  return set;
+}
+
+/// p (member 0's on entry) takes the weight, scales, output and n of blockIdx.x's member of
+/// `set`; returns the block column within it. Selects over constant indices, so the launch
 /// parameters are never indexed at run time (which would copy them to local memory).
 template <int N>
-__device__ __forceinline__ int set_member(gemm_problem& p, const gemm_problem (&ps)[N], const int (&end)[N],
-                                          int count) {
+__device__ __forceinline__ int set_member(gemm_problem& p, const problem_set<N>& set) {
   int bx = int(blockIdx.x);
   if constexpr (N > 1) {
 #pragma unroll
     for (int i = 1; i < N; ++i)
-      if (i < count && int(blockIdx.x) >= end[i - 1])
-        p.w = ps[i].w, p.ws = ps[i].ws, p.y = ps[i].y, p.n = ps[i].n, bx = int(blockIdx.x) - end[i - 1];
+      if (i < set.count && int(blockIdx.x) >= set.end[i - 1])
+        p.w = set.p[i].w, p.ws = set.p[i].ws, p.y = set.p[i].y, p.n = set.p[i].n,
+        bx = int(blockIdx.x) - set.end[i - 1];
   }
   return bx;
 }

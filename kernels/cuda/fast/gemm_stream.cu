@@ -63,13 +63,6 @@ __device__ __forceinline__ int stream_unit(int word) {
          2 * (word % per_lane);
 }
 
-/// Both e4m3 codes of each half of v as f16 pairs: lo from bits 0..15, hi from bits 16..31.
-__device__ __forceinline__ void e4m3x4_to_f16(uint32_t v, uint32_t& lo, uint32_t& hi) {
-  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(v));
-}
-
 /// D += A B, m16n8k16, f16 in, fp32 accumulate.
 __device__ __forceinline__ void mma_f16(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                         uint32_t b1) {
@@ -83,10 +76,11 @@ __device__ __forceinline__ void mma_f16(float d[4], uint32_t a0, uint32_t a1, ui
 /// 8 e4m3 codes (two words) as four f16 pairs: .x / .y for one mma's b0 / b1 (or a0 / a2),
 /// .z / .w for the next.
 __device__ __forceinline__ uint4 f16_pairs(uint2 e4m3) {
-  uint4 r;
-  e4m3x4_to_f16(e4m3.x, r.x, r.y);
-  e4m3x4_to_f16(e4m3.y, r.z, r.w);
-  return r;
+  const auto pair = [](uint32_t two) {
+    const __half2_raw h = cuda::detail::e4m3x2_to_f16x2(two);
+    return uint32_t(h.x) | uint32_t(h.y) << 16;
+  };
+  return make_uint4(pair(e4m3.x), pair(e4m3.x >> 16), pair(e4m3.y), pair(e4m3.y >> 16));
 }
 
 /// 8 E2M1 codes (nibble i = element i) as f16 pairs {element i, element i + 4}, i = 0 .. 3, each
@@ -106,32 +100,25 @@ __device__ __forceinline__ uint4 x_f16_pairs_fp4(uint2 v) {
   uint32_t h[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i)
-    h[i] = __nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(((i < 4 ? v.x : v.y) >> (8 * (i % 4))) & 0xFF), __NV_E4M3).x;
+    h[i] = cuda::detail::e4m3x2_to_f16x2(((i < 4 ? v.x : v.y) >> (8 * (i % 4))) & 0xFF).x;
   return make_uint4(h[0] | h[4] << 16, h[1] | h[5] << 16, h[2] | h[6] << 16, h[3] | h[7] << 16);
 }
 
-/// Up to max_set dense problems of one x (FP8), or one grouped problem (a pair: groups2),
-/// block columns [end[i - 1], end[i]) on member i.
-template <int N>
-struct stream_set {
-  gemm_problem p[N];
-  int end[N];
-  int count;
-  int images;  ///< A images in shared memory (those of a slot T0 < max_slots)
-};
-
 /// grid (sum of ceil(n_i / 64), 1, groups): warp w of block column bx computes rows 64 bx + 8 w
 /// for every slot of its group (max_tokens at most). HALVES: A rows g only (1) or g and g + 8
-/// (2); PASSES: mma chains over the same weight fragments (more slots).
+/// (2); PASSES: mma chains over the same weight fragments (more slots). The set: up to max_set
+/// dense FP8 problems of one x, or one grouped problem (a pair: groups2); images: the A images
+/// in shared memory (those of a slot T0 < max_slots).
 template <bool FP4, int HALVES, int PASSES, int N>
-__global__ void __launch_bounds__(stream_warps * 32) stream_kernel(const __grid_constant__ stream_set<N> set) {
+__global__ void __launch_bounds__(stream_warps * 32)
+    stream_kernel(const __grid_constant__ problem_set<N> set, int images) {
   constexpr int LB = stream_lane_blocks<FP4>, CK = stream_chunk_k<FP4>;
   constexpr int per_half = 8 / LB, per_pass = per_half * HALVES, max_tokens = per_pass * PASSES;
   constexpr int ring = stream_ahead + 1;     // chunk buffers: the one in use and those in flight
   constexpr int LU = stream_lane_units<FP4>, UC = stream_chunk_units<FP4>;
   extern __shared__ __align__(16) uint8_t smem[];
   gemm_problem p = set.p[0];
-  const int bx = set_member(p, set.p, set.end, set.count);
+  const int bx = set_member(p, set);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r0 = bx * stream_rows + warp * 8;
   const int k = p.k, chunks = k / CK, kb_count = k / 32;
@@ -172,11 +159,11 @@ __global__ void __launch_bounds__(stream_warps * 32) stream_kernel(const __grid_
     aim(gv.w, gv.ws), prefetch();
   }
   const int count = min(gv.count, max_tokens);  // the launch picked a variant of max_tokens >= max_slots
-  // set.images images (those of a slot T0 < count staged), then a zero image 4 units further
+  // the images (those of a slot T0 < count staged), then a zero image 4 units further
   // on (a lane without x reads there in step with the others: another 16-byte bank group than
   // the phase's readers of an image), then the scales of max_tokens + 1 slots (the last: zeros)
   uint4* img = reinterpret_cast<uint4*>(smem);
-  uint4* zero_image = img + set.images * image_units + 4;
+  uint4* zero_image = img + images * image_units + 4;
   float* sxs = reinterpret_cast<float*>(zero_image + image_units + 4);
 
   // Image of (T0, T1) for one mma: {x(T0) pair, x(T1) pair, x(T0) pair, x(T1) pair} as the
@@ -190,7 +177,7 @@ __global__ void __launch_bounds__(stream_warps * 32) stream_kernel(const __grid_
     if constexpr (FP4) return x_f16_pairs_fp4(v);
     else return f16_pairs(v);
   };
-  for (int i = threadIdx.x; i < set.images * (k / 8); i += blockDim.x) {
+  for (int i = threadIdx.x; i < images * (k / 8); i += blockDim.x) {
     const int im = i / (k / 8), word = i % (k / 8);
     const int q = im / per_half, gi = im % per_half;
     const int s0 = q * per_pass + gi, s1 = HALVES > 1 ? s0 + per_half : max_tokens;
@@ -308,18 +295,11 @@ void launch_stream_n(const gemm_problem* ps, int count, int z, int max_slots) {
   int images = 0;  // the images of a slot T0 < max_slots: a prefix
   for (int im = 0; im < PASSES * per_half; ++im) images += im / per_half * per_pass + im % per_half < max_slots;
   const int smem = (images + 1) * stream_image_units<FP4>(k) * 16 + 8 * 16 + (max_tokens + 1) * (k / 32) * 4;
-  stream_set<N> set{};
-  set.count = count;
-  set.images = images;
   int cols = 0;
-  for (int i = 0; i < count; ++i) {
-    set.p[i] = ps[i];
-    cols += (ps[i].n + stream_rows - 1) / stream_rows;
-    set.end[i] = cols;
-  }
+  const problem_set<N> set = make_set<N>(ps, count, stream_rows, cols);
   const auto kernel = stream_kernel<FP4, HALVES, PASSES, N>;
   cuda::detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
-  cuda::detail::launch_dependent(kernel, dim3(cols, 1, z), dim3(stream_warps * 32), smem, set);
+  cuda::detail::launch_dependent(kernel, dim3(cols, 1, z), dim3(stream_warps * 32), smem, set, images);
 }
 
 template <bool FP4, int HALVES, int PASSES>

@@ -269,15 +269,8 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
 /// others' (left in shared memory, two stages of them), in ascending order, so the sums are
 /// the tiled kernel's. For weights whose few row tiles leave each warp a long serial K stream.
 /// grid (sum of n_i / BW, ceil(max slots / BT), groups): a set's members one after another.
-template <int N>
-struct split_set {
-  gemm_problem p[N];  ///< one grouped problem, or up to N dense ones of one x (xq, xs, m, k)
-  int end[N];         ///< block columns, cumulative
-  int count;
-};
-
 template <class S, bool FP4, int N>
-__global__ void __launch_bounds__(S::threads) split_kernel(const __grid_constant__ split_set<N> set) {
+__global__ void __launch_bounds__(S::threads) split_kernel(const __grid_constant__ problem_set<N> set) {
   static_assert(S::WK > 1 && S::KB == S::WK * chunk_blocks, "one chunk per warp per stage");
   using L = stage_layout<S, FP4>;
   constexpr int tiles = S::WW * S::WT, vals = S::MT * S::NT * 4;
@@ -286,7 +279,7 @@ __global__ void __launch_bounds__(S::threads) split_kernel(const __grid_constant
   using loader_t = stage_loader<S, FP4>;
   gemm_problem p = set.p[0];
   if (p.groups) cuda::detail::grid_dependency_wait();  // the group tables come from the kernel before
-  const int bx = set_member(p, set.p, set.end, set.count);
+  const int bx = set_member(p, set);
   const group_view gv = group_of(p);
   const int n0 = bx * S::BW, slot0 = blockIdx.y * S::BT;
   if (slot0 >= gv.count) return;
@@ -380,14 +373,8 @@ template <class S, bool FP4, int N>
 void launch_split_n(const gemm_problem* ps, int count, int num_groups, int max_slots) {
   constexpr int smem = S::STAGES * stage_layout<S, FP4>::bytes +
                        2 * (S::WK - 1) * S::WW * S::WT * S::MT * S::NT * 4 * 32 * int(sizeof(float));
-  split_set<N> set{};
-  set.count = count;
   int cols = 0;
-  for (int i = 0; i < count; ++i) {
-    set.p[i] = ps[i];
-    cols += ps[i].n / S::BW;
-    set.end[i] = cols;
-  }
+  const problem_set<N> set = make_set<N>(ps, count, S::BW, cols);  // n % BW == 0 (require_shape)
   const dim3 grid(cols, (max_slots + S::BT - 1) / S::BT, num_groups);
   launch_with_smem<split_kernel<S, FP4, N>>(grid, S::threads, smem, set);
 }
