@@ -257,9 +257,9 @@ TEST_CASE("fast grouped_fp4_pair: two products of one x in one launch give group
 TEST_CASE("fast stream tile: within 2^-16 of the CPU op at 1 to 8 rows, a row's bits whatever the other rows") {
   if (!have_gpu()) return;
   std::mt19937_64 rng(35);
-  // n: blocks of 64 rows with a partial last one; k: FP4 5 chunks of 128 (a partial group of
-  // four in flight), FP8 10 chunks of 64
-  const int n = 200, k = 640;
+  // n: blocks of 64 rows with a partial last one; k: FP4 3 steps of 256 (fewer than the ring of
+  // steps in flight), FP8 6 steps of 128 (a full ring and a partial one)
+  const int n = 208, k = 768;
   for (bool fp4 : {false, true}) {
     const test_weight w(rng, fp4, n, k);
     const auto run = [&](const uint8_t* xq, const float* xs, int m, float* y) {
@@ -342,7 +342,7 @@ TEST_CASE("fast stream tile: grouped W4A8 and its pair equal each expert's dense
     }
   }
   // dense FP8 sets of one x: each member's bits alone
-  const int outs[] = {256, 72, 1280};
+  const int outs[] = {256, 80, 1280};
   std::vector<op_reference::owned_fp8> h8;
   std::vector<std::unique_ptr<dev_fp8>> d8;
   for (int o : outs) {

@@ -237,7 +237,7 @@ void run_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vector<lab_
 
   for (fast::tile_kind t : lab_tiles) {
     if (t != fast::tile_kind::wide && m > 64) continue;
-    if (t == fast::tile_kind::stream && m > fast::stream_max_slots) continue;
+    if (t == fast::tile_kind::stream && (m > fast::stream_max_slots || !fast::stream_shape(fp4, s.n, s.k))) continue;
     record(fast::tile_name(t), [&](int i) {
       if (fp4) fast::gemm_fp4(xq.as<uint8_t>(), xs.as<float>(), m, fp4w(i), y.as<float>(), t);
       else fast::gemm_fp8(xq.as<uint8_t>(), xs.as<float>(), m, fp8w(i), y.as<float>(), t);
@@ -371,7 +371,8 @@ void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down,
   for (const routing& rt : ro) max_slots = std::max(max_slots, rt.max_slots);
   for (fast::tile_kind t : lab_tiles) {
     if (t != fast::tile_kind::wide && max_slots > 64 && only_tile != fast::tile_name(t)) continue;
-    if (t == fast::tile_kind::stream && max_slots > fast::stream_max_slots) continue;
+    if (t == fast::tile_kind::stream && (max_slots > fast::stream_max_slots || !fast::stream_shape(true, n, k)))
+      continue;
     if (!only_tile.empty() && only_tile != fast::tile_name(t)) continue;
     auto fn = [&](int i) {
       const routing& rt = ro[i % routings];

@@ -26,12 +26,14 @@ namespace cedar::cuda::fast {
 /// m <= 8, or 16 at a cost); pipelined: narrow 64x8, narrow16 32x16 and narrow32 64x32 (weight streams for a
 /// few slots per expert), split4 and split8 16x8 (K over 4 or 8 warps of the block: weights of few
 /// rows and long K at decode), skinny 32x64 (m <= 64) and wide 128x128 (prefill).
-/// stream: up to 8 slots a group, 8 weight rows a warp straight from HBM, one mma chain a K
+/// stream: up to 8 slots a group, 16 weight rows a warp straight from HBM, one mma chain a K
 /// block for every slot (gemm_stream.cu); its own summation order, so not the other tiles' bits
 /// (batch-invariant up to 8 rows all the same).
 enum class tile_kind { gemv, narrow, narrow16, narrow32, split4, split8, skinny, wide, stream };
 /// Slots a group (rows of a dense call) the stream tile takes at most.
 inline constexpr int stream_max_slots = 8;
+/// Shapes the stream tile takes: n % 16 == 0, k a multiple of its step (FP4 256, FP8 128).
+inline bool stream_shape(bool fp4, int n, int k) { return n % 16 == 0 && k % (fp4 ? 256 : 128) == 0; }
 /// Every tile of one summation order, in the order above (the lab's tables and the tests go
 /// through them all; stream, of its own order, is not among them).
 inline constexpr tile_kind all_tiles[] = {tile_kind::gemv,     tile_kind::narrow, tile_kind::narrow16,
@@ -140,10 +142,11 @@ struct tuning {
   int split_min_k = 2048;
   int split_min_out = 4096;
   /// Dense FP8 linears at up to 8 rows with K <= stream_max_k and at least stream_min_out
-  /// outputs: the stream tile (its own summation order; a warp reads 8 rows over all of K, so
+  /// outputs: the stream tile (its own summation order; a warp reads 16 rows over all of K, so
   /// it needs many rows and a short K). `--op linear_fp8 --shape attn.wq_b` (32768 x 1280, us,
-  /// narrow / stream): 16.31 / 14.29 at m = 1, 17.39 / 16.69 at m = 8; wo_b (5120 x 8192) 17.57
-  /// (split4) / 33.89, shared.w2 (5120 x 2304) 8.12 (narrow) / 10.56 at m = 1: few rows, long K.
+  /// narrow / stream): 16.30 / 11.50 at m = 1, 17.39 / 20.67 at m = 8 (4 column passes); the
+  /// stream stays on at every m <= 8 so that a row's bits never depend on m. Decode step of
+  /// bench-40L-E64 (ms, stream on / off): 8.92 / 9.06 at batch 1, 22.36 / 22.07 at batch 8.
   int stream_max_k = 2048;
   int stream_min_out = 16384;
   /// Routed experts past expert_tiled_max_rows tokens on sm_90a: one wgmma launch per matrix for

@@ -1,31 +1,33 @@
 // The stream tile (tile_kind::stream) of the FP8 / W4A8 GEMMs: a weight stream for up to 8 slots
-// (decode) built to issue fewer instructions a byte than the tiles of gemm_tiles.cu, which spend
-// most of theirs on what does not scale with the slots (a scale multiply per K block and weight
-// row, seven of eight unused slots at one token).
+// (decode) built to issue fewer instructions and shared-memory wavefronts a weight byte than the
+// tiles of gemm_tiles.cu, which spend most of theirs on what does not scale with the slots (a
+// scale multiply per K block and weight row, seven of eight unused slots at one token).
 //
-// A warp owns 8 weight rows over all of K and reads each lane's 16 bytes a chunk straight from
-// HBM into registers (four chunks in flight, a ring of five). The mma (m16n8k16, f16 in, fp32
-// accumulate) takes the weight as B (8 rows) and a "block-diagonal" A: row r of A holds one
-// slot's x only in the k positions of the lane that carries K block r % 4 (FP4; r % 2, FP8),
-// zeros elsewhere, so that one mma chain gives every (slot, K block, weight row) its own dot
-// product, scaled once per chunk instead of once per mma:
-//  - FP4: a lane's 16 bytes are one whole K block (32 E2M1 codes), lane t of a quad carrying
-//    block 4c + t of chunk c (128 of K); A rows g (and g + 8): slot g / 4 (+ 2), block g % 4;
-//  - FP8: a lane's 16 bytes are half a block, lanes 2b and 2b + 1 carrying block 2c + b of chunk
-//    c (64 of K); A rows g (and g + 8): slot g / 2 (+ 4), block g % 2.
-// Codes become f16 exactly: E2M1 by shifts and masks (times 2^-14, undone in the x scale), e4m3
-// by cvt, x in shared memory through the same cvt pairs (FP8) or in the E2M1 pairs' order (FP4),
-// as register images of the mma's A operand (zeros included), so a lane loads its A with no
-// moves. Summation order (fixed, the same for every m up to 8: batch-invariant): a block's dot is
-// two chains of mmas (even and odd words, fp32) added; each lane adds its blocks' dots times
-// sw * sx in ascending chunks; the lanes of a row then add their totals ((b0 + b1) + (b2 + b3)
-// for FP4, b0 + b1 for FP8). Not the other tiles' bits: the same products summed in another
+// A warp owns 16 weight rows (g and g + 8 of lane (g, t)) over all of K and reads, a step,
+// each lane's 32 bytes of both straight from HBM into registers (a row's 128 bytes a warp: whole
+// lines, which HBM serves faster than half lines; up to three steps in flight: stream_ahead).
+// The mma (m16n8k16, f16 in, fp32 accumulate) takes the weight as A (16 rows) and x as B whose 8
+// columns are 2 slots x 4 K blocks: column n holds slot n / 4's x only in the k positions of lane
+// n % 4 (the lane carrying that block), zeros elsewhere, so that one mma chain gives every
+// (weight row, slot, K block) its own dot product, scaled once per block:
+//  - FP4: a lane's 32 bytes of a row are two K blocks (2 x 32 E2M1 codes): in chunk h of step s
+//    (its 16 bytes h) lane t carries block 8s + 2t + h, so a chunk holds 4 blocks;
+//  - FP8: a lane's 32 bytes are one block, 4s + t, its halves in the step's two chunks.
+// More slots: more column passes over the same A registers. Codes become f16 exactly: E2M1 by
+// shifts and masks (times 2^-14, undone in the x scale), e4m3 by cvt; x is staged in shared
+// memory once a block as f16 pairs in the weights' pair order, one 16-byte unit a lane and word
+// (8 codes); a lane whose column does not meet its block reads one zero unit (a broadcast), so a
+// load costs the wavefronts of the lanes that carry x. Summation order (fixed, the same for
+// every m up to 8: batch-invariant): a block's dot is two chains of mmas (even and odd words,
+// fp32; FP8: over both chunks of its step) added; each lane adds its two columns' dots times
+// sw * sx in ascending K; at the end a slot's four column sums are added, (c0 + c1) + (c2 + c3)
+// over the lane pair. Not the other tiles' bits: the same products summed in another
 // order, within the same bound of the CPU op.
 //
-// Measured (docs/BENCHMARKS.md): a third fewer instructions than the narrow tile on the routed
-// experts at one token but no faster there (both ~1.9 TB/s, both slower in step with the SM
-// clock); faster on a weight of many short rows (wq_b), where the model uses it
-// (tuning::stream_min_out).
+// Measured (docs/BENCHMARKS.md, "The stream tile rebuilt"): at one slot 11.5 us on wq_b (86 % of
+// the copy rate) and 31.3 / 17.1 us on the routed experts' up / down at one token (narrow: 16.3,
+// 39.3 / 20.2); slower than narrow at 5 to 8 slots. The model gives it the weights of many short
+// rows (tuning::stream_min_out); the experts stay on narrow (a token's bits at every batch).
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -34,33 +36,37 @@
 namespace cedar::cuda::fast::detail {
 namespace {
 
-constexpr int stream_warps = 8;                    ///< a block: 8 warps of 8 weight rows
-constexpr int stream_rows = stream_warps * 8;      ///< weight rows a block
-constexpr int stream_ahead = 4;                    ///< chunks in flight a lane
+constexpr int stream_warps = 4;                    ///< a block: 4 warps of 16 weight rows
+constexpr int stream_rows = stream_warps * 16;     ///< weight rows a block
+constexpr int stream_pass_slots = 2;               ///< slots a column pass (8 columns / 4 blocks)
+/// Steps in flight a lane: as many as the registers of a variant allow at 4 blocks an SM (a
+/// stream at few slots is bound by the bytes in flight: its grid has few warps an SM)
+template <int PASSES>
+constexpr int stream_ahead = PASSES == 1 ? 3 : PASSES == 2 ? 2 : 1;
 template <bool FP4>
-constexpr int stream_chunk_k = FP4 ? 128 : 64;     ///< K a chunk (16 bytes a lane)
+constexpr int stream_chunk_k = FP4 ? 128 : 64;     ///< K a chunk (16 bytes a lane and row)
 template <bool FP4>
-constexpr int stream_lane_blocks = FP4 ? 4 : 2;    ///< K blocks a chunk (A rows a slot)
-/// A staged x row ("image", 16-byte units): a lane's 16 weight bytes of a chunk take LU units
-/// of it (two per 8 codes: FP4 8, FP8 4), one unit of padding after each lane's (so that the
-/// lanes reading one image in a phase of a 16-byte shared load hit distinct bank groups), the
-/// whole padded to 8 units (every image in the same bank phase).
+constexpr int stream_step_k = 2 * stream_chunk_k<FP4>;  ///< K a step (32 bytes a lane and row)
 template <bool FP4>
-constexpr int stream_lane_units = FP4 ? 8 : 4;
+constexpr int stream_words = FP4 ? 4 : 2;          ///< words of 8 codes a lane and row a chunk
+/// A staged x row ("image", 16-byte units): chunk c, lane t, word i at unit c UC + t (NW + 1)
+/// + i (one unit of padding after each lane's, so that the lanes of a 16-byte load's phase hit
+/// distinct bank groups), UC a multiple of 8 (every chunk in the same bank phase).
 template <bool FP4>
-constexpr int stream_chunk_units = 4 * (stream_lane_units<FP4> + 1);
+constexpr int stream_chunk_units = (4 * (stream_words<FP4> + 1) + 7) / 8 * 8;
 template <bool FP4>
 __host__ __device__ constexpr int stream_image_units(int k) {
-  return (k / stream_chunk_k<FP4> * stream_chunk_units<FP4> + 7) / 8 * 8;
+  return k / stream_chunk_k<FP4> * stream_chunk_units<FP4>;
 }
-/// The first unit of the 8 x codes `word` (codes 8 word .. 8 word + 7) in an image.
+/// Units before the images: zeros, read at 4 + i (a bank group no carrier of a phase reads).
+constexpr int stream_zero_units = 8;
+/// The unit of x's word `word` (codes 8 word .. + 7) in an image: step s, lane t (a quarter of
+/// the step), chunk h (a half of the lane's), word i of the chunk's.
 template <bool FP4>
 __device__ __forceinline__ int stream_unit(int word) {
-  // FP4: chunk word / 16, lane (word / 4) % 4 (its K block), two units a word of the block;
-  // FP8: chunk word / 8, lane (word / 2) % 4 (half a block), two units a word
-  constexpr int per_chunk = FP4 ? 16 : 8, per_lane = FP4 ? 4 : 2;
-  return word / per_chunk * stream_chunk_units<FP4> + word % per_chunk / per_lane * (stream_lane_units<FP4> + 1) +
-         2 * (word % per_lane);
+  constexpr int SK = stream_step_k<FP4>, LK = SK / 4, HK = LK / 2, NW = stream_words<FP4>;
+  const int s = 8 * word / SK, o = 8 * word % SK;
+  return (2 * s + o % LK / HK) * stream_chunk_units<FP4> + o / LK * (NW + 1) + o % HK / 8;
 }
 
 /// D += A B, m16n8k16, f16 in, fp32 accumulate.
@@ -73,7 +79,7 @@ __device__ __forceinline__ void mma_f16(float d[4], uint32_t a0, uint32_t a1, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/// 8 e4m3 codes (two words) as four f16 pairs: .x / .y for one mma's b0 / b1 (or a0 / a2),
+/// 8 e4m3 codes (two words) as four f16 pairs: .x / .y for one mma's a0 / a2 (or b0 / b1),
 /// .z / .w for the next.
 __device__ __forceinline__ uint4 f16_pairs(uint2 e4m3) {
   const auto pair = [](uint32_t two) {
@@ -104,52 +110,61 @@ __device__ __forceinline__ uint4 x_f16_pairs_fp4(uint2 v) {
   return make_uint4(h[0] | h[4] << 16, h[1] | h[5] << 16, h[2] | h[6] << 16, h[3] | h[7] << 16);
 }
 
-/// grid (sum of ceil(n_i / 64), 1, groups): warp w of block column bx computes rows 64 bx + 8 w
-/// for every slot of its group (max_tokens at most). HALVES: A rows g only (1) or g and g + 8
-/// (2); PASSES: mma chains over the same weight fragments (more slots). The set: up to max_set
-/// dense FP8 problems of one x, or one grouped problem (a pair: groups2); images: the A images
-/// in shared memory (those of a slot T0 < max_slots).
-template <bool FP4, int HALVES, int PASSES, int N>
-__global__ void __launch_bounds__(stream_warps * 32)
+/// grid (sum of ceil(n_i / 64), 1, groups): warp w of block column bx computes rows 64 bx + 16 w
+/// .. + 15 for every slot of its group (max_tokens at most). PASSES: column passes (2 slots a
+/// pass) over the same weight registers. The set: up to max_set dense FP8 problems of one x, or
+/// one grouped problem (a pair: groups2); images: the slots staged in shared memory (a prefix,
+/// max_slots of the launch).
+template <bool FP4, int PASSES, int N>
+__global__ void __launch_bounds__(stream_warps * 32, PASSES == 4 ? 4 : 1)  // 4 passes: 4 blocks an SM
     stream_kernel(const __grid_constant__ problem_set<N> set, int images) {
-  constexpr int LB = stream_lane_blocks<FP4>, CK = stream_chunk_k<FP4>;
-  constexpr int per_half = 8 / LB, per_pass = per_half * HALVES, max_tokens = per_pass * PASSES;
-  constexpr int ring = stream_ahead + 1;     // chunk buffers: the one in use and those in flight
-  constexpr int LU = stream_lane_units<FP4>, UC = stream_chunk_units<FP4>;
+  constexpr int SK = stream_step_k<FP4>, NW = stream_words<FP4>, UC = stream_chunk_units<FP4>;
+  constexpr int SB = SK / 32;  // K blocks a step
+  constexpr int max_tokens = stream_pass_slots * PASSES;
+  constexpr int ahead = stream_ahead<PASSES>, ring = ahead + 1;  // buffers: the step in use, those in flight
   extern __shared__ __align__(16) uint8_t smem[];
   gemm_problem p = set.p[0];
   const int bx = set_member(p, set);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int r0 = bx * stream_rows + warp * 8;
-  const int k = p.k, chunks = k / CK, kb_count = k / 32;
+  const int r0 = bx * stream_rows + warp * 16;
+  const int k = p.k, steps = k / SK, kb_count = k / 32;
   const uint32_t w_stride = FP4 ? k / 2 : k;
   const int image_units = stream_image_units<FP4>(k);
 
-  // the weight's first chunks: a dense call knows its weight before the kernel before it ends.
-  // Lane (g, t) reads row r0 + g at byte 64 c + 16 t of chunk c; FP4: the scale bytes of rows
-  // r0 + 2t, r0 + 2t + 1 at block g % 4 of the chunk, FP8: the 32-row group's at block g % 2
-  // (the blocks of the lane's D rows)
-  uint4 wbuf[ring];
-  uint32_t s0buf[ring], s1buf[ring];
+  // the weight's first steps: a dense call knows its weight before the kernel before it ends.
+  // Lane (g, t) reads rows r0 + g and r0 + g + 8 at bytes 128 s + 32 t .. + 31 of step s (chunk
+  // h: the 16 bytes h), and the scales of its D columns' blocks: FP4 blocks 8s + 4 (t % 2) .. + 3
+  // of both rows (32 bits each), FP8 blocks 4s + 2 (t % 2), + 1 of the rows' 32-row group (16)
+  uint4 wbuf[ring][2][2];  // [buffer][row g, g + 8][chunk]
+  uint32_t sbuf[ring][FP4 ? 2 : 1];
   const bool row_ok = r0 < p.n;
   const uint8_t *wrow = nullptr, *srow = nullptr;
   const auto aim = [&](const uint8_t* w, const uint8_t* ws) {
-    wrow = w + size_t(r0 + g) * w_stride + t * 16;
-    srow = ws + (FP4 ? size_t(r0 + 2 * t) : size_t(r0 / 32)) * kb_count + g % LB;
+    wrow = w + size_t(r0 + g) * w_stride + t * 32;
+    srow = ws + (FP4 ? size_t(r0 + g) * kb_count + 4 * (t % 2) : size_t(r0 / 32) * kb_count + 2 * (t % 2));
   };
-  const auto load = [&](int c, int slot) {  // every load unconditional: no copies kept alive
+  const auto load = [&](int st, int slot) {  // every load unconditional: no copies kept alive
 #pragma unroll
     for (int i = 0; i < ring; ++i)
       if (i == slot) {
-        wbuf[i] = __ldg(reinterpret_cast<const uint4*>(wrow + size_t(c) * 64));
-        s0buf[i] = __ldg(srow + c * LB);
-        if constexpr (FP4) s1buf[i] = __ldg(srow + kb_count + c * LB);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            wbuf[i][r][h] =
+                __ldg(reinterpret_cast<const uint4*>(wrow + size_t(8 * r) * w_stride + size_t(st) * 128 + 16 * h));
+        if constexpr (FP4) {
+          sbuf[i][0] = __ldg(reinterpret_cast<const uint32_t*>(srow + size_t(st) * SB));
+          sbuf[i][1] = __ldg(reinterpret_cast<const uint32_t*>(srow + size_t(8) * kb_count + size_t(st) * SB));
+        } else {
+          sbuf[i][0] = __ldg(reinterpret_cast<const uint16_t*>(srow + size_t(st) * SB));
+        }
       }
   };
   const auto prefetch = [&] {
     if (!row_ok) return;
 #pragma unroll
-    for (int u = 0; u < stream_ahead; ++u) load(min(u, chunks - 1), u);
+    for (int u = 0; u < ahead; ++u) load(min(u, steps - 1), u);
   };
   if (!p.groups) aim(p.w, p.ws), prefetch();
   cuda::detail::grid_dependency_wait();  // x (and a grouped call's tables) come from kernels before
@@ -159,35 +174,21 @@ __global__ void __launch_bounds__(stream_warps * 32)
     aim(gv.w, gv.ws), prefetch();
   }
   const int count = min(gv.count, max_tokens);  // the launch picked a variant of max_tokens >= max_slots
-  // the images (those of a slot T0 < count staged), then a zero image 4 units further
-  // on (a lane without x reads there in step with the others: another 16-byte bank group than
-  // the phase's readers of an image), then the scales of max_tokens + 1 slots (the last: zeros)
-  uint4* img = reinterpret_cast<uint4*>(smem);
-  uint4* zero_image = img + images * image_units + 4;
-  float* sxs = reinterpret_cast<float*>(zero_image + image_units + 4);
-
-  // Image of (T0, T1) for one mma: {x(T0) pair, x(T1) pair, x(T0) pair, x(T1) pair} as the
-  // mma's a0..a3, zeros for T1 with HALVES = 1 or a slot past count; two units a word of 8
-  // codes (FP4 in e2m1x8_to_f16_scaled's pair order, FP8 in cvt's). Scales times 2^14 for FP4
-  // (undoing the weight values' 2^-14; exact).
-  const auto slot_word = [&](int s, int word) -> uint4 {  // f16 pairs of 8 codes of slot s
-    if (s >= count) return make_uint4(0, 0, 0, 0);
-    const uint8_t* src = p.xq + size_t(x_row(p, gv.first + s)) * k + size_t(word) * 8;
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
-    if constexpr (FP4) return x_f16_pairs_fp4(v);
-    else return f16_pairs(v);
-  };
-  for (int i = threadIdx.x; i < images * (k / 8); i += blockDim.x) {
-    const int im = i / (k / 8), word = i % (k / 8);
-    const int q = im / per_half, gi = im % per_half;
-    const int s0 = q * per_pass + gi, s1 = HALVES > 1 ? s0 + per_half : max_tokens;
-    if (s0 >= count) continue;
-    const uint4 x0 = slot_word(s0, word), x1 = slot_word(s1, word);
-    uint4* dst = img + size_t(im) * image_units + stream_unit<FP4>(word);
-    dst[0] = make_uint4(x0.x, x1.x, x0.y, x1.y);
-    dst[1] = make_uint4(x0.z, x1.z, x0.w, x1.w);
+  // the zero units, the images (slots s < min(count, images)), then the scales of max_tokens + 1
+  // slots (the last: zeros; FP4: times 2^14, undoing the weight values' 2^-14, exact)
+  uint4* zero = reinterpret_cast<uint4*>(smem);
+  uint4* img = zero + stream_zero_units;
+  float* sxs = reinterpret_cast<float*>(img + images * image_units);
+  const int staged = min(count, images), words = k / 8;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < staged * words; i += blockDim.x) {
+    const int s = i / words, word = i % words;
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p.xq + size_t(x_row(p, gv.first + s)) * k + size_t(word) * 8));
+    if constexpr (FP4) img[size_t(s) * image_units + stream_unit<FP4>(word)] = x_f16_pairs_fp4(v);
+    else img[size_t(s) * image_units + stream_unit<FP4>(word)] = f16_pairs(v);
   }
-  for (int i = threadIdx.x; i < image_units; i += blockDim.x) zero_image[i] = make_uint4(0, 0, 0, 0);
+  if (threadIdx.x < stream_zero_units) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+#pragma unroll 4
   for (int i = threadIdx.x; i < (max_tokens + 1) * kb_count; i += blockDim.x) {
     const int s = i / kb_count, kb = i % kb_count;
     const float unscale = FP4 ? fp4_f16_unscale : 1.0f;
@@ -197,116 +198,129 @@ __global__ void __launch_bounds__(stream_warps * 32)
   cuda::detail::launch_dependents();
   if (!row_ok) return;
 
-  // D row g (+ 8) of pass q: slot q * per_pass + h * per_half + g / LB, K block g % LB of each
-  // chunk. The lane reads its A from the image of pass q and g / LB where it carries the row's
-  // block (diag; FP4 lane t: block 4c + t, FP8 lanes 2b, 2b + 1: block 2c + b), else the zero
-  // image; scales: the slot's (zero past count), for every lane of the row.
-  const bool diag = FP4 ? g % 4 == t : g % 2 == t / 2;
-  const uint4* a_src[PASSES];
-  const float* x_scale[PASSES][HALVES];
+  // B column g of pass q: slot 2q + g / 4, the block lane g % 4 carries; lane (g, t) reads it
+  // where t == g % 4, else the zero units. D: lane (g, t) holds rows g, g + 8 of columns 2t,
+  // 2t + 1: slot 2q + t / 2, the blocks of lanes 2 (t % 2) and + 1 (FP4 in chunk h: blocks
+  // 8s + 4 (t % 2) + h and + 2; FP8: 4s + 2 (t % 2) and + 1).
+  const uint4* b_src[PASSES];
+  int b_step[PASSES];
+  const float* x_scale[PASSES];
 #pragma unroll
   for (int q = 0; q < PASSES; ++q) {
-    const bool carries = diag && q * per_pass + g / LB < count;
-    a_src[q] = carries ? img + size_t(q * per_half + g / LB) * image_units + t * (LU + 1) : zero_image;
-#pragma unroll
-    for (int h = 0; h < HALVES; ++h) {
-      const int tok = q * per_pass + h * per_half + g / LB;
-      x_scale[q][h] = sxs + min(tok, max_tokens) * kb_count + g % LB;
-    }
+    const int slot = q * stream_pass_slots + g / 4;
+    const bool carries = g % 4 == t && slot < staged;
+    b_src[q] = carries ? img + size_t(slot) * image_units + t * (NW + 1) : zero + 4;
+    b_step[q] = carries ? UC : 0;
+    const int tok = min(q * stream_pass_slots + t / 2, max_tokens);
+    x_scale[q] = sxs + tok * kb_count + SB / 2 * (t % 2);
   }
-  float acc[PASSES][HALVES][2] = {};
-  for (int c0 = 0; c0 < chunks; c0 += ring) {
+  float acc[PASSES][4] = {};
+  // dot products of chunk h of the step in buffer u into d (even words) and d_odd
+  const auto chunk_mmas = [&](int u, int h, float (&d)[PASSES][4], float (&d_odd)[PASSES][4]) {
+    uint4 b[PASSES][NW];  // x first: its loads in flight while the weight's words become A pairs
+#pragma unroll
+    for (int q = 0; q < PASSES; ++q) {
+#pragma unroll
+      for (int i = 0; i < NW; ++i) b[q][i] = b_src[q][i];
+      b_src[q] += b_step[q];
+    }
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+      const uint4 w0 = wbuf[u][0][h], w1 = wbuf[u][1][h];
+      uint4 a0, a1;  // rows g and g + 8: pairs for two mmas (.x / .y, then .z / .w)
+      if constexpr (FP4) {
+        a0 = e2m1x8_to_f16_scaled(i == 0 ? w0.x : i == 1 ? w0.y : i == 2 ? w0.z : w0.w);
+        a1 = e2m1x8_to_f16_scaled(i == 0 ? w1.x : i == 1 ? w1.y : i == 2 ? w1.z : w1.w);
+      } else {
+        a0 = f16_pairs(i == 0 ? make_uint2(w0.x, w0.y) : make_uint2(w0.z, w0.w));
+        a1 = f16_pairs(i == 0 ? make_uint2(w1.x, w1.y) : make_uint2(w1.z, w1.w));
+      }
+#pragma unroll
+      for (int q = 0; q < PASSES; ++q) {
+        float* dc = i % 2 ? d_odd[q] : d[q];
+        mma_f16(dc, a0.x, a1.x, a0.y, a1.y, b[q][i].x, b[q][i].y);
+        mma_f16(dc, a0.z, a1.z, a0.w, a1.w, b[q][i].z, b[q][i].w);
+      }
+    }
+  };
+  for (int s0 = 0; s0 < steps; s0 += ring) {
 #pragma unroll
     for (int u = 0; u < ring; ++u) {
-      const int c = c0 + u;
-      if (c >= chunks) break;
-      load(min(c + stream_ahead, chunks - 1), (u + stream_ahead) % ring);
-      const uint4 wv = wbuf[u];
-      // every operand of the chunk first (the weight's words as B pairs, the A units), then two
-      // independent mma chains (even and odd words), added once: a warp waits on fewer
-      // dependencies in a row
-      constexpr int NW = FP4 ? 4 : 2;  // words (8 codes) a lane carries a chunk
-      uint4 b[NW];                     // B pairs for two mmas a word: .x / .y, then .z / .w
+      const int st = s0 + u;
+      if (st >= steps) break;
+      load(min(st + ahead, steps - 1), (u + ahead) % ring);
+      // d[q][e]: row g (e < 2) or g + 8, column 2t + e % 2; scaled by sw * sx of its block
+      if constexpr (FP4) {
 #pragma unroll
-      for (int j = 0; j < NW; ++j) {
-        if constexpr (FP4) b[j] = e2m1x8_to_f16_scaled(j == 0 ? wv.x : j == 1 ? wv.y : j == 2 ? wv.z : wv.w);
-        else b[j] = f16_pairs(j == 0 ? make_uint2(wv.x, wv.y) : make_uint2(wv.z, wv.w));
-      }
-      uint4 a[PASSES][2 * NW];
+        for (int h = 0; h < 2; ++h) {
+          float d[PASSES][4] = {}, d_odd[PASSES][4] = {};
+          chunk_mmas(u, h, d, d_odd);
 #pragma unroll
-      for (int q = 0; q < PASSES; ++q)
+          for (int q = 0; q < PASSES; ++q) {
+            const float4 sx4 = *reinterpret_cast<const float4*>(x_scale[q] + st * SB);
 #pragma unroll
-        for (int i = 0; i < 2 * NW; ++i) a[q][i] = a_src[q][c * UC + i];
-      float d[PASSES][4] = {}, d_odd[PASSES][4] = {};
-#pragma unroll
-      for (int j = 0; j < NW; ++j)
+            for (int e = 0; e < 4; ++e) {
+              const int j = 2 * (e % 2) + h;  // the block among the lane's four of the step
+              const float sw = ue8m0_value((sbuf[u][e / 2] >> (8 * j)) & 0xFFu);
+              const float sx = j == 0 ? sx4.x : j == 1 ? sx4.y : j == 2 ? sx4.z : sx4.w;
+              acc[q][e] = fmaf(d[q][e] + d_odd[q][e], sw * sx, acc[q][e]);
+            }
+          }
+        }
+      } else {
+        float d[PASSES][4] = {}, d_odd[PASSES][4] = {};
+        chunk_mmas(u, 0, d, d_odd);
+        chunk_mmas(u, 1, d, d_odd);
 #pragma unroll
         for (int q = 0; q < PASSES; ++q) {
-          float* dc = j % 2 ? d_odd[q] : d[q];
-          mma_f16(dc, a[q][2 * j].x, a[q][2 * j].y, a[q][2 * j].z, a[q][2 * j].w, b[j].x, b[j].y);
-          mma_f16(dc, a[q][2 * j + 1].x, a[q][2 * j + 1].y, a[q][2 * j + 1].z, a[q][2 * j + 1].w, b[j].z, b[j].w);
+          const float2 sx2 = *reinterpret_cast<const float2*>(x_scale[q] + st * SB);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float sw = ue8m0_value((sbuf[u][0] >> (8 * (e % 2))) & 0xFFu);
+            acc[q][e] = fmaf(d[q][e] + d_odd[q][e], sw * (e % 2 ? sx2.y : sx2.x), acc[q][e]);
+          }
         }
-#pragma unroll
-      for (int q = 0; q < PASSES; ++q)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) d[q][e] += d_odd[q][e];
-      // d[q]: (row g, cols 2t, 2t + 1), (row g + 8, same cols): scaled by sw * sx of the block
-      const float sw0 = ue8m0_value(s0buf[u]), sw1 = FP4 ? ue8m0_value(s1buf[u]) : sw0;
-#pragma unroll
-      for (int q = 0; q < PASSES; ++q)
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h) {
-          const float sx = x_scale[q][h][c * LB];
-          acc[q][h][0] = fmaf(d[q][2 * h], sw0 * sx, acc[q][h][0]);
-          acc[q][h][1] = fmaf(d[q][2 * h + 1], sw1 * sx, acc[q][h][1]);
-        }
+      }
     }
   }
-  // the lanes of one row and slot (lane bits 2..3: the block) add their totals
+  // a slot's blocks: in-lane (the column pair), then the lane pair t, t ^ 1
 #pragma unroll
   for (int q = 0; q < PASSES; ++q)
 #pragma unroll
-    for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float v = acc[q][h][e];
-        v += __shfl_xor_sync(0xffffffffu, v, 4);
-        if constexpr (FP4) v += __shfl_xor_sync(0xffffffffu, v, 8);
-        acc[q][h][e] = v;
-      }
-  if (g % LB != 0) return;
-#pragma unroll
-  for (int q = 0; q < PASSES; ++q)
-#pragma unroll
-    for (int h = 0; h < HALVES; ++h) {
-      const int tok = q * per_pass + h * per_half + g / LB;
-      if (tok >= count) continue;
-      float* yr = gv.y + size_t(gv.first + tok) * p.n + r0 + 2 * t;
-      yr[0] = acc[q][h][0];
-      yr[1] = acc[q][h][1];
+    for (int r = 0; r < 2; ++r) {
+      float v = acc[q][2 * r] + acc[q][2 * r + 1];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      acc[q][2 * r] = v;
     }
+  if (t % 2 != 0) return;
+#pragma unroll
+  for (int q = 0; q < PASSES; ++q) {
+    const int tok = q * stream_pass_slots + t / 2;
+    if (tok >= count) continue;
+    float* yr = gv.y + size_t(gv.first + tok) * p.n + r0 + g;
+    yr[0] = acc[q][0];
+    yr[8] = acc[q][2];
+  }
 }
 
-template <bool FP4, int HALVES, int PASSES, int N>
+template <bool FP4, int PASSES, int N>
 void launch_stream_n(const gemm_problem* ps, int count, int z, int max_slots) {
-  constexpr int max_tokens = 8 / stream_lane_blocks<FP4> * HALVES * PASSES;
+  constexpr int max_tokens = stream_pass_slots * PASSES;
   const int k = ps[0].k;
-  constexpr int per_half = 8 / stream_lane_blocks<FP4>, per_pass = per_half * HALVES;
-  int images = 0;  // the images of a slot T0 < max_slots: a prefix
-  for (int im = 0; im < PASSES * per_half; ++im) images += im / per_half * per_pass + im % per_half < max_slots;
-  const int smem = (images + 1) * stream_image_units<FP4>(k) * 16 + 8 * 16 + (max_tokens + 1) * (k / 32) * 4;
+  const int images = std::min(max_slots, max_tokens);
+  const int smem = (stream_zero_units + images * stream_image_units<FP4>(k)) * 16 + (max_tokens + 1) * (k / 32) * 4;
   int cols = 0;
   const problem_set<N> set = make_set<N>(ps, count, stream_rows, cols);
-  const auto kernel = stream_kernel<FP4, HALVES, PASSES, N>;
+  const auto kernel = stream_kernel<FP4, PASSES, N>;
   cuda::detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   cuda::detail::launch_dependent(kernel, dim3(cols, 1, z), dim3(stream_warps * 32), smem, set, images);
 }
 
-template <bool FP4, int HALVES, int PASSES>
+template <bool FP4, int PASSES>
 void launch_stream_shape(const gemm_problem* ps, int count, int z, int max_slots) {
   if constexpr (!FP4)
-    if (count > 1) return launch_stream_n<FP4, HALVES, PASSES, max_set>(ps, count, z, max_slots);
-  launch_stream_n<FP4, HALVES, PASSES, 1>(ps, 1, z, max_slots);
+    if (count > 1) return launch_stream_n<FP4, PASSES, max_set>(ps, count, z, max_slots);
+  launch_stream_n<FP4, PASSES, 1>(ps, 1, z, max_slots);
 }
 
 }  // namespace
@@ -315,18 +329,12 @@ template <bool FP4>
 void launch_stream(const gemm_problem* ps, int count, int z, int max_slots) {
   CEDAR_CUDA_REQUIRE(max_slots <= stream_max_slots, "fast gemm (stream): at most 8 slots a group");
   for (int i = 0; i < count; ++i)
-    CEDAR_CUDA_REQUIRE(ps[i].k % stream_chunk_k<FP4> == 0 && ps[i].n % 8 == 0,
-                       FP4 ? "fast gemm (stream): k % 128 == 0 and n % 8 == 0"
-                           : "fast gemm (stream): k % 64 == 0 and n % 8 == 0");
-  // slots per mma chain: FP4 2 (rows g) or 4 (g and g + 8); FP8 4 or 8
-  if constexpr (FP4) {
-    if (max_slots <= 2) launch_stream_shape<true, 1, 1>(ps, count, z, max_slots);
-    else if (max_slots <= 4) launch_stream_shape<true, 2, 1>(ps, count, z, max_slots);
-    else launch_stream_shape<true, 2, 2>(ps, count, z, max_slots);
-  } else {
-    if (max_slots <= 4) launch_stream_shape<false, 1, 1>(ps, count, z, max_slots);
-    else launch_stream_shape<false, 2, 1>(ps, count, z, max_slots);
-  }
+    CEDAR_CUDA_REQUIRE(stream_shape(FP4, ps[i].n, ps[i].k), FP4 ? "fast gemm (stream): k % 256 == 0 and n % 16 == 0"
+                                                                  : "fast gemm (stream): k % 128 == 0 and n % 16 == 0");
+  // column passes of 2 slots
+  if (max_slots <= 2) launch_stream_shape<FP4, 1>(ps, count, z, max_slots);
+  else if (max_slots <= 4) launch_stream_shape<FP4, 2>(ps, count, z, max_slots);
+  else launch_stream_shape<FP4, 4>(ps, count, z, max_slots);
 }
 
 template void launch_stream<false>(const gemm_problem*, int, int, int);
