@@ -318,7 +318,7 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
   // m = 1 narrow); the "prefill" ones run the bf16 path: on sm_90a the wgmma experts (their own
   // test: fast_experts_test.cpp), and the cuBLAS products per expert; the defaults take the
   // wgmma experts from 129 tokens on (sm_90a) and the grouped tiles below
-  for (int m : {1, 20, 150, 200}) {
+  for (int m : {1, 2, 20, 150, 200}) {
     const auto y = activations(rng, m, d);
     std::vector<int32_t> sel(std::size_t(m) * topk);
     std::vector<float> wts(sel.size());
@@ -356,6 +356,11 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
     run("default");
     fast::tuning_now().expert_wgmma = false;
     run("decode");
+    if (m <= 2) {  // the stream tile where rows need not be batch-invariant
+      fast::tuning_now().expert_stream_max_rows = 2;
+      run("stream");
+      fast::tuning_now().expert_stream_max_rows = saved.expert_stream_max_rows;
+    }
     fast::tuning_now() = {0, 0, 0, 0};
     run("prefill");
     fast::tuning_now().expert_wgmma = false;

@@ -317,7 +317,10 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   bool grouped = true;
   tile_kind tile = tile_kind::skinny;
   if (m <= tune.expert_gemv_max_rows && tiles_fit)
-    tile = m <= tune.expert_narrow_max_rows     ? tile_kind::narrow
+    tile = m <= std::min(tune.expert_stream_max_rows, stream_max_slots) && stream_shape(true, inter, d) &&
+                   stream_shape(true, d, inter)
+               ? tile_kind::stream
+           : m <= tune.expert_narrow_max_rows   ? tile_kind::narrow
            : m <= tune.expert_narrow16_max_rows ? tile_kind::narrow16
                                                 : tile_kind::narrow32;
   else if (m <= tune.expert_gemv_max_rows && gemv_shape(inter, d) && gemv_shape(d, inter))

@@ -149,6 +149,15 @@ struct tuning {
   /// bench-40L-E64 (ms, stream on / off): 8.92 / 9.06 at batch 1, 22.36 / 22.07 at batch 8.
   int stream_max_k = 2048;
   int stream_min_out = 16384;
+  /// Rows up to which those weights take the stream tile: every m it takes, so that a row's bits
+  /// never depend on m. With $CEDAR_GPU_BATCH_INVARIANT=0, 2 (one column pass; narrow's 17.39
+  /// against the stream's 20.67 us at 8 rows).
+  int stream_max_rows = stream_max_slots;
+  /// Routed experts: tokens up to which the grouped stream tile runs in place of narrow. Off by
+  /// default (its own summation order: a token's bits would change between 2 and 3 tokens);
+  /// with $CEDAR_GPU_BATCH_INVARIANT=0, 2: `--op moe --tile narrow|stream` (us, up / down) 39.3 /
+  /// 20.2 against 31.3 / 17.1 at one token, 59.9 / 33.5 against 53.6 / 30.3 at two.
+  int expert_stream_max_rows = 0;
   /// Routed experts past expert_tiled_max_rows tokens on sm_90a: one wgmma launch per matrix for
   /// all experts, FP4 turned into bf16 in shared memory (experts_wg.cu), instead of a bf16 copy
   /// of each expert's weights and a cuBLAS product per expert.

@@ -434,6 +434,10 @@ tuning& tuning_now() {
     // CEDAR_GPU_STREAM_TILE=0: no dense weight on the stream tile (A/B runs of the model)
     if (const char* env = std::getenv("CEDAR_GPU_STREAM_TILE"); env && std::string(env) == "0")
       d.stream_min_out = std::numeric_limits<int>::max();
+    // CEDAR_GPU_BATCH_INVARIANT=0: the fastest tile at each row count, though a row's bits then
+    // depend on how many rows it is batched with
+    if (const char* env = std::getenv("CEDAR_GPU_BATCH_INVARIANT"); env && std::string(env) == "0")
+      d.stream_max_rows = d.expert_stream_max_rows = 2;
     return d;
   }();
   return t;
@@ -470,7 +474,8 @@ std::optional<tile_kind> quantized_tile(int m, const W& w) {
   const bool narrow = !split && narrow_fits && m <= 8 && w.out >= tune.dense_stream_min_out;
   bool stream = false;  // the stream tile: FP8, short K, many rows (FP4 dense weights stay on the tiles)
   if constexpr (!FP4)
-    stream = m <= stream_max_slots && w.in <= tune.stream_max_k && w.out >= tune.stream_min_out &&
+    stream = m <= std::min(tune.stream_max_rows, stream_max_slots) && w.in <= tune.stream_max_k &&
+             w.out >= tune.stream_min_out &&
              stream_shape(false, w.out, w.in);
   if (stream) return tile_kind::stream;
   if (!(gemv || tiled || narrow || split)) return std::nullopt;
