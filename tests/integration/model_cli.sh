@@ -5,7 +5,7 @@
 # with the same seed, and a checkpoint that does not match its config is refused; kernel-lab
 # refuses options it does not take with its usage (exit 2) before it looks for a device and takes
 # those it does (--tokens with moe and prefill, --tile with moe), and the GPU-only
-# --gpu-dense-bf16 is refused on the CPU backend.
+# --gpu-dense-bf16 and --gpu-batch-invariant off are refused on the CPU backend.
 # usage: tests/integration/model_cli.sh path/to/cedar
 set -euo pipefail
 cedar="${1:?usage: model_cli.sh path/to/cedar}"
@@ -68,10 +68,15 @@ for ok in "--op moe --tokens 64 --tile narrow" "--op moe --tokens 64 --tile spli
   "$cedar" kernel-lab $ok > /dev/null 2> "$tmp/err" || rc=$?
   if [[ $rc == 2 ]]; then echo "kernel-lab $ok was refused"; cat "$tmp/err"; exit 1; fi
 done
-# --gpu-dense-bf16 is a GPU option: with the CPU backend (or exact kernels) it is refused, not ignored
+# --gpu-dense-bf16 and --gpu-batch-invariant off are GPU options: with the CPU backend (or exact
+# kernels) they are refused, not ignored; --gpu-batch-invariant takes on or off only
 for cmd in "generate --model micro --prompt-ids 5 --max-tokens 1 --gpu-dense-bf16" \
            "gpu-bench --phases floor --gpu-dense-bf16" \
-           "gpu-bench --phases floor --device cuda --gpu-kernels exact --gpu-dense-bf16"; do
+           "gpu-bench --phases floor --device cuda --gpu-kernels exact --gpu-dense-bf16" \
+           "generate --model micro --prompt-ids 5 --max-tokens 1 --gpu-batch-invariant off" \
+           "generate --model micro --prompt-ids 5 --max-tokens 1 --gpu-batch-invariant yes" \
+           "gpu-bench --phases floor --gpu-batch-invariant off" \
+           "gpu-bench --phases floor --device cuda --gpu-kernels exact --gpu-batch-invariant off"; do
   rc=0
   # shellcheck disable=SC2086
   "$cedar" $cmd > /dev/null 2> "$tmp/err" || rc=$?
@@ -80,4 +85,13 @@ done
 rc=0
 "$cedar" serve --model micro --port 0 --gpu-dense-bf16 > /dev/null 2> "$tmp/err" || rc=$?
 [[ $rc == 2 ]] && grep -q -- "--gpu-dense-bf16 needs --device cuda" "$tmp/err" || { echo "serve --gpu-dense-bf16 on the CPU: exit $rc"; cat "$tmp/err"; exit 1; }
+# "on" is what the CPU does anyway
+"$cedar" generate --model micro --prompt-ids 5 --max-tokens 1 --gpu-batch-invariant on > /dev/null 2> "$tmp/err" ||
+  { echo "generate --gpu-batch-invariant on was refused"; cat "$tmp/err"; exit 1; }
+for value in off maybe; do
+  rc=0
+  "$cedar" serve --model micro --port 0 --gpu-batch-invariant $value > /dev/null 2> "$tmp/err" || rc=$?
+  [[ $rc == 2 ]] && grep -q -- "--gpu-batch-invariant" "$tmp/err" ||
+    { echo "serve --gpu-batch-invariant $value on the CPU: exit $rc"; cat "$tmp/err"; exit 1; }
+done
 echo "model_cli: ok"

@@ -18,6 +18,7 @@
 
 #ifdef CEDAR_HAVE_CUDA
 #include "actors/gpu_shard.hpp"
+#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
 #endif
 
@@ -209,6 +210,19 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
   (void)args, (void)weights, (void)dtype, (void)kernels, (void)dense_bf16, (void)verbose;
   return nullptr;
 #endif
+}
+
+void set_gpu_batch_invariant(bool on) {
+#ifdef CEDAR_HAVE_CUDA
+  cuda::fast::set_batch_invariant(on);
+#else
+  (void)on;
+#endif
+}
+
+std::optional<bool> parse_on_off(const std::string& v) {
+  if (v == "on" || v == "off") return v == "on";
+  return std::nullopt;
 }
 
 std::optional<int64_t> gpu_kv_budget(const kv_layout& layout, double fraction, int64_t budget_bytes, int max_num_seqs,

@@ -65,6 +65,14 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
                                                 kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, bool verbose,
                                                 std::string* error);
 
+/// --gpu-batch-invariant on|off (cedar serve, generate, gpu-bench; process-wide, before the model
+/// is built): on, a request's bits on the GPU never depend on what it is batched with; off, the
+/// decode path may take faster tiles of another summation order at one or two rows. Without CUDA
+/// nothing to set.
+void set_gpu_batch_invariant(bool on);
+/// Parses on|off.
+std::optional<bool> parse_on_off(const std::string& v);
+
 /// The KV budget (pages, rings, tails) of a GPU shard, once the weights are on the device:
 /// `fraction` of the device memory free now less `reserve_bytes` (cedar::gpu_step_reserve_bytes), or
 /// `budget_bytes` when > 0 (checked against the same). Printed on stderr when verbose. nullopt

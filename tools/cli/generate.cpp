@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@ struct generate_args {
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
   cedar::gpu_kernels kernels = cedar::gpu_kernels::fast;
   bool dense_bf16 = false;
+  std::optional<bool> batch_invariant;  ///< --gpu-batch-invariant (absent: the process default)
 };
 
 void usage() {
@@ -39,13 +41,14 @@ void usage() {
                "usage: cedar generate [--model DIR|PRESET] [--seed S] (--prompt-ids 1,2,3 | --prompt TEXT)\n"
                "                      --max-tokens N [--chunk N] [--truncate on|off] [--kv-dtype fp4|fp8]\n"
                "                      [--ignore-eos] [--json] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
-               "                      [--gpu-dense-bf16] [--progress]\n"
+               "                      [--gpu-dense-bf16] [--gpu-batch-invariant on|off] [--progress]\n"
                "                      [--max-prefill-s S]\n"
                "  greedy decoding on the CPU backend (default) or the GPU model (--device cuda: weights\n"
                "  and KV on the device; --gpu-kernels fast runs the tensor-core kernels, within stated bounds\n"
                "  of the CPU model, exact gives the CPU's bits; default fast; --gpu-dense-bf16 keeps bf16\n"
                "  copies of the dense linears on the device, for faster many-row steps at twice their\n"
-               "  memory). Default model: preset '%s' with random\n"
+               "  memory; --gpu-batch-invariant off lets a row's bits depend on its batch for faster\n"
+               "  decode at 1-2 rows, as cedar serve). Default model: preset '%s' with random\n"
                "  weights from seed %llu (--seed changes it). --truncate on runs the decoder's late\n"
                "  layers on the prompt's last window only (approximate, as in serving). --progress:\n"
                "  load progress and per-chunk / per-16-token times on stderr. --max-prefill-s S: stop\n"
@@ -73,11 +76,14 @@ bool parse(int argc, char** argv, generate_args& a) {
     else if (k == "--device" && cedar::cli::parse_device(v)) a.device = *cedar::cli::parse_device(v);
     else if (k == "--gpu-kernels" && cedar::cli::parse_gpu_kernels(v)) a.kernels = *cedar::cli::parse_gpu_kernels(v);
     else if (k == "--truncate" && (v == "on" || v == "off")) a.truncate = v == "on";
+    else if (k == "--gpu-batch-invariant" && cedar::cli::parse_on_off(v))
+      a.batch_invariant = cedar::cli::parse_on_off(v);
     else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8"))
       a.kv = v == "fp4" ? cedar::kv_dtype::fp4 : cedar::kv_dtype::fp8;
     else return false;
   }
-  if (a.dense_bf16 && (a.device != cedar::cli::device_kind::cuda || a.kernels != cedar::gpu_kernels::fast)) return false;
+  const bool fast_cuda = a.device == cedar::cli::device_kind::cuda && a.kernels == cedar::gpu_kernels::fast;
+  if ((a.dense_bf16 || a.batch_invariant == false) && !fast_cuda) return false;
   return a.max_tokens > 0 && a.chunk >= 0 && a.max_prefill_s >= 0 && !(a.max_prefill_s > 0 && a.truncate) &&
          (a.prompt_ids.empty() != a.prompt.empty());
 }
@@ -204,6 +210,7 @@ int generate_main(int argc, char** argv) {
     return 1;
   }
   const auto t_load = clock_type::now();
+  if (a.batch_invariant) cedar::cli::set_gpu_batch_invariant(*a.batch_invariant);
   auto m = cedar::cli::open_cli_model(a.model, a.seed, a.kv, a.device, a.kernels, a.dense_bf16, a.progress, &error);
   const double load_s = seconds_since(t_load);
   if (!m) {

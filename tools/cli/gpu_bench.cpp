@@ -23,7 +23,7 @@ void usage() {
   std::fprintf(
       stderr,
       "usage: cedar gpu-bench [--model PRESET|DIR] [--seed S] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
-      "                       [--gpu-dense-bf16]\n"
+      "                       [--gpu-dense-bf16] [--gpu-batch-invariant on|off]\n"
       "                       [--kv-dtype fp4|fp8] [--phases floor,decode,prefill,truncation,prefix,generate]\n"
       "                       [--batch 1,64,256] [--context 8192] [--steps 16] [--warmup-steps 2]\n"
       "                       [--prefill 8192,32768] [--chunk N] [--prefix-tokens 32768] [--new-tokens 200]\n"
@@ -31,6 +31,8 @@ void usage() {
       "                       [--progress]\n"
       "  --gpu-kernels: the kernel set of --device cuda (default fast, as serving). --gpu-dense-bf16:\n"
       "    keep bf16 copies of the dense linears on the device (as cedar serve --gpu-dense-bf16).\n"
+      "  --gpu-batch-invariant off: faster decode tiles at 1-2 rows whose bits depend on the batch\n"
+      "    (as cedar serve).\n"
       "  decode: --steps timed calls per batch size on synthetic KV (random well-formed records,\n"
       "    --context tokens per request), against the step's HBM floor at the measured copy rate.\n"
       "  prefill: each --prefill prompt in --chunk calls (default: serving's --max-prefill-chunk on the\n"
@@ -90,11 +92,13 @@ bool parse(int argc, char** argv, options& o) {
     else if (k == "--gen-prompt") o.gen_prompt = n, ok = n >= 1;
     else if (k == "--gen-tokens") o.gen_tokens = int(n), ok = n >= 1;
     else if (k == "--truncate" && (v == "on" || v == "off")) o.truncate = v == "on";
+    else if (k == "--gpu-batch-invariant" && parse_on_off(v)) o.batch_invariant = parse_on_off(v);
     else if (k == "--out") o.out = v;
     else return false;
     if (!ok) return false;
   }
-  if (o.dense_bf16 && (o.device != device_kind::cuda || o.kernels != gpu_kernels::fast)) return false;
+  const bool fast_cuda = o.device == device_kind::cuda && o.kernels == gpu_kernels::fast;
+  if ((o.dense_bf16 || o.batch_invariant == false) && !fast_cuda) return false;
   if (o.chunk == 0)
     o.chunk = o.device == device_kind::cuda ? engine_options::gpu_step_tokens
                                             : engine_options{}.max_prefill_tokens_per_request;
@@ -112,6 +116,7 @@ std::unique_ptr<step_model> open_step_model(const options& o, std::string* error
   if (!args) return nullptr;
   auto weights = load_weights(o.model, *args, o.seed, o.progress, error);
   if (!weights) return nullptr;
+  if (o.batch_invariant) set_gpu_batch_invariant(*o.batch_invariant);
   return make_gpu_step_model(*args, std::move(weights), o.kv, o.kernels, o.dense_bf16, o.progress, error);
 }
 

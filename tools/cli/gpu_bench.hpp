@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,7 @@ struct options {
   device_kind device = device_kind::cpu;
   gpu_kernels kernels = gpu_kernels::fast;
   bool dense_bf16 = false;  ///< --gpu-dense-bf16: the GPU model keeps bf16 copies of its dense linears
+  std::optional<bool> batch_invariant;  ///< --gpu-batch-invariant (absent: the process default)
   kv_dtype kv = kv_dtype::fp4;
   /// Any of floor (the decode floor and FLOPs from the inventory alone: no model is loaded),
   /// decode, prefill, truncation, prefix, generate; they run in that order.

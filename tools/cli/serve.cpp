@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct model_choice {
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
   cedar::gpu_kernels kernels = cedar::gpu_kernels::fast;
   bool dense_bf16 = false;           ///< --gpu-dense-bf16
+  std::optional<bool> batch_invariant;  ///< --gpu-batch-invariant (absent: the process default)
   double gpu_memory_fraction = 0.9;  ///< --device cuda: share of the free device memory for KV
   bool kv_budget_given = false;      ///< --kv-budget-bytes was on the command line
   cedar::engine_options options;
@@ -66,6 +68,7 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
     if (c.device == cedar::cli::device_kind::cpu) return cedar::engine::start(*args, load_weights(c, *args), c.options);
     // GPU: one shard under one scheduler; its KV lives in device memory, sized from what the
     // weights leave free.
+    if (c.batch_invariant) cedar::cli::set_gpu_batch_invariant(*c.batch_invariant);
     auto weights = cedar::cli::load_weights(c.model, *args, c.seed, true, &error);
     if (!weights) throw std::runtime_error(error);
     auto gpu = cedar::cli::make_gpu_step_model(*args, std::move(weights),
@@ -85,10 +88,11 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
   std::string name = std::filesystem::path(c.model).filename().string();
   if (name.empty() || name.find(".json") != std::string::npos) name = "model";
   const bool cuda = c.device == cedar::cli::device_kind::cuda;
+  const std::string variant = c.batch_invariant == false ? ", batch-invariant off" : "";
   std::string layout = std::string(!cuda ? ""
                                    : c.kernels == cedar::gpu_kernels::exact ? "cuda (exact kernels), "
-                                   : c.dense_bf16 ? "cuda (fast kernels, dense bf16 kept), "
-                                                  : "cuda (fast kernels), ") +
+                                   : c.dense_bf16 ? "cuda (fast kernels, dense bf16 kept" + variant + "), "
+                                                  : "cuda (fast kernels" + variant + "), ") +
                        "KV " + (c.options.kv_fp8 ? "fp8" : "fp4") + ", " +
                        std::to_string(c.options.max_batched_tokens) + "-token steps, " +
                        std::to_string(args->num_hidden_layers) + " layers, hidden " +
@@ -118,6 +122,9 @@ void print_help(FILE* out) {
       "  --gpu-dense-bf16               --device cuda, fast kernels: also keep the dense FP8 linears as\n"
       "                                 bf16 on the device (twice their bytes again, taken from the KV),\n"
       "                                 so steps of more than 64 rows skip dequantizing them each call\n"
+      "  --gpu-batch-invariant on|off   --device cuda, fast kernels: on (default), a request gets the\n"
+      "                                 same bits whatever it is batched with; off trades that for\n"
+      "                                 faster decode at 1-2 rows ($CEDAR_GPU_BATCH_INVARIANT=0 too)\n"
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
       "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
@@ -191,6 +198,12 @@ int serve_main(int argc, char** argv) {
     };
     if (flag == "--no-request-log") o.log_requests = false;
     else if (flag == "--gpu-dense-bf16") engine.dense_bf16 = true;
+    else if (flag == "--gpu-batch-invariant") {
+      if (next()) {
+        if (auto on = cedar::cli::parse_on_off(value)) engine.batch_invariant = on;
+        else errors.push_back("--gpu-batch-invariant: on or off, not " + value);
+      }
+    }
     else if (flag == "--model") { if (next()) engine.model = value; }
     else if (flag == "--seed") number(engine.seed);
     else if (flag == "--device") {
@@ -245,6 +258,9 @@ int serve_main(int argc, char** argv) {
   if (o.num_threads < 1) errors.push_back("--threads must be at least 1");
   if (engine.dense_bf16 && (engine.device != cedar::cli::device_kind::cuda || engine.kernels != cedar::gpu_kernels::fast))
     errors.push_back("--gpu-dense-bf16 needs --device cuda and --gpu-kernels fast");
+  if (engine.batch_invariant == false &&
+      (engine.device != cedar::cli::device_kind::cuda || engine.kernels != cedar::gpu_kernels::fast))
+    errors.push_back("--gpu-batch-invariant off needs --device cuda and --gpu-kernels fast");
   if (engine.device == cedar::cli::device_kind::cuda) {
     if (std::string why = cedar::cli::device_unavailable(engine.device); !why.empty()) errors.push_back(why);
     if (engine.model == "null") errors.push_back("--device cuda: the null model has no device");

@@ -172,6 +172,10 @@ struct tuning {
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();
+/// On (the default): every decode-path row count keeps one summation order, so a row's bits never
+/// depend on how many rows it is batched with. Off: the stream tile at 1-2 rows where it is faster
+/// (stream_max_rows, expert_stream_max_rows). $CEDAR_GPU_BATCH_INVARIANT=0 starts the process off.
+void set_batch_invariant(bool on);
 
 /// xq / xs, when given, are x's codes and scales from quantize_rows_fp8 (or finish_rows), used
 /// where linear_fp8_takes_codes(m, w) (else x is read).

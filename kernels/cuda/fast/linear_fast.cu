@@ -428,6 +428,15 @@ bool gemv_fp8w(const float* x, int ldx, int m, const fp8_weight& w, int n, int k
 
 using namespace detail;
 
+namespace {
+
+void batch_invariance(tuning& t, bool on) {
+  t.stream_max_rows = on ? stream_max_slots : 2;
+  t.expert_stream_max_rows = on ? 0 : 2;
+}
+
+}  // namespace
+
 tuning& tuning_now() {
   static tuning t = [] {
     tuning d;
@@ -437,11 +446,13 @@ tuning& tuning_now() {
     // CEDAR_GPU_BATCH_INVARIANT=0: the fastest tile at each row count, though a row's bits then
     // depend on how many rows it is batched with
     if (const char* env = std::getenv("CEDAR_GPU_BATCH_INVARIANT"); env && std::string(env) == "0")
-      d.stream_max_rows = d.expert_stream_max_rows = 2;
+      batch_invariance(d, false);
     return d;
   }();
   return t;
 }
+
+void set_batch_invariant(bool on) { batch_invariance(tuning_now(), on); }
 
 // ---- linear layers -----------------------------------------------------------------------------
 
