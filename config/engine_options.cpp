@@ -6,15 +6,16 @@
 #include <map>
 
 namespace cedar {
-namespace {
-
-using setter = std::function<bool(engine_options&, const std::string&)>;
 
 bool parse_on_off(const std::string& v, bool& out) {
   if (v == "on" || v == "true" || v == "1") return out = true, true;
   if (v == "off" || v == "false" || v == "0") return out = false, true;
   return false;
 }
+
+namespace {
+
+using setter = std::function<bool(engine_options&, const std::string&)>;
 
 template <class T>
 bool parse_int(const std::string& v, T& out) {

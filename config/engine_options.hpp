@@ -58,6 +58,9 @@ struct engine_options_parse {
 engine_options_parse parse_engine_options(const std::vector<std::string>& args,
                                           engine_options defaults = {});
 
+/// A switch's value: on, true or 1 / off, false or 0 (the engine flags' and the model commands').
+bool parse_on_off(const std::string& v, bool& out);
+
 /// Empty if the options are consistent, else one message per problem naming the flag.
 std::vector<std::string> validate(const engine_options& o);
 

@@ -220,11 +220,6 @@ void set_gpu_batch_invariant(bool on) {
 #endif
 }
 
-std::optional<bool> parse_on_off(const std::string& v) {
-  if (v == "on" || v == "off") return v == "on";
-  return std::nullopt;
-}
-
 std::optional<int64_t> gpu_kv_budget(const kv_layout& layout, double fraction, int64_t budget_bytes, int max_num_seqs,
                                      int64_t reserve_bytes, bool verbose, std::string* error) {
 #ifdef CEDAR_HAVE_CUDA

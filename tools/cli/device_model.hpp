@@ -70,8 +70,6 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
 /// decode path may take faster tiles of another summation order at one or two rows. Without CUDA
 /// nothing to set.
 void set_gpu_batch_invariant(bool on);
-/// Parses on|off.
-std::optional<bool> parse_on_off(const std::string& v);
 
 /// The KV budget (pages, rings, tails) of a GPU shard, once the weights are on the device:
 /// `fraction` of the device memory free now less `reserve_bytes` (cedar::gpu_step_reserve_bytes), or

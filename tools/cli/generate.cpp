@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "config/engine_options.hpp"
 #include "net/json_writer.hpp"
 #include "net/tokenizer.hpp"
 #include "tools/cli/device_model.hpp"
@@ -76,8 +77,7 @@ bool parse(int argc, char** argv, generate_args& a) {
     else if (k == "--device" && cedar::cli::parse_device(v)) a.device = *cedar::cli::parse_device(v);
     else if (k == "--gpu-kernels" && cedar::cli::parse_gpu_kernels(v)) a.kernels = *cedar::cli::parse_gpu_kernels(v);
     else if (k == "--truncate" && (v == "on" || v == "off")) a.truncate = v == "on";
-    else if (k == "--gpu-batch-invariant" && cedar::cli::parse_on_off(v))
-      a.batch_invariant = cedar::cli::parse_on_off(v);
+    else if (bool on = true; k == "--gpu-batch-invariant" && cedar::parse_on_off(v, on)) a.batch_invariant = on;
     else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8"))
       a.kv = v == "fp4" ? cedar::kv_dtype::fp4 : cedar::kv_dtype::fp8;
     else return false;

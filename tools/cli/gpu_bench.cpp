@@ -92,7 +92,7 @@ bool parse(int argc, char** argv, options& o) {
     else if (k == "--gen-prompt") o.gen_prompt = n, ok = n >= 1;
     else if (k == "--gen-tokens") o.gen_tokens = int(n), ok = n >= 1;
     else if (k == "--truncate" && (v == "on" || v == "off")) o.truncate = v == "on";
-    else if (k == "--gpu-batch-invariant" && parse_on_off(v)) o.batch_invariant = parse_on_off(v);
+    else if (bool on = true; k == "--gpu-batch-invariant" && parse_on_off(v, on)) o.batch_invariant = on;
     else if (k == "--out") o.out = v;
     else return false;
     if (!ok) return false;

@@ -200,7 +200,7 @@ int serve_main(int argc, char** argv) {
     else if (flag == "--gpu-dense-bf16") engine.dense_bf16 = true;
     else if (flag == "--gpu-batch-invariant") {
       if (next()) {
-        if (auto on = cedar::cli::parse_on_off(value)) engine.batch_invariant = on;
+        if (bool on = true; cedar::parse_on_off(value, on)) engine.batch_invariant = on;
         else errors.push_back("--gpu-batch-invariant: on or off, not " + value);
       }
     }

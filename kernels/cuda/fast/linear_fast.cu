@@ -486,8 +486,7 @@ std::optional<tile_kind> quantized_tile(int m, const W& w) {
   bool stream = false;  // the stream tile: FP8, short K, many rows (FP4 dense weights stay on the tiles)
   if constexpr (!FP4)
     stream = m <= std::min(tune.stream_max_rows, stream_max_slots) && w.in <= tune.stream_max_k &&
-             w.out >= tune.stream_min_out &&
-             stream_shape(false, w.out, w.in);
+             w.out >= tune.stream_min_out && stream_shape(false, w.out, w.in);
   if (stream) return tile_kind::stream;
   if (!(gemv || tiled || narrow || split)) return std::nullopt;
   return split ? tile_kind::split4 : narrow ? tile_kind::narrow : gemv ? tile_kind::gemv : tile_kind::narrow32;
