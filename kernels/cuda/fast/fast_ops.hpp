@@ -42,6 +42,9 @@ inline constexpr tile_kind all_tiles[] = {tile_kind::gemv,     tile_kind::narrow
 const char* tile_name(tile_kind t);
 /// The tile the library picks for m rows.
 tile_kind pick_tile(int m);
+/// Outputs (of 128 a warp) where the tiles' mma (mma.cuh: mma_e4m3, written out as two f16
+/// products) and the e4m3 m16n8k32 instruction give different bits, over `warps` random trials.
+long long mma_form_mismatches(int warps, uint64_t seed);
 /// Shapes the gemv tile takes: n % 16 == 0 and k % 32 == 0.
 inline bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0; }
 

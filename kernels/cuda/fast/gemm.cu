@@ -297,6 +297,38 @@ void run(const gemm_problem* ps, int count, int num_groups, int max_slots, tile_
   else launch_direct<FP4, 2>(ps, count, num_groups, max_slots);
 }
 
+/// Random e4m3 codes (no NaN: 0x7F, 0xFF become 0x7E, 0xFE) through mma_e4m3 and the e4m3
+/// instruction, one trial a warp; counts outputs whose bits differ after the instruction's own
+/// "+ 0" (mma_form_mismatches).
+__global__ void mma_form_kernel(uint64_t seed, unsigned* mismatches) {
+  const int lane = threadIdx.x % 32;
+  uint64_t z = seed ^ (uint64_t(blockIdx.x * blockDim.x + threadIdx.x) * 0x9E3779B97F4A7C15ull);
+  const auto next = [&z] {
+    z += 0x9E3779B97F4A7C15ull;
+    uint64_t v = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
+    return uint32_t(v ^ (v >> 31));
+  };
+  const auto codes = [](uint32_t v) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+      if (((v >> (8 * b)) & 0x7F) == 0x7F) v ^= 1u << (8 * b);
+    return v;
+  };
+  // every few trials a sparse operand (mostly +-0 codes), so that zero and -0 sums occur
+  const bool sparse = next() % 4 == 0;
+  uint32_t a[4], b[2];
+  for (auto& v : a) v = codes(next()) & (sparse ? 0x80808080u | (next() & 0x01010101u) : ~0u);
+  for (auto& v : b) v = codes(next());
+  float mine[4], ref[4];
+  mma_e4m3(mine, a, b);
+  mma_e4m3_instruction(ref, a, b);
+  unsigned bad = 0;
+  for (int i = 0; i < 4; ++i) bad += __float_as_uint(mine[i] + 0.0f) != __float_as_uint(ref[i]);
+  for (int o = 16; o > 0; o >>= 1) bad += __shfl_xor_sync(0xffffffffu, bad, o);
+  if (lane == 0 && bad) atomicAdd(mismatches, bad);
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -313,6 +345,17 @@ const char* tile_name(tile_kind t) {
     case tile_kind::stream: return "stream";
   }
   return "?";
+}
+
+long long mma_form_mismatches(int warps, uint64_t seed) {
+  cuda::detail::scratch<unsigned> bad(1);
+  CEDAR_CUDA_CHECK(cudaMemsetAsync(bad.get(), 0, sizeof(unsigned), cuda::detail::stream()));
+  detail::mma_form_kernel<<<(warps + 7) / 8, 256, 0, cuda::detail::stream()>>>(seed, bad.get());
+  CEDAR_CUDA_LAUNCHED();
+  unsigned host = 0;
+  CEDAR_CUDA_CHECK(cudaMemcpyAsync(&host, bad.get(), sizeof host, cudaMemcpyDeviceToHost, cuda::detail::stream()));
+  CEDAR_CUDA_CHECK(cudaStreamSynchronize(cuda::detail::stream()));
+  return host;
 }
 
 tile_kind pick_tile(int m) { return m <= 8 ? tile_kind::gemv : m <= 64 ? tile_kind::skinny : tile_kind::wide; }

@@ -11,8 +11,46 @@
 
 namespace cedar::cuda::fast::detail {
 
-/// D = A B (C = 0), A 16x32 e4m3 (row), B 32x8 e4m3 (col), fp32 out.
+/// Four e4m3 codes (bytes 0..3 of v) as two f16 pairs: lo = codes 0, 1; hi = codes 2, 3. Exact.
+__device__ __forceinline__ void e4m3x4_to_f16(uint32_t v, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(v));
+}
+
+/// d = A B (from zero) or d += A B: m16n8k16, f16 in, fp32 accumulate.
+template <bool Accumulate>
+__device__ __forceinline__ void mma_f16x16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  if constexpr (Accumulate)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(0.0f));
+}
+
+/// D = A B, A 16x32 e4m3 (row), B 32x8 e4m3 (col), fp32 out: the e4m3 m16n8k32 product as sm_90
+/// runs it (it has no e4m3 mma.sync path): both operands widened to f16, then one m16n8k16 of
+/// every register's low code pair (k slots 4t, 4t+1, 16+4t, 16+4t+1) from zero and one of the
+/// high pairs on top. Written out rather than left to the compiler, which ends the instruction
+/// with four "+ 0.0" adds (a -0 result becomes +0): every tile adds D times a scale into a sum
+/// that starts at +0, where a -0 changes nothing, so those adds were pure issue cost. The bits
+/// of the e4m3 instruction otherwise (fast::mma_form_mismatches checks it on the device), and
+/// the conversions are ordinary instructions the compiler may schedule and share.
 __device__ __forceinline__ void mma_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  uint32_t al[4], ah[4], bl[2], bh[2];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) e4m3x4_to_f16(a[i], al[i], ah[i]);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) e4m3x4_to_f16(b[i], bl[i], bh[i]);
+  mma_f16x16<false>(d, al, bl);
+  mma_f16x16<true>(d, ah, bh);
+}
+
+/// The e4m3 m16n8k32 instruction itself (what mma_e4m3 reproduces; the check's reference).
+__device__ __forceinline__ void mma_e4m3_instruction(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%10,%10,%10,%10};\n"
@@ -75,8 +113,13 @@ __host__ __device__ __forceinline__ uint2 fp4_x_order(uint2 v) {
 }
 
 /// UE8M0 code -> 2^(code-127) (codes 1..254; 0 gives 2^-127, the subnormal 0x00400000; weights
-/// never hold 255): cuda::detail::ue8m0_to_f32 without its NaN check, a shift and a max.
-__device__ __forceinline__ float ue8m0_value(uint32_t code) { return __uint_as_float(max(code << 23, 0x00400000u)); }
+/// never hold 255): cuda::detail::ue8m0_to_f32 without its NaN check, a shift and a max (the
+/// max in PTX: left to itself the compiler makes it a compare and a select, one more issue).
+__device__ __forceinline__ float ue8m0_value(uint32_t code) {
+  uint32_t bits;
+  asm("max.u32 %0, %1, %2;" : "=r"(bits) : "r"(code << 23), "r"(0x00400000u));
+  return __uint_as_float(bits);
+}
 
 /// cp.async of 16 bytes to shared-memory address s (zero-filled when !valid).
 __device__ __forceinline__ void cp_async16(uint32_t s, const void* gmem, bool valid) {
