@@ -158,7 +158,8 @@ int kernel_lab_main(int argc, char** argv) {
                  "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n"
                  "       --op prefill --tokens N: only the routed + shared experts (moe_ffn) at N tokens\n"
                  "       --op linear_fp8|linear_fp4 only: [--shape NAME] (that weight only: attn.wq_a, attn.wq_b,\n"
-                 "                      attn.wkv, attn.wo_b, shared.w1, shared.w2, square; expert.w13, expert.w2)\n");
+                 "                      attn.wkv, attn.wo_b, shared.w1, shared.w2, shared.w13 (w1 and w3\n"
+                 "                      as one product), square; expert.w13, expert.w2)\n");
     return 2;
   }
 #ifndef CEDAR_HAVE_CUDA

@@ -41,7 +41,7 @@ struct linear_shape {
 inline constexpr linear_shape fp8_shapes[] = {{"attn.wq_a", 1280, 5120}, {"attn.wq_b", 32768, 1280},
                                               {"attn.wkv", 512, 5120},   {"attn.wo_b", 5120, 8192},
                                               {"shared.w1", 2304, 5120}, {"shared.w2", 5120, 2304},
-                                              {"square", 5120, 5120}};
+                                              {"shared.w13", 4608, 5120}, {"square", 5120, 5120}};
 inline constexpr linear_shape fp4_shapes[] = {{"expert.w13", 4608, 5120}, {"expert.w2", 5120, 2304}};
 
 /// GEMM cases of the real V4.1 shapes; quick keeps fewer row counts.

@@ -42,6 +42,9 @@ inline constexpr tile_kind all_tiles[] = {tile_kind::gemv,     tile_kind::narrow
 const char* tile_name(tile_kind t);
 /// The tile the library picks for m rows.
 tile_kind pick_tile(int m);
+/// Blocks of a dense FP8 set (gemm_fp8_set) on split4 or split8, 16 output rows each, that the
+/// current device holds at once: a set of more runs a second wave.
+int set_blocks_at_once(tile_kind t);
 /// Outputs (of 128 a warp) where the tiles' mma (mma.cuh: mma_e4m3, written out as two f16
 /// products) and the e4m3 m16n8k32 instruction give different bits, over `warps` random trials.
 long long mma_form_mismatches(int warps, uint64_t seed);

@@ -369,10 +369,14 @@ void launch_tiled(const gemm_problem& p, int num_groups, int max_slots) {
   launch_with_smem<tiled_kernel<S, FP4>>(grid, S::threads, S::STAGES * stage_layout<S, FP4>::bytes, p);
 }
 
+/// Shared memory of a split kernel: its stages and the partials' exchange.
+template <class S, bool FP4>
+constexpr int split_smem = S::STAGES * stage_layout<S, FP4>::bytes +
+                           2 * (S::WK - 1) * S::WW * S::WT * S::MT * S::NT * 4 * 32 * int(sizeof(float));
+
 template <class S, bool FP4, int N>
 void launch_split_n(const gemm_problem* ps, int count, int num_groups, int max_slots) {
-  constexpr int smem = S::STAGES * stage_layout<S, FP4>::bytes +
-                       2 * (S::WK - 1) * S::WW * S::WT * S::MT * S::NT * 4 * 32 * int(sizeof(float));
+  constexpr int smem = split_smem<S, FP4>;
   int cols = 0;
   const problem_set<N> set = make_set<N>(ps, count, S::BW, cols);  // n % BW == 0 (require_shape)
   const dim3 grid(cols, (max_slots + S::BT - 1) / S::BT, num_groups);
@@ -410,3 +414,24 @@ template void launch_pipelined<false>(tile_kind, const gemm_problem*, int, int, 
 template void launch_pipelined<true>(tile_kind, const gemm_problem*, int, int, int);
 
 }  // namespace cedar::cuda::fast::detail
+
+namespace cedar::cuda::fast {
+
+int set_blocks_at_once(tile_kind t) {
+  const auto at_once = [](auto kernel, int threads, int smem) {
+    cuda::detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+    int per_sm = 0;
+    CEDAR_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    return per_sm * cuda::detail::num_sms();
+  };
+  const auto split = [&](auto shape) {
+    using S = decltype(shape);
+    return at_once(detail::split_kernel<S, false, detail::max_set>, S::threads, detail::split_smem<S, false>);
+  };
+  CEDAR_CUDA_REQUIRE(t == tile_kind::split4 || t == tile_kind::split8, "set_blocks_at_once: split4 or split8");
+  // one kind of device a process (as num_sms)
+  static const int four = split(detail::split4_shape{}), eight = split(detail::split8_shape{});
+  return t == tile_kind::split4 ? four : eight;
+}
+
+}  // namespace cedar::cuda::fast

@@ -553,8 +553,13 @@ void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w
   }
   const tuning& tune = tuning_now();
   bool split = m <= 8;
-  for (int i = 0; i < count; ++i) split = split && split_fits(w[i]->out, w[i]->in, tune);
-  const tile_kind t = split ? tile_kind::split8 : tile_kind::gemv;
+  int blocks = 0;  // 16 output rows each
+  for (int i = 0; i < count; ++i) split = split && split_fits(w[i]->out, w[i]->in, tune), blocks += w[i]->out / 16;
+  // split8 (86 KB of shared memory a block) holds 2 blocks an SM: a set of more blocks than that
+  // (the shared expert's w1 + w3, 288 on 132 SMs) would run a second wave, so it takes split4
+  const tile_kind t = !split                                               ? tile_kind::gemv
+                      : blocks <= set_blocks_at_once(tile_kind::split8) ? tile_kind::split8
+                                                                         : tile_kind::split4;
   if (xq != nullptr) return gemm_fp8_set(xq, xs, m, count, w, y, t);
   const int k = w[0]->in;
   scratch<uint8_t> q(size_t(m) * k);
