@@ -71,9 +71,33 @@ struct test_weight {
 }  // namespace
 
 TEST_CASE("fast gemm: the tiles' mma, written as two f16 products, gives the e4m3 instruction's bits") {
+  if (!have_gpu()) return;
   // 4096 warps x 128 outputs of random codes, a quarter of them with mostly zero weights
   CHECK(fast::mma_form_mismatches(4096, 20261130) == 0);
   CHECK(fast::mma_form_mismatches(4096, 7) == 0);
+}
+
+TEST_CASE("fast gemm: the narrow tile's one-wave and many-wave forms give a row the same bits") {
+  // n = 16384: 256 blocks of 64 rows at m <= 8 (one wave on a GPU of 64 SMs or more: 2 warps of
+  // 32 rows), 768 at m = 24 (more than 4 blocks an SM of fewer than 192 SMs: 4 warps of 16)
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(77);
+  const int n = 16384, k = 512, m = 24;
+  for (bool fp4 : {false, true}) {
+    const test_weight w(rng, fp4, n, k);
+    const std::vector<float> x = activations(rng, m, k);
+    dev<float> xd(x);
+    dev<uint8_t> xq(std::size_t(m) * k);
+    dev<float> xs(std::size_t(m) * (k / 32));
+    fast::quantize_rows_fp8(xd.get(), m, k, xq.get(), xs.get());
+    dev<float> many(std::size_t(m) * n), one(std::size_t(8) * n);
+    w.gemm(xq.get(), xs.get(), m, many.get(), fast::tile_kind::narrow);
+    w.gemm(xq.get(), xs.get(), 8, one.get(), fast::tile_kind::narrow);
+    const std::vector<float> got = many.host();
+    const std::string what = std::string(fp4 ? "gemm_fp4" : "gemm_fp8") + " narrow m=24";
+    check_bound(what, got, w.cpu_op(x, m), abs_products(x, m, k, w.wd, n), bound);
+    CHECK_MESSAGE(op_reference::same_bits(one.host().data(), got.data(), std::size_t(8) * n), (what + " vs m=8"));
+  }
 }
 
 TEST_CASE("fast gemm: every tile within 2^-16 of the CPU op, all tiles give the same bits") {
