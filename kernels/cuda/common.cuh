@@ -156,6 +156,23 @@ __device__ __forceinline__ __half2_raw e4m3x2_to_f16x2(uint32_t two) {
   return __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
 }
 
+/// Four e4m3 codes (bytes 0..3 of v) -> two f16 pairs, exact: lo = codes 0, 1; hi = codes 2, 3.
+/// The halves go to the conversions as register halves (`mov.b32 {l, h}`), so each is one
+/// conversion instruction; e4m3x2_to_f16x2(v >> 16) costs a shift more (larger SASS).
+__device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t v, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(v));
+}
+
+/// Counter-based 64-bit mixing (splitmix64's step and finalizer).
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 /// The same as floats, exact.
 __device__ __forceinline__ float2 e4m3x2_to_f32(uint32_t two) { return __half22float2(__half2(e4m3x2_to_f16x2(two))); }
 

@@ -25,13 +25,6 @@ __global__ void keys_kernel(const float* l, int vocab, unsigned long long* keys,
   ids[i] = i;
 }
 
-__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 /// One thread: the draw over the sorted ids, then the log-softmax of the chosen logit.
 __global__ void draw_kernel(const float* l, int vocab, const int32_t* ids, sample_request p, double* prob,
                             int32_t* token, float* logprob) {

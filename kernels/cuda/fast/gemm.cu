@@ -302,13 +302,8 @@ void run(const gemm_problem* ps, int count, int num_groups, int max_slots, tile_
 /// "+ 0" (mma_form_mismatches).
 __global__ void mma_form_kernel(uint64_t seed, unsigned* mismatches) {
   const int lane = threadIdx.x % 32;
-  uint64_t z = seed ^ (uint64_t(blockIdx.x * blockDim.x + threadIdx.x) * 0x9E3779B97F4A7C15ull);
-  const auto next = [&z] {
-    z += 0x9E3779B97F4A7C15ull;
-    uint64_t v = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
-    return uint32_t(v ^ (v >> 31));
-  };
+  uint64_t z = cuda::detail::splitmix64(seed ^ (uint64_t(blockIdx.x * blockDim.x + threadIdx.x) << 32));
+  const auto next = [&z] { return uint32_t(z = cuda::detail::splitmix64(z)); };
   const auto codes = [](uint32_t v) {
 #pragma unroll
     for (int b = 0; b < 4; ++b)

@@ -82,11 +82,10 @@ __device__ __forceinline__ void mma_f16(float d[4], uint32_t a0, uint32_t a1, ui
 /// 8 e4m3 codes (two words) as four f16 pairs: .x / .y for one mma's a0 / a2 (or b0 / b1),
 /// .z / .w for the next.
 __device__ __forceinline__ uint4 f16_pairs(uint2 e4m3) {
-  const auto pair = [](uint32_t two) {
-    const __half2_raw h = cuda::detail::e4m3x2_to_f16x2(two);
-    return uint32_t(h.x) | uint32_t(h.y) << 16;
-  };
-  return make_uint4(pair(e4m3.x), pair(e4m3.x >> 16), pair(e4m3.y), pair(e4m3.y >> 16));
+  uint4 r;
+  cuda::detail::e4m3x4_to_f16x2(e4m3.x, r.x, r.y);
+  cuda::detail::e4m3x4_to_f16x2(e4m3.y, r.z, r.w);
+  return r;
 }
 
 /// 8 E2M1 codes (nibble i = element i) as f16 pairs {element i, element i + 4}, i = 0 .. 3, each

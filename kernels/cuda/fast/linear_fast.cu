@@ -554,7 +554,10 @@ void linear_fp8_set(const float* x, int m, int count, const fp8_weight* const* w
   const tuning& tune = tuning_now();
   bool split = m <= 8;
   int blocks = 0;  // 16 output rows each
-  for (int i = 0; i < count; ++i) split = split && split_fits(w[i]->out, w[i]->in, tune), blocks += w[i]->out / 16;
+  for (int i = 0; i < count; ++i) {
+    split = split && split_fits(w[i]->out, w[i]->in, tune);
+    blocks += w[i]->out / 16;
+  }
   // split8 (86 KB of shared memory a block) holds 2 blocks an SM: a set of more blocks than that
   // (the shared expert's w1 + w3, 288 on 132 SMs) would run a second wave, so it takes split4
   const tile_kind t = !split                                               ? tile_kind::gemv

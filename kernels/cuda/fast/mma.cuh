@@ -9,14 +9,9 @@
 
 #include <cstdint>
 
-namespace cedar::cuda::fast::detail {
+#include "kernels/cuda/common.cuh"
 
-/// Four e4m3 codes (bytes 0..3 of v) as two f16 pairs: lo = codes 0, 1; hi = codes 2, 3. Exact.
-__device__ __forceinline__ void e4m3x4_to_f16(uint32_t v, uint32_t& lo, uint32_t& hi) {
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi)
-      : "r"(v));
-}
+namespace cedar::cuda::fast::detail {
 
 /// d = A B (from zero) or d += A B: m16n8k16, f16 in, fp32 accumulate.
 template <bool Accumulate>
@@ -42,9 +37,9 @@ __device__ __forceinline__ void mma_f16x16(float d[4], const uint32_t a[4], cons
 __device__ __forceinline__ void mma_e4m3(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   uint32_t al[4], ah[4], bl[2], bh[2];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) e4m3x4_to_f16(a[i], al[i], ah[i]);
+  for (int i = 0; i < 4; ++i) cuda::detail::e4m3x4_to_f16x2(a[i], al[i], ah[i]);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) e4m3x4_to_f16(b[i], bl[i], bh[i]);
+  for (int i = 0; i < 2; ++i) cuda::detail::e4m3x4_to_f16x2(b[i], bl[i], bh[i]);
   mma_f16x16<false>(d, al, bl);
   mma_f16x16<true>(d, ah, bh);
 }
