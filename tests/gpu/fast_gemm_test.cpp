@@ -188,6 +188,51 @@ TEST_CASE("fast grouped_fp4: each expert's slots equal gemm_fp4 on its rows, bit
   }
 }
 
+TEST_CASE("fast grouped_fp4 on x's pairs: the narrow tiles give the codes' bits, in one wave and in several") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(34);
+  const int k = 768, experts = 5, tokens = 21;  // 6 summation chunks, 3 stages of 256
+  // x's 32-blocks scaled by 2^0 .. 2^-13 (a chunk's scales up to 2^13 apart: the pairs stay exact)
+  std::vector<float> x = activations(rng, tokens, k);
+  for (int t = 0; t < tokens; ++t)
+    for (int c = 0; c < k; ++c) x[std::size_t(t) * k + c] *= std::ldexp(1.0f, -int((t * 5 + c / 32 * 7) % 14));
+  const quantized_x qx(x, tokens, k);
+  dev<uint16_t> pairs(std::size_t(tokens) * k);
+  dev<float> factors(std::size_t(tokens) * (k / 128));
+  fast::fp4_x_pairs(qx.q.get(), qx.s.get(), tokens, k, pairs.get(), factors.get());
+  for (int n : {256, 8192}) {  // 4 or 128 blocks a group and slot tile: all at once, or in waves
+    std::vector<op_reference::owned_fp4> hw;
+    std::vector<std::unique_ptr<dev_fp4>> dw;
+    for (int e = 0; e < experts; ++e) hw.push_back(op_reference::random_fp4(rng, n, k));
+    for (const auto& w : hw) dw.push_back(std::make_unique<dev_fp4>(w));
+    std::vector<int32_t> slot_rows;
+    std::vector<fast::expert_group> groups;
+    int max_slots = 0;
+    for (int e = 0; e < experts; ++e) {  // expert e takes the tokens t with t % experts <= e
+      fast::expert_group g{dw[e]->view.data, dw[e]->view.scale, int(slot_rows.size()), 0};
+      for (int t = 0; t < tokens; ++t)
+        if (t % experts <= e) slot_rows.push_back(t), ++g.num_slots;
+      max_slots = std::max(max_slots, g.num_slots);
+      groups.push_back(g);
+    }
+    const int slots = int(slot_rows.size());
+    dev<int32_t> rows_d(slot_rows);
+    dev<fast::expert_group> groups_d(groups);
+    for (fast::tile_kind t : {fast::tile_kind::narrow, fast::tile_kind::narrow16, fast::tile_kind::narrow32}) {
+      dev<float> codes_y(std::size_t(slots) * n), pairs_y(std::size_t(slots) * n);
+      fast::grouped_fp4(qx.q.get(), qx.s.get(), rows_d.get(), groups_d.get(), experts, slots, max_slots, n, k,
+                        codes_y.get(), t);
+      fast::grouped_fp4(qx.q.get(), qx.s.get(), rows_d.get(), groups_d.get(), experts, slots, max_slots, n, k,
+                        pairs_y.get(), t, pairs.get(), factors.get());
+      const std::vector<float> want = codes_y.host(), got = pairs_y.host();
+      const bool same = op_reference::same_bits(want.data(), got.data(), want.size());
+      std::printf("  grouped_fp4 %-8s on pairs, n=%d: %s\n", fast::tile_name(t), n,
+                  same ? "identical to the codes" : "DIFFERENT");
+      CHECK_MESSAGE(same, fast::tile_name(t) << " n=" << n);
+    }
+  }
+}
+
 TEST_CASE("fast gemm_fp8_set: several weights of one x in one launch give each weight's own bits, every set tile") {
   if (!have_gpu()) return;
   std::mt19937_64 rng(33);

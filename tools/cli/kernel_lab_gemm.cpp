@@ -369,28 +369,38 @@ void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down,
   for (const routing& rt : ro) touched += double(rt.groups.size()) / routings;
   int max_slots = 0;
   for (const routing& rt : ro) max_slots = std::max(max_slots, rt.max_slots);
-  for (fast::tile_kind t : lab_tiles) {
-    if (t != fast::tile_kind::wide && max_slots > 64 && only_tile != fast::tile_name(t)) continue;
-    if (t == fast::tile_kind::stream && (max_slots > fast::stream_max_slots || !fast::stream_shape(true, n, k)))
-      continue;
-    if (!only_tile.empty() && only_tile != fast::tile_name(t)) continue;
-    auto fn = [&](int i) {
-      const routing& rt = ro[i % routings];
-      fast::grouped_fp4(xq.as<uint8_t>(), xs.as<float>(), rows_dev[i % routings]->as<int32_t>(),
-                        groups_dev[i % routings]->as<fast::expert_group>(), int(rt.groups.size()), slots,
-                        rt.max_slots, n, k, y.as<float>(), t);
-    };
-    lab_case c{op, fast::tile_name(t), "64 experts top-6", tokens, n, k};
-    c.groups = int(std::lround(touched));
-    c.bytes = touched * ebytes + double(x_rows) * k * (1 + 4.0 / 32) + 4.0 * slots * n;
-    c.flops = 2.0 * slots * n * k;
-    cuda::fill_bytes(y.p, 0xFF, sizeof(float) * std::size_t(slots) * n);
-    fn(0);
-    cuda::synchronize();
-    chk.check(y.as<float>(), c, t != fast::tile_kind::stream);
-    time_case(fn, c);
-    out.push_back(c);
-  }
+  // the narrow tiles also on x's pairs (fast::fp4_x_pairs, made inside each timed call: the
+  // model makes them once for w1 and w3): variant "<tile>.pairs"
+  dev_buf xp(sizeof(uint16_t) * std::size_t(x_rows) * k), xf(sizeof(float) * std::size_t(x_rows) * (k / 128));
+  for (fast::tile_kind t : lab_tiles)
+    for (const bool pairs : {false, true}) {
+      const std::string name = std::string(fast::tile_name(t)) + (pairs ? ".pairs" : "");
+      if (pairs && t != fast::tile_kind::narrow && t != fast::tile_kind::narrow16 && t != fast::tile_kind::narrow32)
+        continue;
+      if (t != fast::tile_kind::wide && max_slots > 64 && only_tile != fast::tile_name(t) && only_tile != name)
+        continue;
+      if (t == fast::tile_kind::stream && (max_slots > fast::stream_max_slots || !fast::stream_shape(true, n, k)))
+        continue;
+      if (!only_tile.empty() && only_tile != fast::tile_name(t) && only_tile != name) continue;
+      auto fn = [&](int i) {
+        const routing& rt = ro[i % routings];
+        if (pairs) fast::fp4_x_pairs(xq.as<uint8_t>(), xs.as<float>(), x_rows, k, xp.as<uint16_t>(), xf.as<float>());
+        fast::grouped_fp4(xq.as<uint8_t>(), xs.as<float>(), rows_dev[i % routings]->as<int32_t>(),
+                          groups_dev[i % routings]->as<fast::expert_group>(), int(rt.groups.size()), slots,
+                          rt.max_slots, n, k, y.as<float>(), t, pairs ? xp.as<uint16_t>() : nullptr,
+                          pairs ? xf.as<float>() : nullptr);
+      };
+      lab_case c{op, name, "64 experts top-6", tokens, n, k};
+      c.groups = int(std::lround(touched));
+      c.bytes = touched * ebytes + double(x_rows) * k * (1 + 4.0 / 32) + 4.0 * slots * n;
+      c.flops = 2.0 * slots * n * k;
+      cuda::fill_bytes(y.p, 0xFF, sizeof(float) * std::size_t(slots) * n);
+      fn(0);
+      cuda::synchronize();
+      chk.check(y.as<float>(), c, t != fast::tile_kind::stream);
+      time_case(fn, c);
+      out.push_back(c);
+    }
 }
 
 // ---- prefill path and bf16 GEMV of the fast kernel set (fast::linear_*, fast::moe_ffn) ---------

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -235,6 +236,18 @@ void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, f
   linear_fp8(g.get(), m, e.w2, out);
 }
 
+/// Tokens from which the routed experts' narrow tiles take x's and h's pairs (fp4_x_pairs);
+/// $CEDAR_GPU_EXPERT_PAIRS_FROM overrides it (A/B runs; 0: never).
+int expert_pairs_min_rows() {
+  static const int rows = [] {
+    const char* env = std::getenv("CEDAR_GPU_EXPERT_PAIRS_FROM");
+    if (env == nullptr || *env == '\0') return 2;
+    const int v = std::atoi(env);
+    return v <= 0 ? std::numeric_limits<int>::max() : v;
+  }();
+  return rows;
+}
+
 /// $CEDAR_GPU_EXPERTS: "cublas" keeps the experts past the grouped tiles on the cuBLAS path
 /// (A/B runs against the wgmma experts); unset or "auto": tuning::expert_wgmma decides.
 bool wgmma_experts_allowed() {
@@ -332,6 +345,10 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   const bool wg_experts = (!grouped || m >= tune.expert_wg_min_rows) && tune.expert_wgmma &&
                           wgmma_experts_allowed() && detail::experts_wg_supports(experts, num_experts, d, inter);
   if (wg_experts) grouped = false;
+  // the narrow tiles on x's and h's pairs (fp4_x_pairs: one launch each, once for w1, w3 and w2)
+  // from expert_pairs_min_rows tokens
+  const bool pairs = grouped && m >= expert_pairs_min_rows() &&
+                     (tile == tile_kind::narrow || tile == tile_kind::narrow16 || tile == tile_kind::narrow32);
   const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
   const int cap = chunk * topk;
   scratch<int32_t> slot_src(cap), slot_row(cap), iota(cap), slot_pos(cap);
@@ -358,6 +375,8 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
         scratch<uint8_t> hq(size_t(slots) * inter);
         scratch<float> hs(size_t(slots) * (inter / 32));
         scratch<float> g(size_t(slots) * inter), u(size_t(slots) * inter);
+        scratch<uint16_t> xp(pairs ? size_t(rows) * d : 0), hp(pairs ? size_t(slots) * inter : 0);
+        scratch<float> xf(pairs ? size_t(rows) * (d / 128) : 0), hf(pairs ? size_t(slots) * (inter / 128) : 0);
         const int busy = std::min(num_experts, slots);  // groups that can have slots (compacted)
         if (yq == nullptr) quantize_rows_fp8(y_c, rows, d, xq.get(), xs.get());
         quantized = true;
@@ -369,12 +388,15 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
           side_end();
           shared_done = true;
         }
+        if (pairs) fp4_x_pairs(yq ? yq : xq.get(), yq ? ys : xs.get(), rows, d, xp.get(), xf.get());
         grouped_fp4_pair(yq ? yq : xq.get(), yq ? ys : xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter, d,
-                         g.get(), u.get(), tile);
+                         g.get(), u.get(), tile, xp.get(), xf.get());
         cuda::detail::launch_dependent(swiglu_codes_kernel, dim3(blocks_for((long long)slots * inter, 256)), dim3(256),
                                        0, g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit, false,
                                        hq.get(), hs.get());
-        grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile);
+        if (pairs) fp4_x_pairs(hq.get(), hs.get(), slots, inter, hp.get(), hf.get());
+        grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile, hp.get(),
+                    hf.get());
         if (shared_done) side_wait();
       } else if (wg_experts) {
         // prefill on Hopper: all experts' w1 and w3 in one launch, then w2, on the sorted rows'

@@ -74,18 +74,30 @@ struct expert_group {
   int num_slots = 0;
 };
 
+/// x's codes and scales [rows, k] (k % 128 == 0) as the W4A8 narrow tiles' mma operand, made
+/// once for every weight that takes this x: pairs [rows, k] f16 in the tiles' K order, a K
+/// block's values times 2^(e_b - e_c + 7) (2^e_b its scale, 2^e_c the largest of its 128-wide
+/// summation chunk's four), and factors [rows, k / 128] = 2^(e_c - 1). With them the tiles
+/// neither convert x nor multiply by its scale in every product, and give the same bits (the
+/// scales are powers of two) unless a block's scale is below 2^-15 of its chunk's largest,
+/// whose values then round in f16.
+void fp4_x_pairs(const uint8_t* xq, const float* xs, int rows, int k, uint16_t* pairs, float* factors);
+
 /// Grouped W4A8: for every group g and each of its slots s, y[s] = W_g x[slot_rows[s]].
 /// groups is a DEVICE array of num_groups whose slot ranges lie in [0, total_slots);
 /// slot_rows a device array; max_slots bounds every num_slots. All experts share n and k.
+/// pairs / factors: x's fp4_x_pairs, or null; the narrow tiles read them when given.
 void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows /*[total_slots]*/,
                  const expert_group* groups, int num_groups, int total_slots, int max_slots, int n,
-                 int k, float* y /*[total_slots, n]*/, tile_kind t);
+                 int k, float* y /*[total_slots, n]*/, tile_kind t, const uint16_t* pairs = nullptr,
+                 const float* factors = nullptr);
 
 /// Two grouped products of one x and one slot table (an expert's w1 and w3): one launch of the
 /// tiled kernels (two with the gemv tile); each output gets the bits grouped_fp4 gives it.
 void grouped_fp4_pair(const uint8_t* xq, const float* xs, const int32_t* slot_rows, const expert_group* groups_a,
                       const expert_group* groups_b, int num_groups, int total_slots, int max_slots, int n, int k,
-                      float* y_a, float* y_b, tile_kind t);
+                      float* y_a, float* y_b, tile_kind t, const uint16_t* pairs = nullptr,
+                      const float* factors = nullptr);
 
 // ---- the fast kernel set's ops (linear_fast.cu): the contracts of the cuda:: ops ---------------
 //

@@ -35,6 +35,36 @@ __global__ void quantize_kernel(const float* x, long long groups, uint8_t* codes
   if (lane == 0) scales[g] = s;
 }
 
+/// a * b on two f16 pairs, rounded to nearest (f16 subnormals kept).
+__device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+/// fp4_x_pairs (fast_ops.hpp), one thread a piece of 8 codes (a thread's K piece of a block): in
+/// fp4_x_order, widened as mma_e4m3 widens them (its first product's two pairs, then its
+/// second's), times 2^d, d = e_b - e_c + 7 <= 7 (so at most 448 * 2^7: no f16 overflow); the
+/// chunk's first piece writes its factor 2^(e_c - 1) = fp4_unscale * 2^(e_c - 7). A chunk's
+/// products and sums then carry 2^(7 - e_c) against the codes' path, which the factor takes back.
+__global__ void x_pairs_kernel(const uint8_t* xq, const float* xs, long long pieces, uint4* pairs, float* factors) {
+  cuda::detail::dependent_start();
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= pieces) return;
+  const long long kb = i / 4;  // the K block, counted over the rows (k % 32 == 0)
+  const uint2 v = fp4_x_order(reinterpret_cast<const uint2*>(xq)[i]);
+  const float4 cs = reinterpret_cast<const float4*>(xs)[kb / chunk_blocks];
+  const int e_c = int(__float_as_uint(fmaxf(fmaxf(cs.x, cs.y), fmaxf(cs.z, cs.w))) >> 23);
+  const int d = int(__float_as_uint(xs[kb]) >> 23) - e_c + 7;
+  const uint32_t h = d >= -14 ? uint32_t(d + 15) << 10 : d >= -24 ? 1u << (d + 24) : 0u;  // 2^d, f16
+  const uint32_t f = h | h << 16;
+  uint4 o;
+  cuda::detail::e4m3x4_to_f16x2(v.x, o.x, o.z);
+  cuda::detail::e4m3x4_to_f16x2(v.y, o.y, o.w);
+  pairs[i] = make_uint4(mul_f16x2(o.x, f), mul_f16x2(o.y, f), mul_f16x2(o.z, f), mul_f16x2(o.w, f));
+  if (i % (chunk_k / 8) == 0) factors[kb / chunk_blocks] = e_c > 1 ? __uint_as_float(uint32_t(e_c - 1) << 23) : 0.0f;
+}
+
 // ---- direct kernel (decode) ------------------------------------------------------------------
 
 constexpr int direct_warps = 8;
@@ -384,24 +414,37 @@ void gemm_fp4(const uint8_t* xq, const float* xs, int m, const fp4_weight& w, fl
   detail::run<true>(&p, 1, 1, m, t);
 }
 
+void fp4_x_pairs(const uint8_t* xq, const float* xs, int rows, int k, uint16_t* pairs, float* factors) {
+  CEDAR_CUDA_REQUIRE(k % detail::chunk_k == 0, "fp4_x_pairs: k % 128 == 0");
+  const long long pieces = (long long)rows * (k / 8);
+  if (pieces == 0) return;
+  cuda::detail::launch_dependent(detail::x_pairs_kernel, dim3(cuda::detail::blocks_for(pieces, 256)), dim3(256), 0,
+                                 xq, xs, pieces, reinterpret_cast<uint4*>(pairs), factors);
+}
+
 void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows, const expert_group* groups,
-                 int num_groups, int total_slots, int max_slots, int n, int k, float* y, tile_kind t) {
+                 int num_groups, int total_slots, int max_slots, int n, int k, float* y, tile_kind t,
+                 const uint16_t* pairs, const float* factors) {
   CEDAR_CUDA_REQUIRE(slot_rows != nullptr, "grouped_fp4: slot_rows");
-  const detail::gemm_problem p{nullptr, nullptr, xq, xs, slot_rows, groups, y, total_slots, n, k};
+  CEDAR_CUDA_REQUIRE((pairs == nullptr) == (factors == nullptr), "grouped_fp4: pairs and factors together");
+  detail::gemm_problem p{nullptr, nullptr, xq, xs, slot_rows, groups, y, total_slots, n, k};
+  p.xh = reinterpret_cast<const uint8_t*>(pairs), p.xf = factors;
   detail::run<true>(&p, 1, num_groups, max_slots, t);
 }
 
 void grouped_fp4_pair(const uint8_t* xq, const float* xs, const int32_t* slot_rows, const expert_group* groups_a,
                       const expert_group* groups_b, int num_groups, int total_slots, int max_slots, int n, int k,
-                      float* y_a, float* y_b, tile_kind t) {
+                      float* y_a, float* y_b, tile_kind t, const uint16_t* pairs, const float* factors) {
   if (t == tile_kind::gemv) {  // the direct kernel's partial buffers hold one grouped product
     grouped_fp4(xq, xs, slot_rows, groups_a, num_groups, total_slots, max_slots, n, k, y_a, t);
     grouped_fp4(xq, xs, slot_rows, groups_b, num_groups, total_slots, max_slots, n, k, y_b, t);
     return;
   }
   CEDAR_CUDA_REQUIRE(slot_rows != nullptr, "grouped_fp4_pair: slot_rows");
+  CEDAR_CUDA_REQUIRE((pairs == nullptr) == (factors == nullptr), "grouped_fp4_pair: pairs and factors together");
   detail::gemm_problem p{nullptr, nullptr, xq, xs, slot_rows, groups_a, y_a, total_slots, n, k};
   p.groups2 = groups_b, p.y2 = y_b, p.split = num_groups;
+  p.xh = reinterpret_cast<const uint8_t*>(pairs), p.xf = factors;
   detail::run<true>(&p, 1, num_groups, max_slots, t);
 }
 

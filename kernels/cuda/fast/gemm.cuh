@@ -29,6 +29,10 @@ struct gemm_problem {
   const expert_group* groups2 = nullptr;
   float* y2 = nullptr;
   int split = 0;
+  // FP4: x's pairs and chunk factors (fp4_x_pairs), or null; the narrow tiles read them in
+  // place of xq / xs, the other tiles ignore them
+  const uint8_t* xh = nullptr;
+  const float* xf = nullptr;
 };
 
 /// The group of blockIdx.z: weight pointers, first slot, slot count and output.

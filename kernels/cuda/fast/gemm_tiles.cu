@@ -32,29 +32,42 @@ using skinny_shape = tile_shape<1, 4, 2, 2, 256, 4>;  // 32 x 64
 using wide_shape = tile_shape<4, 4, 2, 4, 128, 4>;    // 128 x 128
 
 /// Shared-memory layout of one stage. Rows are padded so that the 8-byte fragment loads of a
-/// half-warp (4 rows x 4 threads) hit 32 distinct banks.
-template <class S, bool FP4>
+/// half-warp (4 rows x 4 threads) hit 32 distinct banks. PAIRS (FP4 only): x as fp4_x_pairs
+/// writes it, f16 pairs, unpadded, an odd row's 64-byte K blocks swapped in pairs (pair_piece:
+/// a quarter warp's 16-byte loads of two rows miss each other's banks), and one factor a
+/// summation chunk in place of the scales.
+template <class S, bool FP4, bool PAIRS = false>
 struct stage_layout {
+  static_assert(FP4 || !PAIRS, "x pairs are the W4A8 tiles' operand");
   static constexpr int w_stride = FP4 ? S::BK / 2 + 16 : S::BK + 32;
-  static constexpr int x_stride = S::BK + 32;
+  static constexpr int x_stride = PAIRS ? 2 * S::BK : S::BK + 32;
+  static constexpr int xs_stage = PAIRS ? S::KB / chunk_blocks : S::KB;  ///< x scales (factors) a row
   static constexpr int ws_rows = FP4 ? S::BW : (S::BW + 31) / 32;
   static constexpr int w_bytes = S::BW * w_stride;
   static constexpr int x_bytes = S::BT * x_stride;
-  static constexpr int xs_bytes = S::BT * S::KB * 4;
+  static constexpr int xs_bytes = (S::BT * xs_stage * 4 + 15) / 16 * 16;
   static constexpr int ws_bytes = (ws_rows * S::KB + 15) / 16 * 16;
   static constexpr int bytes = w_bytes + x_bytes + xs_bytes + ws_bytes;
 };
+
+/// Where 16-byte piece `piece` of an x row's pairs sits in its stage row: an odd row's K blocks
+/// (4 pieces each) swapped in pairs.
+__device__ __forceinline__ int pair_piece(int row, int piece) { return piece ^ (row & 1) << 2; }
 
 /// The cp.async copies of one pipeline stage (weight rows, x codes and scales of the block's
 /// slots, weight scales), each thread's source rows resolved once per block (the slot -> x row
 /// lookups and the row arithmetic are not repeated per stage; with k % BK == 0, which the tiled
 /// kernel's launch requires, every K piece is in range; the split kernel's last stage loads only
 /// its chunks). load(k0, smem) issues a stage.
-template <class S, bool FP4>
+template <class S, bool FP4, bool PAIRS = false>
 struct stage_loader {
-  using L = stage_layout<S, FP4>;
+  using L = stage_layout<S, FP4, PAIRS>;
   static constexpr int w_row_bytes = FP4 ? S::BK / 2 : S::BK, w_pieces = w_row_bytes / 16;
-  static constexpr int x_pieces = S::BK / 16, xs_pieces = S::KB / 4, ws_pieces = S::KB / 4;
+  static constexpr int x_bytes_per = PAIRS ? 2 : 1;  ///< x bytes a K position
+  /// x pieces of 16 bytes (a K block: 2, or 4 as pairs); scales 4 a piece (16 bytes), or factors
+  /// one a piece (4 bytes): either way a piece covers 4 K blocks
+  static constexpr int x_pieces = S::BK * x_bytes_per / 16, xs_pieces = S::KB / 4, ws_pieces = S::KB / 4;
+  static constexpr int xs_unit = PAIRS ? 1 : 4;
   static constexpr int w_jobs = S::BW * w_pieces, x_jobs = S::BT * x_pieces, xs_jobs = S::BT * xs_pieces,
                        ws_jobs = L::ws_rows * ws_pieces;
   static constexpr int iters(int jobs) { return (jobs + S::threads - 1) / S::threads; }
@@ -68,7 +81,7 @@ struct stage_loader {
   bool x_ok[x_n], xs_ok[xs_n];
 
   __device__ __forceinline__ stage_loader(const gemm_problem& p, const group_view& gv, int n0, int slot0)
-      : w_base(gv.w), x_base(p.xq), ws_base(gv.ws), xs_base(p.xs) {
+      : w_base(gv.w), x_base(PAIRS ? p.xh : p.xq), ws_base(gv.ws), xs_base(PAIRS ? p.xf : p.xs) {
     const int tid = threadIdx.x;
     const uint32_t w_gstride = FP4 ? p.k / 2 : p.k;
 #pragma unroll
@@ -80,13 +93,13 @@ struct stage_loader {
     for (int i = 0; i < x_n; ++i) {
       const int c = tid + i * S::threads, r = c / x_pieces, piece = c % x_pieces, s = slot0 + r;
       x_ok[i] = c < x_jobs && s < gv.count;
-      x[i] = x_ok[i] ? uint32_t(x_row(p, gv.first + s)) * uint32_t(p.k) + piece * 16 : 0u;
+      x[i] = x_ok[i] ? uint32_t(x_row(p, gv.first + s)) * uint32_t(p.k * x_bytes_per) + piece * 16 : 0u;
     }
 #pragma unroll
     for (int i = 0; i < xs_n; ++i) {
       const int c = tid + i * S::threads, r = c / xs_pieces, piece = c % xs_pieces, s = slot0 + r;
       xs_ok[i] = c < xs_jobs && s < gv.count;
-      xs[i] = xs_ok[i] ? uint32_t(x_row(p, gv.first + s)) * uint32_t(p.k / 32) + piece * 4 : 0u;
+      xs[i] = xs_ok[i] ? uint32_t(x_row(p, gv.first + s)) * uint32_t(p.k / 32 / (4 / xs_unit)) + piece * xs_unit : 0u;
     }
 #pragma unroll
     for (int i = 0; i < ws_n; ++i) {
@@ -107,7 +120,7 @@ struct stage_loader {
     float* sxs = reinterpret_cast<float*>(sx + L::x_bytes);
     uint8_t* sws = sx + L::x_bytes + L::xs_bytes;
     const int tid = threadIdx.x;
-    const uint32_t k0_bytes = FP4 ? k0 / 2 : k0, kb0 = k0 / 32;
+    const uint32_t k0_bytes = FP4 ? k0 / 2 : k0, kb0 = k0 / 32, xs0 = PAIRS ? kb0 / chunk_blocks : kb0;
 #pragma unroll
     for (int i = 0; i < w_n; ++i) {
       const int c = tid + i * S::threads;
@@ -117,15 +130,20 @@ struct stage_loader {
 #pragma unroll
     for (int i = 0; i < x_n; ++i) {
       const int c = tid + i * S::threads;
-      if (X && (x_jobs % S::threads == 0 || c < x_jobs) && (!Tail || (c % x_pieces) / 2 < kb_end))
-        cp_async16(sx + (c / x_pieces) * L::x_stride + (c % x_pieces) * 16, x_base + (x_ok[i] ? x[i] + k0 : 0u), x_ok[i]);
+      if (X && (x_jobs % S::threads == 0 || c < x_jobs) && (!Tail || (c % x_pieces) / (2 * x_bytes_per) < kb_end)) {
+        const int row = c / x_pieces, piece = PAIRS ? pair_piece(row, c % x_pieces) : c % x_pieces;
+        cp_async16(sx + row * L::x_stride + piece * 16, x_base + (x_ok[i] ? x[i] + k0 * x_bytes_per : 0u), x_ok[i]);
+      }
     }
 #pragma unroll
     for (int i = 0; i < xs_n; ++i) {
       const int c = tid + i * S::threads;
-      if (X && (xs_jobs % S::threads == 0 || c < xs_jobs) && (!Tail || (c % xs_pieces) * 4 < kb_end))
-        cp_async16(sxs + (c / xs_pieces) * S::KB + (c % xs_pieces) * 4, xs_base + (xs_ok[i] ? xs[i] + kb0 : 0u),
-                   xs_ok[i]);
+      if (X && (xs_jobs % S::threads == 0 || c < xs_jobs) && (!Tail || (c % xs_pieces) * 4 < kb_end)) {
+        float* dst = sxs + (c / xs_pieces) * L::xs_stage + (c % xs_pieces) * xs_unit;
+        const float* src = xs_base + (xs_ok[i] ? xs[i] + xs0 : 0u);
+        if constexpr (PAIRS) cp_async4(dst, src, xs_ok[i]);
+        else cp_async16(dst, src, xs_ok[i]);
+      }
     }
 #pragma unroll
     for (int i = 0; i < ws_n; ++i) {
@@ -157,17 +175,17 @@ struct stage_loader {
 };
 
 /// One K block kb of a pipeline stage st for warp tile (ww, wt): part += its mmas, each times
-/// sw * sx (an exact power of two) fused into the add.
-template <class S, bool FP4>
+/// sw * sx (an exact power of two) fused into the add; PAIRS: x's pairs carry sx, times sw.
+template <class S, bool FP4, bool PAIRS = false>
 __device__ __forceinline__ void stage_block(const uint8_t* st, int kb, int ww, int wt, int g, int tig,
                                             float (&part)[S::MT][S::NT][4]) {
-  using L = stage_layout<S, FP4>;
+  using L = stage_layout<S, FP4, PAIRS>;
   const uint8_t* sw = st;
   const uint8_t* sxq = st + L::w_bytes;
   const float* sxs = reinterpret_cast<const float*>(sxq + L::x_bytes);
   const uint8_t* sws = sxq + L::x_bytes + L::xs_bytes;
-  uint32_t a[S::MT][4], b[S::NT][2];
-  float sw0[S::MT], sw1[S::MT], sx[S::NT][2];
+  uint32_t a[S::MT][4];
+  float sw0[S::MT], sw1[S::MT];
 #pragma unroll
   for (int i = 0; i < S::MT; ++i) {
     const int r = ww * S::MT * 16 + i * 16 + g;
@@ -179,25 +197,52 @@ __device__ __forceinline__ void stage_block(const uint8_t* st, int kb, int ww, i
       sw0[i] = sw1[i] = ue8m0_value(sws[(r / 32) * S::KB + kb]);
     }
   }
+  if constexpr (PAIRS) {
+    uint4 h[S::NT];
 #pragma unroll
-  for (int j = 0; j < S::NT; ++j) {
-    const int t = wt * S::NT * 8 + j * 8;
-    const uint2 v = x_fragment<FP4>(*reinterpret_cast<const uint2*>(sxq + (t + g) * L::x_stride + kb * 32 + tig * 8));
-    b[j][0] = v.x, b[j][1] = v.y;
-    sx[j][0] = sxs[(t + tig * 2) * S::KB + kb];
-    sx[j][1] = sxs[(t + tig * 2 + 1) * S::KB + kb];
-  }
+    for (int j = 0; j < S::NT; ++j)
+      h[j] = *reinterpret_cast<const uint4*>(sxq + (wt * S::NT * 8 + j * 8 + g) * L::x_stride +
+                                             pair_piece(g, kb * 4 + tig) * 16);
 #pragma unroll
-  for (int i = 0; i < S::MT; ++i)
+    for (int i = 0; i < S::MT; ++i) {
+      uint32_t al[4], ah[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) cuda::detail::e4m3x4_to_f16x2(a[i][q], al[q], ah[q]);
+#pragma unroll
+      for (int j = 0; j < S::NT; ++j) {  // mma_e4m3's two products on x's pairs
+        float d[4];
+        const uint32_t bl[2] = {h[j].x, h[j].y}, bh[2] = {h[j].z, h[j].w};
+        mma_f16x16<false>(d, al, bl);
+        mma_f16x16<true>(d, ah, bh);
+        part[i][j][0] = fmaf(d[0], sw0[i], part[i][j][0]);
+        part[i][j][1] = fmaf(d[1], sw0[i], part[i][j][1]);
+        part[i][j][2] = fmaf(d[2], sw1[i], part[i][j][2]);
+        part[i][j][3] = fmaf(d[3], sw1[i], part[i][j][3]);
+      }
+    }
+  } else {
+    uint32_t b[S::NT][2];
+    float sx[S::NT][2];
 #pragma unroll
     for (int j = 0; j < S::NT; ++j) {
-      float d[4];
-      mma_e4m3(d, a[i], b[j]);
-      part[i][j][0] = fmaf(d[0], sw0[i] * sx[j][0], part[i][j][0]);
-      part[i][j][1] = fmaf(d[1], sw0[i] * sx[j][1], part[i][j][1]);
-      part[i][j][2] = fmaf(d[2], sw1[i] * sx[j][0], part[i][j][2]);
-      part[i][j][3] = fmaf(d[3], sw1[i] * sx[j][1], part[i][j][3]);
+      const int t = wt * S::NT * 8 + j * 8;
+      const uint2 v = x_fragment<FP4>(*reinterpret_cast<const uint2*>(sxq + (t + g) * L::x_stride + kb * 32 + tig * 8));
+      b[j][0] = v.x, b[j][1] = v.y;
+      sx[j][0] = sxs[(t + tig * 2) * S::KB + kb];
+      sx[j][1] = sxs[(t + tig * 2 + 1) * S::KB + kb];
     }
+#pragma unroll
+    for (int i = 0; i < S::MT; ++i)
+#pragma unroll
+      for (int j = 0; j < S::NT; ++j) {
+        float d[4];
+        mma_e4m3(d, a[i], b[j]);
+        part[i][j][0] = fmaf(d[0], sw0[i] * sx[j][0], part[i][j][0]);
+        part[i][j][1] = fmaf(d[1], sw0[i] * sx[j][1], part[i][j][1]);
+        part[i][j][2] = fmaf(d[2], sw1[i] * sx[j][0], part[i][j][2]);
+        part[i][j][3] = fmaf(d[3], sw1[i] * sx[j][1], part[i][j][3]);
+      }
+  }
 }
 
 /// The block's outputs from a warp tile's totals.
@@ -219,11 +264,12 @@ __device__ __forceinline__ void store_tile(const gemm_problem& p, const group_vi
       }
 }
 
-/// grid (n / BW, ceil(max slots / BT), groups).
-template <class S, bool FP4>
+/// grid (n / BW, ceil(max slots / BT), groups). PAIRS: x from p.xh / p.xf (fp4_x_pairs), each
+/// chunk's sum times its factor in place of fp4_unscale.
+template <class S, bool FP4, bool PAIRS = false>
 __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
-  using L = stage_layout<S, FP4>;
-  using loader_t = stage_loader<S, FP4>;
+  using L = stage_layout<S, FP4, PAIRS>;
+  using loader_t = stage_loader<S, FP4, PAIRS>;
   extern __shared__ __align__(16) uint8_t smem[];
   if (p.groups) cuda::detail::grid_dependency_wait();  // the group tables come from the kernel before
   const group_view gv = group_of(p);
@@ -248,15 +294,29 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
     const uint8_t* st = smem + (kt % S::STAGES) * L::bytes;
 #pragma unroll
     for (int kb = 0; kb < S::KB; ++kb) {  // k % BK == 0: every K block of the stage is in range
-      stage_block<S, FP4>(st, kb, ww, wt, g, tig, part);
+      stage_block<S, FP4, PAIRS>(st, kb, ww, wt, g, tig, part);
       if ((kb + 1) % chunk_blocks == 0) {  // a stage starts on a chunk boundary (KB % 4 == 0)
+        if constexpr (PAIRS) {
+          const float* fs = reinterpret_cast<const float*>(st + L::w_bytes + L::x_bytes) + kb / chunk_blocks;
 #pragma unroll
-        for (int i = 0; i < S::MT; ++i)
+          for (int j = 0; j < S::NT; ++j) {
+            const int slot = wt * S::NT * 8 + j * 8 + tig * 2;
+            const float f[2] = {fs[slot * L::xs_stage], fs[(slot + 1) * L::xs_stage]};
 #pragma unroll
-          for (int j = 0; j < S::NT; ++j)
+            for (int i = 0; i < S::MT; ++i)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              total[i][j][e] = add_chunk<FP4>(total[i][j][e], part[i][j][e]), part[i][j][e] = 0.0f;
+              for (int e = 0; e < 4; ++e)
+                total[i][j][e] = fmaf(part[i][j][e], f[e % 2], total[i][j][e]), part[i][j][e] = 0.0f;
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < S::MT; ++i)
+#pragma unroll
+            for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                total[i][j][e] = add_chunk<FP4>(total[i][j][e], part[i][j][e]), part[i][j][e] = 0.0f;
+        }
       }
     }
   }
@@ -373,12 +433,15 @@ int blocks_at_once(Kernel kernel, int threads, int smem) {
   return per_sm * cuda::detail::num_sms();
 }
 
-template <class S, bool FP4>
-constexpr int tiled_smem = S::STAGES * stage_layout<S, FP4>::bytes;
+template <class S, bool FP4, bool PAIRS = false>
+constexpr int tiled_smem = S::STAGES * stage_layout<S, FP4, PAIRS>::bytes;
 
-template <class S, bool FP4>
+/// PAIRS_OK: the shape also has a pairs form, taken where the call brings x's pairs (p.xh).
+template <class S, bool FP4, bool PAIRS_OK = false>
 void launch_tiled(const gemm_problem& p, int num_groups, int max_slots) {
   const dim3 grid(p.n / S::BW, (max_slots + S::BT - 1) / S::BT, num_groups);
+  if constexpr (FP4 && PAIRS_OK)
+    if (p.xh) return launch_with_smem<tiled_kernel<S, true, true>>(grid, S::threads, tiled_smem<S, true, true>, p);
   launch_with_smem<tiled_kernel<S, FP4>>(grid, S::threads, tiled_smem<S, FP4>, p);
 }
 
@@ -392,9 +455,11 @@ void launch_narrow(const gemm_problem& p, int num_groups, int max_slots) {
   using W = narrow_one_wave_shape;
   static_assert(W::BW == narrow_shape::BW && W::BT == narrow_shape::BT, "the same block of outputs");
   static const int at_once = blocks_at_once(tiled_kernel<W, FP4>, W::threads, tiled_smem<W, FP4>);
+  static const int at_once_pairs =
+      FP4 ? blocks_at_once(tiled_kernel<W, FP4, FP4>, W::threads, tiled_smem<W, FP4, FP4>) : at_once;
   const long long blocks = (long long)(p.n / W::BW) * ((max_slots + W::BT - 1) / W::BT) * num_groups;
-  if (blocks <= at_once) launch_tiled<W, FP4>(p, num_groups, max_slots);
-  else launch_tiled<narrow_shape, FP4>(p, num_groups, max_slots);
+  if (blocks <= (p.xh ? at_once_pairs : at_once)) launch_tiled<W, FP4, true>(p, num_groups, max_slots);
+  else launch_tiled<narrow_shape, FP4, true>(p, num_groups, max_slots);
 }
 
 /// Shared memory of a split kernel: its stages and the partials' exchange.
@@ -425,8 +490,8 @@ void launch_pipelined(tile_kind t, const gemm_problem* ps, int count, int z, int
   const gemm_problem& p = ps[0];
   switch (t) {
     case tile_kind::narrow: launch_narrow<FP4>(p, z, max_slots); break;
-    case tile_kind::narrow16: launch_tiled<narrow16_shape, FP4>(p, z, max_slots); break;
-    case tile_kind::narrow32: launch_tiled<narrow32_shape, FP4>(p, z, max_slots); break;
+    case tile_kind::narrow16: launch_tiled<narrow16_shape, FP4, true>(p, z, max_slots); break;
+    case tile_kind::narrow32: launch_tiled<narrow32_shape, FP4, true>(p, z, max_slots); break;
     case tile_kind::split4: launch_split<split4_shape, FP4>(ps, count, z, max_slots); break;
     case tile_kind::split8: launch_split<split8_shape, FP4>(ps, count, z, max_slots); break;
     case tile_kind::skinny: launch_tiled<skinny_shape, FP4>(p, z, max_slots); break;
