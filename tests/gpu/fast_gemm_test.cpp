@@ -134,6 +134,24 @@ TEST_CASE("fast gemm: every tile within 2^-16 of the CPU op, all tiles give the 
   }
 }
 
+/// Slots of `tokens` tokens over the experts dw: expert e takes the tokens t with
+/// t % experts <= e (expert 0 the fewest), in token order.
+struct expert_slots {
+  std::vector<int32_t> slot_rows;
+  std::vector<fast::expert_group> groups;
+  int max_slots = 0;
+  expert_slots(const std::vector<std::unique_ptr<dev_fp4>>& dw, int tokens) {
+    const int experts = int(dw.size());
+    for (int e = 0; e < experts; ++e) {
+      fast::expert_group g{dw[e]->view.data, dw[e]->view.scale, int(slot_rows.size()), 0};
+      for (int t = 0; t < tokens; ++t)
+        if (t % experts <= e) slot_rows.push_back(t), ++g.num_slots;
+      max_slots = std::max(max_slots, g.num_slots);
+      groups.push_back(g);
+    }
+  }
+};
+
 TEST_CASE("fast grouped_fp4: each expert's slots equal gemm_fp4 on its rows, bit for bit") {
   if (!have_gpu()) return;
   std::mt19937_64 rng(32);
@@ -142,18 +160,10 @@ TEST_CASE("fast grouped_fp4: each expert's slots equal gemm_fp4 on its rows, bit
   for (int e = 0; e < experts; ++e) hw.push_back(op_reference::random_fp4(rng, n, k));
   std::vector<std::unique_ptr<dev_fp4>> dw;
   for (const auto& w : hw) dw.push_back(std::make_unique<dev_fp4>(w));
-  // expert e takes the tokens t with t % experts <= e (expert 0 the fewest), in token order
-  std::vector<int32_t> slot_rows;
-  std::vector<fast::expert_group> groups;
-  int max_slots = 0;
-  for (int e = 0; e < experts; ++e) {
-    fast::expert_group g{dw[e]->view.data, dw[e]->view.scale, int(slot_rows.size()), 0};
-    for (int t = 0; t < tokens; ++t)
-      if (t % experts <= e) slot_rows.push_back(t), ++g.num_slots;
-    max_slots = std::max(max_slots, g.num_slots);
-    groups.push_back(g);
-  }
-  const int slots = int(slot_rows.size());
+  const expert_slots es(dw, tokens);
+  const std::vector<int32_t>& slot_rows = es.slot_rows;
+  const std::vector<fast::expert_group>& groups = es.groups;
+  const int max_slots = es.max_slots, slots = int(slot_rows.size());
   const quantized_x qx(activations(rng, tokens, k), tokens, k);
   const uint8_t* xq = qx.q.get();
   const float* xs = qx.s.get();
@@ -205,19 +215,10 @@ TEST_CASE("fast grouped_fp4 on x's pairs: the narrow tiles give the codes' bits,
     std::vector<std::unique_ptr<dev_fp4>> dw;
     for (int e = 0; e < experts; ++e) hw.push_back(op_reference::random_fp4(rng, n, k));
     for (const auto& w : hw) dw.push_back(std::make_unique<dev_fp4>(w));
-    std::vector<int32_t> slot_rows;
-    std::vector<fast::expert_group> groups;
-    int max_slots = 0;
-    for (int e = 0; e < experts; ++e) {  // expert e takes the tokens t with t % experts <= e
-      fast::expert_group g{dw[e]->view.data, dw[e]->view.scale, int(slot_rows.size()), 0};
-      for (int t = 0; t < tokens; ++t)
-        if (t % experts <= e) slot_rows.push_back(t), ++g.num_slots;
-      max_slots = std::max(max_slots, g.num_slots);
-      groups.push_back(g);
-    }
-    const int slots = int(slot_rows.size());
-    dev<int32_t> rows_d(slot_rows);
-    dev<fast::expert_group> groups_d(groups);
+    const expert_slots es(dw, tokens);
+    const int max_slots = es.max_slots, slots = int(es.slot_rows.size());
+    dev<int32_t> rows_d(es.slot_rows);
+    dev<fast::expert_group> groups_d(es.groups);
     for (fast::tile_kind t : {fast::tile_kind::narrow, fast::tile_kind::narrow16, fast::tile_kind::narrow32}) {
       dev<float> codes_y(std::size_t(slots) * n), pairs_y(std::size_t(slots) * n);
       fast::grouped_fp4(qx.q.get(), qx.s.get(), rows_d.get(), groups_d.get(), experts, slots, max_slots, n, k,

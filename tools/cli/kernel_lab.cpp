@@ -45,8 +45,8 @@ bool parse(int argc, char** argv, options& o) {
       o.moe.tokens = int(v);
     } else if (a == "--tile" && i + 1 < argc) {
       o.moe.tile = argv[++i];
-      static const char* tiles[] = {"gemv",   "narrow", "narrow16", "narrow32", "split4",
-                                    "split8", "skinny", "wide",     "stream"};
+      static const char* tiles[] = {"gemv",   "narrow", "narrow16", "narrow32", "split4",       "split8",
+                                    "skinny", "wide",   "stream",   "narrow.pairs", "narrow16.pairs", "narrow32.pairs"};
       if (std::none_of(std::begin(tiles), std::end(tiles), [&](const char* t) { return o.moe.tile == t; }))
         return false;
     } else if (a == "--shape" && i + 1 < argc) {
@@ -153,7 +153,8 @@ int kernel_lab_main(int argc, char** argv) {
                  "                        [--out FILE.json] [--quick]\n"
                  "       --op moe only: [--tokens N] (1..65536: that token count only)\n"
                  "                      [--tile gemv|narrow|narrow16|narrow32|split4|split8|skinny|wide|stream]\n"
-                 "                      (that tile only);\n"
+                 "                      (that tile only; a narrow tile with its form on x's pairs,\n"
+                 "                      narrow.pairs, narrow16.pairs or narrow32.pairs for that form only);\n"
                  "       with both, one grouped kernel per matrix, e.g. for\n"
                  "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n"
                  "       --op prefill --tokens N: only the routed + shared experts (moe_ffn) at N tokens\n"

@@ -126,7 +126,10 @@ void grouped_fp4_pair(const uint8_t* xq, const float* xs, const int32_t* slot_ro
 /// narrow32 against skinny at 384 / 512: 1,646 / 1,901 against 2,533 / 2,567; narrow against
 /// narrow16 at 64 / 80 / 96 / 112 tokens: 558 / 650 / 752 / 850 against 668 / 672 / 686 / 732.
 /// So narrow up to 80 tokens, narrow16 to 160, narrow32 to 512 (the skinny tile is left to the
-/// lab); the bf16 path past 512 was not swept against narrow32.
+/// lab); the bf16 path past 512 was not swept against narrow32. On x's pairs (fp4_x_pairs, from
+/// 2 tokens; 2026-11-30, up + down, us): narrow against narrow16 at 48 / 64 / 80 / 96 tokens
+/// 388 / 440 / 500 / 580 against 604 / 609 / 611 / 618; narrow16 against narrow32 at 128 / 160 /
+/// 192 / 256: 675 / 828 / 995 / 1,221 against 807 / 810 / 814 / 853. So narrow now up to 96.
 struct tuning {
   int gemv_max_rows = 32;           ///< FP8 / W4A8 linears: gemv tile
   int bf16_gemv_max_rows = 16;      ///< bf16 linears and wo_a: the bf16 GEMV
@@ -134,7 +137,7 @@ struct tuning {
                                     ///< (the gemv tile where d or inter is not a multiple of 256)
   int expert_tiled_max_rows = 512;  ///< above that: the grouped W4A8 skinny tile, all on the
                                     ///< device (no dequant pass, no host round trip); above: bf16
-  int expert_narrow_max_rows = 80;  ///< within expert_gemv_max_rows: 8 slots a narrow pass up
+  int expert_narrow_max_rows = 96;  ///< within expert_gemv_max_rows: 8 slots a narrow pass up
                                     ///< to here, then 16 (last: brace-initialized tunings keep it)
   int expert_narrow16_max_rows = 160;  ///< then 32 slots a pass (narrow32)
   /// Dense FP8 / W4A8 linears past gemv_max_rows up to fp8_narrow_max_rows rows whose weight
