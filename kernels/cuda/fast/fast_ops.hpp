@@ -79,8 +79,8 @@ struct expert_group {
 /// block's values times 2^(e_b - e_c + 7) (2^e_b its scale, 2^e_c the largest of its 128-wide
 /// summation chunk's four), and factors [rows, k / 128] = 2^(e_c - 1). With them the tiles
 /// neither convert x nor multiply by its scale in every product, and give the same bits (the
-/// scales are powers of two) unless a block's scale is below 2^-15 of its chunk's largest,
-/// whose values then round in f16.
+/// scales are powers of two) unless a block's scale is below 2^-22 of its chunk's largest: its
+/// smallest codes (2^-9) would then fall under f16's 2^-24 and round.
 void fp4_x_pairs(const uint8_t* xq, const float* xs, int rows, int k, uint16_t* pairs, float* factors);
 
 /// Grouped W4A8: for every group g and each of its slots s, y[s] = W_g x[slot_rows[s]].
