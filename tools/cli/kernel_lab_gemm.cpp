@@ -375,8 +375,7 @@ void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down,
   for (fast::tile_kind t : lab_tiles)
     for (const bool pairs : {false, true}) {
       const std::string name = std::string(fast::tile_name(t)) + (pairs ? ".pairs" : "");
-      if (pairs && t != fast::tile_kind::narrow && t != fast::tile_kind::narrow16 && t != fast::tile_kind::narrow32)
-        continue;
+      if (pairs && !fast::takes_x_pairs(t)) continue;
       if (t != fast::tile_kind::wide && max_slots > 64 && only_tile != fast::tile_name(t) && only_tile != name)
         continue;
       if (t == fast::tile_kind::stream && (max_slots > fast::stream_max_slots || !fast::stream_shape(true, n, k)))

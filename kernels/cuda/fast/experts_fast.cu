@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -236,18 +235,6 @@ void shared_expert(const float* y, int m, const cpu::shared_expert_weights& e, f
   linear_fp8(g.get(), m, e.w2, out);
 }
 
-/// Tokens from which the routed experts' narrow tiles take x's and h's pairs (fp4_x_pairs);
-/// $CEDAR_GPU_EXPERT_PAIRS_FROM overrides it (A/B runs; 0: never).
-int expert_pairs_min_rows() {
-  static const int rows = [] {
-    const char* env = std::getenv("CEDAR_GPU_EXPERT_PAIRS_FROM");
-    if (env == nullptr || *env == '\0') return 2;
-    const int v = std::atoi(env);
-    return v <= 0 ? std::numeric_limits<int>::max() : v;
-  }();
-  return rows;
-}
-
 /// $CEDAR_GPU_EXPERTS: "cublas" keeps the experts past the grouped tiles on the cuBLAS path
 /// (A/B runs against the wgmma experts); unset or "auto": tuning::expert_wgmma decides.
 bool wgmma_experts_allowed() {
@@ -347,8 +334,7 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
   if (wg_experts) grouped = false;
   // the narrow tiles on x's and h's pairs (fp4_x_pairs: one launch each, once for w1, w3 and w2)
   // from expert_pairs_min_rows tokens
-  const bool pairs = grouped && m >= expert_pairs_min_rows() &&
-                     (tile == tile_kind::narrow || tile == tile_kind::narrow16 || tile == tile_kind::narrow32);
+  const bool pairs = grouped && m >= tune.expert_pairs_min_rows && takes_x_pairs(tile);
   const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
   const int cap = chunk * topk;
   scratch<int32_t> slot_src(cap), slot_row(cap), iota(cap), slot_pos(cap);

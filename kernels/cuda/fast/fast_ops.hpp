@@ -50,6 +50,10 @@ int set_blocks_at_once(tile_kind t);
 long long mma_form_mismatches(int warps, uint64_t seed);
 /// Shapes the gemv tile takes: n % 16 == 0 and k % 32 == 0.
 inline bool gemv_shape(int n, int k) { return n % 16 == 0 && k % 32 == 0; }
+/// The tiles that have a form on x's pairs (fp4_x_pairs): the narrow ones; others read the codes.
+inline bool takes_x_pairs(tile_kind t) {
+  return t == tile_kind::narrow || t == tile_kind::narrow16 || t == tile_kind::narrow32;
+}
 
 /// codes [m, k] e4m3 and scales [m, k/32] (powers of two) of x [m, k]; k % 32 == 0.
 void quantize_rows_fp8(const float* x, int m, int k, uint8_t* codes, float* scales);
@@ -190,6 +194,10 @@ struct tuning {
   /// tokens 1.19 / 0.91, 512 tokens 2.18 / 1.00. 129: a window's 128 rows (the truncated layers,
   /// a prefix hit's replay) keep the grouped tiles, which their CUDA graphs hold.
   int expert_wg_min_rows = 129;
+  /// Routed experts from this many tokens on: the narrow tiles read x's and h's pairs
+  /// (fp4_x_pairs, one launch each). `--op moe` at 1 token no gain (36.19 / 19.12 -> 36.50 /
+  /// 18.57 us), at 2 11-12 %; $CEDAR_GPU_EXPERT_PAIRS_FROM sets it (A/B runs; 0: never).
+  int expert_pairs_min_rows = 2;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

@@ -354,6 +354,12 @@ __global__ void mma_form_kernel(uint64_t seed, unsigned* mismatches) {
   if (lane == 0 && bad) atomicAdd(mismatches, bad);
 }
 
+/// A grouped call's x pairs and factors (fp4_x_pairs), both or neither.
+void take_pairs(gemm_problem& p, const uint16_t* pairs, const float* factors) {
+  CEDAR_CUDA_REQUIRE((pairs == nullptr) == (factors == nullptr), "grouped_fp4: x's pairs and factors together");
+  p.xh = reinterpret_cast<const uint8_t*>(pairs), p.xf = factors;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -426,9 +432,8 @@ void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows, c
                  int num_groups, int total_slots, int max_slots, int n, int k, float* y, tile_kind t,
                  const uint16_t* pairs, const float* factors) {
   CEDAR_CUDA_REQUIRE(slot_rows != nullptr, "grouped_fp4: slot_rows");
-  CEDAR_CUDA_REQUIRE((pairs == nullptr) == (factors == nullptr), "grouped_fp4: pairs and factors together");
   detail::gemm_problem p{nullptr, nullptr, xq, xs, slot_rows, groups, y, total_slots, n, k};
-  p.xh = reinterpret_cast<const uint8_t*>(pairs), p.xf = factors;
+  detail::take_pairs(p, pairs, factors);
   detail::run<true>(&p, 1, num_groups, max_slots, t);
 }
 
@@ -441,10 +446,9 @@ void grouped_fp4_pair(const uint8_t* xq, const float* xs, const int32_t* slot_ro
     return;
   }
   CEDAR_CUDA_REQUIRE(slot_rows != nullptr, "grouped_fp4_pair: slot_rows");
-  CEDAR_CUDA_REQUIRE((pairs == nullptr) == (factors == nullptr), "grouped_fp4_pair: pairs and factors together");
   detail::gemm_problem p{nullptr, nullptr, xq, xs, slot_rows, groups_a, y_a, total_slots, n, k};
   p.groups2 = groups_b, p.y2 = y_b, p.split = num_groups;
-  p.xh = reinterpret_cast<const uint8_t*>(pairs), p.xf = factors;
+  detail::take_pairs(p, pairs, factors);
   detail::run<true>(&p, 1, num_groups, max_slots, t);
 }
 

@@ -447,6 +447,11 @@ tuning& tuning_now() {
     // depend on how many rows it is batched with
     if (const char* env = std::getenv("CEDAR_GPU_BATCH_INVARIANT"); env && std::string(env) == "0")
       batch_invariance(d, false);
+    // CEDAR_GPU_EXPERT_PAIRS_FROM=N: the routed experts on x's pairs from N tokens (0: never)
+    if (const char* env = std::getenv("CEDAR_GPU_EXPERT_PAIRS_FROM"); env && *env) {
+      const int v = std::atoi(env);
+      d.expert_pairs_min_rows = v <= 0 ? std::numeric_limits<int>::max() : v;
+    }
     return d;
   }();
   return t;
