@@ -195,8 +195,9 @@ struct tuning {
   /// a prefix hit's replay) keep the grouped tiles, which their CUDA graphs hold.
   int expert_wg_min_rows = 129;
   /// Routed experts from this many tokens on: the narrow tiles read x's and h's pairs
-  /// (fp4_x_pairs, one launch each). `--op moe` at 1 token no gain (36.19 / 19.12 -> 36.50 /
-  /// 18.57 us), at 2 11-12 %; $CEDAR_GPU_EXPERT_PAIRS_FROM sets it (A/B runs; 0: never).
+  /// (fp4_x_pairs, one launch each). `--op moe`, up / down, codes -> pairs (us): 1 token 36.19 /
+  /// 19.12 -> 36.50 / 18.57, 2 tokens 59.15 / 32.94 -> 51.80 / 29.42; decode at batch 1 8.61
+  /// against 8.74 ms with pairs from 1. $CEDAR_GPU_EXPERT_PAIRS_FROM sets it (A/B runs; 0: never).
   int expert_pairs_min_rows = 2;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
