@@ -118,11 +118,12 @@ TEST_CASE("fast linears: FP8, W4A8 and bf16 within 2^-16 of sum|xw| of the CPU o
       }
     }
   }
-  for (const shape s : {shape{2048, 264}, shape{1000, 264}, shape{128, 260}}) {  // column and split GEMV modes
+  // column GEMV mode (1,100 columns: a last block of 12), split mode (1,000: 125 column blocks)
+  for (const shape s : {shape{2048, 264}, shape{1100, 264}, shape{1000, 264}, shape{128, 260}}) {
     const auto wb = ref::random_bf16(rng, s.n, s.k, 0.1f);
     const dev_bf16 db(wb);
     const auto wd = ref::dequant(wb.view);
-    for (int m : {1, 3, 8, 16, 17, 100}) {
+    for (int m : {1, 2, 3, 8, 11, 16, 17, 100}) {
       const std::vector<float> x = activations(rng, m, s.k);
       dev<float> xd(x);
       std::vector<float> ref_y(std::size_t(m) * s.n);
@@ -259,7 +260,8 @@ TEST_CASE("fast grouped_output: within 2^-8 of the CPU op's largest output, deco
 TEST_CASE("fast grouped_output: wo_a in its FP8 form gives the bf16 form's bits at few rows") {
   if (!have_gpu()) return;
   std::mt19937_64 rng(64);
-  const int groups = 4, group_in = 512, rank = 128, out_dim = 384;
+  // 256 column blocks of 8: the GEMV's column mode (the model's wo_a, 8 x 1024 x 4096, too)
+  const int groups = 4, group_in = 512, rank = 512, out_dim = 384;
   const auto a8 = ref::random_fp8(rng, groups * rank, group_in);
   REQUIRE(std::all_of(a8.scale.begin(), a8.scale.end(), [](uint8_t c) { return c >= 3 && c <= 254; }));
   ref::owned_bf16 a16;  // the same values as bf16, as the model dequantizes wo_a at load
@@ -272,7 +274,7 @@ TEST_CASE("fast grouped_output: wo_a in its FP8 form gives the bf16 form's bits 
   const auto wo_b = ref::random_fp8(rng, out_dim, groups * rank);
   const dev_fp8 d8(a8), db(wo_b);
   const dev_bf16 d16(a16);
-  for (int m : {1, 3, 8, 16}) {
+  for (int m : {1, 2, 3, 8, 13, 16}) {
     const auto o = activations(rng, m, groups * group_in);
     dev<float> dq(o);
     dev<float> u16(std::size_t(m) * groups * rank), u8(std::size_t(m) * groups * rank);
@@ -282,6 +284,15 @@ TEST_CASE("fast grouped_output: wo_a in its FP8 form gives the bf16 form's bits 
                                     groups, group_in, rank));
     const auto h16 = u16.host(), h8 = u8.host();
     CHECK_MESSAGE(ref::same_bits(h8.data(), h16.data(), h16.size()), ("gemv_fp8w m=" + std::to_string(m)));
+    // every row alone (one row: the plain column mode; more: x staged, several columns a warp)
+    // gives the bits it has among m
+    for (int r = 0; r < m && m > 1; ++r) {
+      dev<float> u1(std::size_t(groups) * rank);
+      REQUIRE(fast::detail::gemv_fp8w(dq.get() + std::size_t(r) * groups * group_in, groups * group_in, 1, d8.view,
+                                      rank, group_in, u1.get(), groups * rank, groups, group_in, rank));
+      CHECK_MESSAGE(ref::same_bits(u1.host().data(), h8.data() + std::size_t(r) * groups * rank, groups * rank),
+                    ("gemv_fp8w row " + std::to_string(r) + " of m=" + std::to_string(m)));
+    }
     dev<float> y16(std::size_t(m) * out_dim), y8(std::size_t(m) * out_dim);
     fast::grouped_output(dq.get(), m, groups, d16.view, db.view, y16.get());
     fast::grouped_output(dq.get(), m, groups, d16.view, db.view, y8.get(), &d8.view);

@@ -4,7 +4,7 @@
 # is the token generate picks first; a checkpoint directory gives the same tokens as the preset
 # with the same seed, and a checkpoint that does not match its config is refused; kernel-lab
 # refuses options it does not take with its usage (exit 2) before it looks for a device and takes
-# those it does (--tokens with moe and prefill, --tile with moe), and the GPU-only
+# those it does (--tokens with moe, prefill and gemv, --tile with moe), and the GPU-only
 # --gpu-dense-bf16 and --gpu-batch-invariant off are refused on the CPU backend.
 # usage: tests/integration/model_cli.sh path/to/cedar
 set -euo pipefail
@@ -55,14 +55,15 @@ grep -q "does not match" "$tmp/err" || { cat "$tmp/err"; exit 1; }
 
 for bad in "--op moe --tile nope" "--op moe --tokens 0" "--op moe --tokens 64x" "--op prefill --tile narrow" \
            "--op attention --tokens 64" "--op prefill --tokens 0" "--op nope" \
-           "--op linear_fp8 --shape nope" "--op linear_fp4 --shape attn.wq_b" "--op moe --shape attn.wq_b"; do
+           "--op linear_fp8 --shape nope" "--op linear_fp4 --shape attn.wq_b" "--op moe --shape attn.wq_b" \
+           "--op gemv --tile narrow" "--op gemv --tokens 0"; do
   rc=0
   # shellcheck disable=SC2086
   "$cedar" kernel-lab $bad > /dev/null 2> "$tmp/err" || rc=$?
   [[ $rc == 2 ]] && grep -q "usage: cedar kernel-lab" "$tmp/err" || { echo "kernel-lab $bad: exit $rc"; cat "$tmp/err"; exit 1; }
 done
 for ok in "--op moe --tokens 64 --tile narrow" "--op moe --tokens 64 --tile split4" \
-          "--op moe --tokens 64 --tile split8" "--op prefill --tokens 64"; do
+          "--op moe --tokens 64 --tile split8" "--op prefill --tokens 64" "--op gemv --tokens 8"; do
   rc=0
   # shellcheck disable=SC2086
   "$cedar" kernel-lab $ok > /dev/null 2> "$tmp/err" || rc=$?

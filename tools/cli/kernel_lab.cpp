@@ -3,6 +3,7 @@
 // (device-to-device copy bandwidth, a cuBLASLt matrix product), then estimates the decode-step
 // HBM floor of bench-40L-E64 and how close the lab's kernels come to it.
 // Ops: linear_fp8, linear_fp4, moe, prefill (the fast kernel set's large-m path, the bf16 GEMV),
+// gemv (the bf16 GEMV at 1..16 rows),
 // attention (fused decode attention and indexer), mhc (the mHC boundary), ceilings, floor, all. A
 // build without CUDA says so.
 #include <algorithm>
@@ -54,7 +55,7 @@ bool parse(int argc, char** argv, options& o) {
     } else return false;
   }
   if (!o.moe.tile.empty() && o.op != "moe") return false;
-  if (o.moe.tokens > 0 && o.op != "moe" && o.op != "prefill") return false;
+  if (o.moe.tokens > 0 && o.op != "moe" && o.op != "prefill" && o.op != "gemv") return false;
   if (!o.shape.empty()) {
     const auto named = [&](const auto& shapes) {
       return std::any_of(std::begin(shapes), std::end(shapes), [&](const lab::linear_shape& s) { return o.shape == s.name; });
@@ -62,7 +63,8 @@ bool parse(int argc, char** argv, options& o) {
     if (!(o.op == "linear_fp8" && named(lab::fp8_shapes)) && !(o.op == "linear_fp4" && named(lab::fp4_shapes)))
       return false;
   }
-  static const char* ops[] = {"linear_fp8", "linear_fp4", "moe", "prefill", "attention", "mhc", "ceilings", "floor", "all"};
+  static const char* ops[] = {"linear_fp8", "linear_fp4", "moe",  "prefill", "gemv",
+                              "attention",  "mhc",        "ceilings", "floor", "all"};
   return std::any_of(std::begin(ops), std::end(ops), [&](const char* n) { return o.op == n; });
 }
 
@@ -149,7 +151,7 @@ int kernel_lab_main(int argc, char** argv) {
   options o;
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr,
-                 "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|attention|mhc|ceilings|floor|all\n"
+                 "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|gemv|attention|mhc|ceilings|floor|all\n"
                  "                        [--out FILE.json] [--quick]\n"
                  "       --op moe only: [--tokens N] (1..65536: that token count only)\n"
                  "                      [--tile gemv|narrow|narrow16|narrow32|split4|split8|skinny|wide|stream]\n"
@@ -158,6 +160,8 @@ int kernel_lab_main(int argc, char** argv) {
                  "       with both, one grouped kernel per matrix, e.g. for\n"
                  "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n"
                  "       --op prefill --tokens N: only the routed + shared experts (moe_ffn) at N tokens\n"
+                 "       --op gemv [--tokens N]: the bf16 GEMV (head, wo_a, router, compressor) at N rows\n"
+                 "                      (default 1, 2, 4, 8, 16), staged and plain column modes\n"
                  "       --op linear_fp8|linear_fp4 only: [--shape NAME] (that weight only: attn.wq_a, attn.wq_b,\n"
                  "                      attn.wkv, attn.wo_b, shared.w1, shared.w2, shared.w13 (w1 and w3\n"
                  "                      as one product), square; expert.w13, expert.w2)\n");
@@ -193,6 +197,7 @@ int kernel_lab_main(int argc, char** argv) {
   if (o.op == "linear_fp4" || o.op == "all") add(lab::run_linear_cases(true, o.quick, o.shape));
   if (o.op == "moe" || o.op == "all") add(lab::run_moe_cases(o.quick, o.moe));
   if (o.op == "prefill" || o.op == "all") add(lab::run_prefill_cases(o.quick, o.moe.tokens));
+  if (o.op == "gemv" || o.op == "all") add(lab::run_gemv_cases(o.moe.tokens));
   if (o.op == "attention" || o.op == "all") add(lab::run_attention_cases(o.quick));
   if (o.op == "mhc" || o.op == "all") add(lab::run_mhc_cases(o.quick));
 

@@ -64,6 +64,9 @@ std::vector<lab_case> run_mhc_cases(bool quick);
 /// GEMV at m = 1 (head, wo_a, router, compressor) and fast::moe_ffn at 8192 tokens; with
 /// moe_tokens > 0, only fast::moe_ffn at that count.
 std::vector<lab_case> run_prefill_cases(bool quick, int moe_tokens = 0);
+/// The bf16 GEMV of the decode step's bf16 and wo_a weights at `rows` rows (0: 1, 2, 4, 8, 16),
+/// each m > 1 also in the plain column mode ("gemv.unstaged", which must keep the bits).
+std::vector<lab_case> run_gemv_cases(int rows = 0);
 
 #ifdef CEDAR_HAVE_CUDA
 /// A device buffer of n T's, freed on scope exit.

@@ -483,10 +483,34 @@ void run_prefill_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vec
   }
 }
 
-/// The bf16 GEMV (m = 1) against the exact op and the copy rate: |y - y_cpu| <= 2^-16 sum|x w|
+/// Times `call` as variant "gemv" (the dispatch) and, at m > 1, as "gemv.unstaged" (the plain
+/// column mode, tuning::gemv_staged_min_rows past m); the second keeps the first's bits or fails.
+template <class Call>
+void time_gemv_forms(lab_case c, float* y, std::size_t outputs, const Call& call, std::vector<lab_case>& out) {
+  time_case(call, c);
+  out.push_back(c);
+  if (c.m == 1) return;
+  std::vector<float> staged(outputs), plain(outputs);
+  cuda::copy_to_host(staged.data(), y, sizeof(float) * outputs);
+  fast::tuning& tune = fast::tuning_now();
+  const int saved = tune.gemv_staged_min_rows;
+  tune.gemv_staged_min_rows = c.m + 1;
+  lab_case u = c;
+  u.variant = "gemv.unstaged";
+  cuda::fill_bytes(y, 0xFF, sizeof(float) * outputs);
+  call(0);
+  cuda::copy_to_host(plain.data(), y, sizeof(float) * outputs);
+  u.same_bits = std::memcmp(staged.data(), plain.data(), sizeof(float) * outputs) == 0;
+  u.pass = c.pass && u.same_bits;
+  time_case(call, u);
+  tune.gemv_staged_min_rows = saved;
+  out.push_back(u);
+}
+
+/// The bf16 GEMV at m rows against the exact op and the copy rate: |y - y_cpu| <= 2^-16 sum|x w|
 /// on 256 sampled outputs. groups > 1: wo_a's grouped form (group g reads x[g k ...]).
-void run_bf16_gemv(const char* name, int groups, int n, int k, rng& r, std::vector<lab_case>& out) {
-  const std::size_t count = std::size_t(groups) * n * k;
+void run_bf16_gemv(const char* name, int m, int groups, int n, int k, rng& r, std::vector<lab_case>& out) {
+  const std::size_t count = std::size_t(groups) * n * k, outputs = std::size_t(m) * groups * n;
   std::vector<uint16_t> w(count);
   for (std::size_t i = 0; i < count; i += 4) {  // sign, exponent 2^-9 .. 2^-5, 7 mantissa bits
     const uint64_t bits = r.next();
@@ -495,46 +519,46 @@ void run_bf16_gemv(const char* name, int groups, int n, int k, rng& r, std::vect
       w[i + j] = uint16_t((b & 0x807F) | ((118 + (b >> 7) % 5) << 7));
     }
   }
-  const std::vector<float> x = random_x(1, groups * k, r);
+  const std::vector<float> x = random_x(m, groups * k, r);
   const int copies = int(std::clamp<std::size_t>(l2_defeat_bytes / (2 * count) + 1, 1, 16));
   std::vector<std::unique_ptr<dev_buf>> wc;
   for (int i = 0; i < copies; ++i) {
     wc.push_back(std::make_unique<dev_buf>(2 * count));
     cuda::copy_to_device(wc.back()->p, w.data(), 2 * count);
   }
-  dev_buf xd(sizeof(float) * x.size()), y(sizeof(float) * groups * n);
+  dev_buf xd(sizeof(float) * x.size()), y(sizeof(float) * outputs);
   cuda::copy_to_device(xd.p, x.data(), sizeof(float) * x.size());
   auto gemv = [&](int i) {
-    fast::detail::gemv_bf16(xd.as<float>(), groups * k, 1, wc[i % copies]->as<uint16_t>(), n, k, y.as<float>(),
+    fast::detail::gemv_bf16(xd.as<float>(), groups * k, m, wc[i % copies]->as<uint16_t>(), n, k, y.as<float>(),
                             groups * n, groups, k, (long long)n * k, n);
   };
-  lab_case c{"gemv_bf16", "gemv", name, 1, groups * n, k};
+  lab_case c{"gemv_bf16", "gemv", name, m, groups * n, k};
   c.groups = groups;
-  c.bytes = 2.0 * count + 4.0 * x.size() + 4.0 * groups * n;
-  c.flops = 2.0 * count;
-  cuda::fill_bytes(y.p, 0xFF, sizeof(float) * groups * n);
+  c.bytes = 2.0 * count + 4.0 * x.size() + 4.0 * outputs;
+  c.flops = 2.0 * m * count;
+  cuda::fill_bytes(y.p, 0xFF, sizeof(float) * outputs);
   gemv(0);
-  std::vector<float> got(std::size_t(groups) * n);
+  std::vector<float> got(outputs);
   cuda::copy_to_host(got.data(), y.p, sizeof(float) * got.size());
   c.checked = true;
   for (int t = 0; t < 256; ++t) {
+    const int row = int(r.next() % uint64_t(m));
     const std::size_t col = std::size_t(r.next() % (std::size_t(groups) * n));
     const int g = int(col / n);
     const uint16_t* wr = w.data() + col * k;
-    const float* xr = x.data() + std::size_t(g) * k;
+    const float* xr = x.data() + std::size_t(row) * groups * k + std::size_t(g) * k;
     float ref = 0;
     double sabs = 0;
     for (int i = 0; i < k; ++i) {
       const float p = fmt::bf16_to_f32(wr[i]) * xr[i];
       ref = ref + p, sabs += std::fabs(double(p));
     }
-    const double ratio = sabs > 0 ? std::fabs(double(got[col]) - ref) / sabs : 0;
+    const double ratio = sabs > 0 ? std::fabs(double(got[std::size_t(row) * groups * n + col]) - ref) / sabs : 0;
     if (!(ratio <= err_bound)) c.pass = false;
     c.max_err_ratio = std::max(c.max_err_ratio, std::isnan(ratio) ? INFINITY : ratio);
   }
-  time_case(gemv, c);
-  out.push_back(c);
-  if (groups == 1) {
+  time_gemv_forms(c, y.as<float>(), outputs, gemv, out);
+  if (groups == 1 && m == 1) {
     lab_case b{"gemv_bf16", "baseline", name, 1, n, k};
     b.bytes = c.bytes, b.flops = c.flops;
     time_case([&](int i) {
@@ -544,10 +568,10 @@ void run_bf16_gemv(const char* name, int groups, int n, int k, rng& r, std::vect
   }
 }
 
-/// wo_a's FP8 form through the few-row GEMV (fast::detail::gemv_fp8w, m = 1): the bits of the
+/// wo_a's FP8 form through the few-row GEMV (fast::detail::gemv_fp8w) at m rows: the bits of the
 /// bf16 GEMV on the same values (checked on every output), from half the bytes.
-void run_fp8w_gemv(const char* name, int groups, int n, int k, rng& r, std::vector<lab_case>& out) {
-  const std::size_t count = std::size_t(groups) * n * k, scales = count / 1024;
+void run_fp8w_gemv(const char* name, int m, int groups, int n, int k, rng& r, std::vector<lab_case>& out) {
+  const std::size_t count = std::size_t(groups) * n * k, scales = count / 1024, outputs = std::size_t(m) * groups * n;
   std::vector<uint8_t> codes(count), scale(scales);
   for (std::size_t i = 0; i < count; ++i) {
     uint8_t c = uint8_t(r.next());
@@ -560,7 +584,7 @@ void run_fp8w_gemv(const char* name, int groups, int n, int k, rng& r, std::vect
     for (int i = 0; i < k; ++i)
       w16[row * k + i] = fmt::f32_to_bf16(fmt::e4m3_to_f32(codes[row * k + i]) *
                                           fmt::ue8m0_to_f32(scale[(row / 32) * (k / 32) + i / 32]));
-  const std::vector<float> x = random_x(1, groups * k, r);
+  const std::vector<float> x = random_x(m, groups * k, r);
   const int copies = int(std::clamp<std::size_t>(l2_defeat_bytes / count + 1, 1, 16));
   std::vector<std::unique_ptr<dev_buf>> wc, sc;
   for (int i = 0; i < copies; ++i) {
@@ -569,28 +593,27 @@ void run_fp8w_gemv(const char* name, int groups, int n, int k, rng& r, std::vect
     sc.push_back(std::make_unique<dev_buf>(scales));
     cuda::copy_to_device(sc.back()->p, scale.data(), scales);
   }
-  dev_buf w16d(2 * count), xd(sizeof(float) * x.size()), y(sizeof(float) * groups * n), y16(sizeof(float) * groups * n);
+  dev_buf w16d(2 * count), xd(sizeof(float) * x.size()), y(sizeof(float) * outputs), y16(sizeof(float) * outputs);
   cuda::copy_to_device(w16d.p, w16.data(), 2 * count);
   cuda::copy_to_device(xd.p, x.data(), sizeof(float) * x.size());
   auto gemv = [&](int i) {
     const fp8_weight w{groups * n, k, wc[i % copies]->as<uint8_t>(), sc[i % copies]->as<uint8_t>()};
-    fast::detail::gemv_fp8w(xd.as<float>(), groups * k, 1, w, n, k, y.as<float>(), groups * n, groups, k, n);
+    fast::detail::gemv_fp8w(xd.as<float>(), groups * k, m, w, n, k, y.as<float>(), groups * n, groups, k, n);
   };
-  lab_case c{"gemv_fp8w", "gemv", name, 1, groups * n, k};
+  lab_case c{"gemv_fp8w", "gemv", name, m, groups * n, k};
   c.groups = groups;
-  c.bytes = double(count) + double(scales) + 4.0 * x.size() + 4.0 * groups * n;
-  c.flops = 2.0 * count;
-  cuda::fill_bytes(y.p, 0xFF, sizeof(float) * groups * n);
+  c.bytes = double(count) + double(scales) + 4.0 * x.size() + 4.0 * outputs;
+  c.flops = 2.0 * m * count;
+  cuda::fill_bytes(y.p, 0xFF, sizeof(float) * outputs);
   gemv(0);
-  fast::detail::gemv_bf16(xd.as<float>(), groups * k, 1, w16d.as<uint16_t>(), n, k, y16.as<float>(), groups * n,
+  fast::detail::gemv_bf16(xd.as<float>(), groups * k, m, w16d.as<uint16_t>(), n, k, y16.as<float>(), groups * n,
                           groups, k, (long long)n * k, n);
-  std::vector<float> got(std::size_t(groups) * n), want(got.size());
+  std::vector<float> got(outputs), want(outputs);
   cuda::copy_to_host(got.data(), y.p, sizeof(float) * got.size());
   cuda::copy_to_host(want.data(), y16.p, sizeof(float) * want.size());
   c.checked = true;
   c.pass = std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0;
-  time_case(gemv, c);
-  out.push_back(c);
+  time_gemv_forms(c, y.as<float>(), outputs, gemv, out);
 }
 
 /// fast::moe_ffn at `tokens` tokens: 64 experts, top-6, random routing, real V4.1 expert shapes
@@ -756,13 +779,28 @@ std::vector<lab_case> run_prefill_cases(bool quick, int moe_tokens) {
     run_prefill_linear(fp8_shapes[3], m, false, r, out);
     run_prefill_linear(fp4_shapes[0], m, true, r, out);
   }
-  run_bf16_gemv("head", 1, 129280, 5120, r, out);
-  run_bf16_gemv("attn.wo_a (8 groups)", 8, 1024, 4096, r, out);
-  run_fp8w_gemv("attn.wo_a FP8 (8 groups)", 8, 1024, 4096, r, out);
-  run_bf16_gemv("router gate", 1, 64, 5120, r, out);
-  run_bf16_gemv("compressor wkv", 1, 512, 5120, r, out);
+  run_bf16_gemv("head", 1, 1, 129280, 5120, r, out);
+  run_bf16_gemv("attn.wo_a (8 groups)", 1, 8, 1024, 4096, r, out);
+  run_fp8w_gemv("attn.wo_a FP8 (8 groups)", 1, 8, 1024, 4096, r, out);
+  run_bf16_gemv("router gate", 1, 1, 64, 5120, r, out);
+  run_bf16_gemv("compressor wkv", 1, 1, 512, 5120, r, out);
   for (int t : quick ? std::vector<int>{256} : std::vector<int>{128, 256, 512, 1024}) run_moe_prefill(t, r, out);
   run_moe_prefill(8192, r, out);
+  return out;
+}
+
+/// The bf16 GEMV's weights of a decode step (head, wo_a in both forms, router gate, compressor)
+/// at `rows` rows, or at 1, 2, 4, 8 and 16.
+std::vector<lab_case> run_gemv_cases(int rows) {
+  std::vector<lab_case> out;
+  rng r{47};
+  for (int m : rows > 0 ? std::vector<int>{rows} : std::vector<int>{1, 2, 4, 8, 16}) {
+    run_bf16_gemv("head", m, 1, 129280, 5120, r, out);
+    run_bf16_gemv("attn.wo_a (8 groups)", m, 8, 1024, 4096, r, out);
+    run_fp8w_gemv("attn.wo_a FP8 (8 groups)", m, 8, 1024, 4096, r, out);
+    run_bf16_gemv("router gate", m, 1, 64, 5120, r, out);
+    run_bf16_gemv("compressor wkv", m, 1, 512, 5120, r, out);
+  }
   return out;
 }
 

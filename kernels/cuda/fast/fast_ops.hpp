@@ -199,6 +199,10 @@ struct tuning {
   /// 19.12 -> 36.50 / 18.57, 2 tokens 59.15 / 32.94 -> 51.80 / 29.42; decode at batch 1 8.61
   /// against 8.74 ms with pairs from 1. $CEDAR_GPU_EXPERT_PAIRS_FROM sets it (A/B runs; 0: never).
   int expert_pairs_min_rows = 2;
+  /// The bf16 GEMV (bf16 linears, wo_a) from this many rows: x staged in shared memory, C
+  /// columns a warp (gemv_staged_kernel; the same bits). $CEDAR_GPU_GEMV_STAGED_FROM sets it
+  /// (A/B runs; 0: never).
+  int gemv_staged_min_rows = 2;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

@@ -187,8 +187,9 @@ struct bf16_rows {
   long long group;  ///< elements between groups
   struct row {
     const uint4* p;
-    __device__ __forceinline__ void piece(int c, float (&wf)[8]) const {
-      const uint4 v = __ldg(p + c);
+    using raw = uint4;  ///< a piece as loaded (load), turned into values by expand
+    __device__ __forceinline__ raw load(int c) const { return __ldg(p + c); }
+    __device__ __forceinline__ static void expand(const raw& v, float (&wf)[8]) {
       const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -196,6 +197,7 @@ struct bf16_rows {
         wf[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
       }
     }
+    __device__ __forceinline__ void piece(int c, float (&wf)[8]) const { expand(load(c), wf); }
   };
   __device__ __forceinline__ row at(int z, int col, int k) const {
     return {reinterpret_cast<const uint4*>(w + z * group + size_t(col) * k)};
@@ -210,9 +212,15 @@ struct fp8_rows {
   struct row {
     const uint2* p;
     const uint8_t* s;
-    __device__ __forceinline__ void piece(int c, float (&wf)[8]) const {
-      const uint2 v = __ldg(p + c);
-      const float sc = cuda::detail::ue8m0_to_f32(__ldg(s + c / 4));
+    struct raw {
+      uint2 v;
+      uint8_t s;
+    };
+    __device__ __forceinline__ raw load(int c) const { return {__ldg(p + c), __ldg(s + c / 4)}; }
+    __device__ __forceinline__ void piece(int c, float (&wf)[8]) const { expand(load(c), wf); }
+    __device__ __forceinline__ static void expand(const raw& r, float (&wf)[8]) {
+      const uint2 v = r.v;
+      const float sc = cuda::detail::ue8m0_to_f32(r.s);
       const uint32_t words[2] = {v.x, v.y};
 #pragma unroll
       for (int i = 0; i < 2; ++i)
@@ -230,9 +238,19 @@ struct fp8_rows {
   }
 };
 
+/// s plus a piece's 8 products, in order, each a fused multiply-add (one rounding a term: half
+/// the instructions of a product and a sum, which at 8 rows bound the GEMV; the CPU op rounds
+/// twice, within the 2^-16 bound either way).
+__device__ __forceinline__ float piece_dot(float s, const float (&wf)[8], const float4& a, const float4& b) {
+  s = __fmaf_rn(wf[0], a.x, s), s = __fmaf_rn(wf[1], a.y, s), s = __fmaf_rn(wf[2], a.z, s);
+  s = __fmaf_rn(wf[3], a.w, s), s = __fmaf_rn(wf[4], b.x, s), s = __fmaf_rn(wf[5], b.y, s);
+  s = __fmaf_rn(wf[6], b.z, s), s = __fmaf_rn(wf[7], b.w, s);
+  return s;
+}
+
 /// Column mode, grid (ceil(m / R), ceil(n / 8), groups): warp w computes column 8 by + w for
-/// rows R bx .. (+R), group bz: y[r, c] = sum_k x[r, k] w[c, k], fp32 products (as the CPU's)
-/// summed by lane (k in 8-wide pieces, lane l takes pieces l, l + 32, ...) then by the shuffle
+/// rows R bx .. (+R), group bz: y[r, c] = sum_k x[r, k] w[c, k], fused multiply-adds
+/// (piece_dot) by lane (k in 8-wide pieces, lane l takes pieces l, l + 32, ...) then by the shuffle
 /// fold. Split mode (Split, for weights of few columns, which would leave most SMs idle), grid
 /// (ceil(m / R), n, groups): block by computes column by, its warp w the w-th eighth of the
 /// pieces as above, and the warps' sums are added in warp order. The mode is chosen by n and
@@ -264,10 +282,7 @@ __global__ void __launch_bounds__(gemv_warps * 32)
       if (r0 + r >= m) break;
       const float4* xr = reinterpret_cast<const float4*>(x + size_t(r0 + r) * ldx) + 2 * c;
       const float4 a = xr[0], b = xr[1];
-      float s = acc[r];
-      s = s + wf[0] * a.x, s = s + wf[1] * a.y, s = s + wf[2] * a.z, s = s + wf[3] * a.w;
-      s = s + wf[4] * b.x, s = s + wf[5] * b.y, s = s + wf[6] * b.z, s = s + wf[7] * b.w;
-      acc[r] = s;
+      acc[r] = piece_dot(acc[r], wf, a, b);
     }
   }
 #pragma unroll
@@ -291,6 +306,103 @@ __global__ void __launch_bounds__(gemv_warps * 32)
     if (lane == 0 && r0 + r < m) y[size_t(r0 + r) * ldy + col] = acc[r];
 }
 
+/// Column mode at several rows. gemv_bf16_kernel's warps each read all of x's rows for their one
+/// column, which at 8 rows no longer stays in the L1 (wo_a: 8 x 4096 fp32 = 128 KB a warp, 1 GB
+/// a decode step from L2; the head 20 GB). Here a block stages x's rows in shared memory, a K
+/// chunk at a time (double-buffered, each row's pieces as two planes of 4 values so that a
+/// quarter warp's 16-byte loads are contiguous), and each warp computes C columns from every x
+/// load. The sums and their order are the column mode's (lane l: pieces l, l + 32, ... in order;
+/// then the xor fold), so a row's bits are those of gemv_bf16_kernel at any R and m.
+/// grid (ceil(m / R), ceil(n / (gemv_warps C)), groups); warp w takes columns C (gemv_warps by +
+/// w) + q, q < C.
+constexpr int staged_pieces = 2;                               ///< pieces a lane takes from a chunk
+constexpr int staged_chunk = 32 * staged_pieces * 8;           ///< K values a chunk
+template <int R>
+constexpr int staged_smem = 2 * R * staged_chunk * int(sizeof(float));
+
+template <int R, int C, class W>
+__global__ void __launch_bounds__(gemv_warps * 32)
+    gemv_staged_kernel(const float* x, int ldx, long long x_group, int m, W w, int n, int k, float* y, int ldy,
+                       long long y_group) {
+  extern __shared__ __align__(16) float xs[];  // [2][R][2 planes][staged_chunk / 2]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int col0 = (int(blockIdx.y) * gemv_warps + warp) * C;
+  x += blockIdx.z * x_group, y += blockIdx.z * y_group;
+  const int r0 = blockIdx.x * R, rows = min(R, m - r0);
+  typename W::row wr[C];
+#pragma unroll
+  for (int q = 0; q < C; ++q) wr[q] = w.at(int(blockIdx.z), min(col0 + q, n - 1), k);  // past n: read, not kept
+  const int pieces = k / 8, chunks = (pieces + 32 * staged_pieces - 1) / (32 * staged_pieces);
+  // chunk ch into buffer b: 16-byte units u = (row, piece, plane), a thread's units strided
+  const auto stage = [&](int ch, int b) {
+    float* dst = xs + b * R * staged_chunk;
+    const int p0 = ch * 32 * staged_pieces;
+    for (int u = threadIdx.x; u < R * 64 * staged_pieces; u += blockDim.x) {
+      const int r = u / (64 * staged_pieces), rest = u % (64 * staged_pieces), pc = rest / 2, plane = rest % 2;
+      if (r < rows && p0 + pc < pieces)
+        cp_async16(dst + (r * 2 + plane) * (staged_chunk / 2) + pc * 4,
+                   x + size_t(r0 + r) * ldx + size_t(p0 + pc) * 8 + plane * 4, true);
+    }
+  };
+  float acc[R][C];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int q = 0; q < C; ++q) acc[r][q] = 0.0f;
+  // the first chunk's weight pieces before the wait (no kernel writes the weight)
+  typename W::row::raw raw[staged_pieces][C];
+  const auto fetch = [&](int ch) {
+#pragma unroll
+    for (int j = 0; j < staged_pieces; ++j) {
+      const int c = ch * 32 * staged_pieces + j * 32 + lane;
+#pragma unroll
+      for (int q = 0; q < C; ++q)
+        if (c < pieces) raw[j][q] = wr[q].load(c);
+    }
+  };
+  fetch(0);
+  cuda::detail::dependent_start();
+  stage(0, 0);
+  cp_async_commit();
+  for (int ch = 0; ch < chunks; ++ch) {
+    if (ch + 1 < chunks) stage(ch + 1, (ch + 1) & 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const float* buf = xs + (ch & 1) * R * staged_chunk;
+#pragma unroll
+    for (int j = 0; j < staged_pieces; ++j) {
+      const int c = ch * 32 * staged_pieces + j * 32 + lane;
+      if (c >= pieces) break;
+      float wf[C][8];
+#pragma unroll
+      for (int q = 0; q < C; ++q) W::row::expand(raw[j][q], wf[q]);
+      const int pc = j * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r >= rows) break;
+        const float4 a = *reinterpret_cast<const float4*>(buf + (r * 2) * (staged_chunk / 2) + pc * 4);
+        const float4 b = *reinterpret_cast<const float4*>(buf + (r * 2 + 1) * (staged_chunk / 2) + pc * 4);
+#pragma unroll
+        for (int q = 0; q < C; ++q) acc[r][q] = piece_dot(acc[r][q], wf[q], a, b);
+      }
+    }
+    if (ch + 1 < chunks) fetch(ch + 1);  // the next chunk's weight loads in flight over the barrier
+    __syncthreads();  // the buffer is staged again two chunks on
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int q = 0; q < C; ++q)
+      for (int off = 16; off >= 1; off /= 2) acc[r][q] = acc[r][q] + __shfl_xor_sync(0xFFFFFFFFu, acc[r][q], off);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int q = 0; q < C; ++q)
+      if (r < rows && col0 + q < n) y[size_t(r0 + r) * ldy + col0 + q] = acc[r][q];
+}
+
 /// Split mode for weights whose column blocks would not cover the SMs (layer_ops' router gate
 /// of 64 experts, the indexer's head weights: 8 and 4 blocks a row).
 bool gemv_split(int n, int groups) {
@@ -311,9 +423,27 @@ void launch_gemv_r(const float* x, int ldx, long long xg, int m, const W& w, int
                                    k, y, ldy, yg);
 }
 
+template <int R, int C, class W>
+void launch_gemv_staged(const float* x, int ldx, long long xg, int m, const W& w, int n, int k, float* y, int ldy,
+                        long long yg, int groups) {
+  const dim3 grid((m + R - 1) / R, (n + gemv_warps * C - 1) / (gemv_warps * C), groups);
+  CEDAR_CUDA_REQUIRE(grid.y <= 65535, "gemv_bf16: too many columns");
+  constexpr auto kernel = gemv_staged_kernel<R, C, W>;
+  cuda::detail::allow_dynamic_smem(reinterpret_cast<const void*>(kernel), staged_smem<R>);
+  cuda::detail::launch_dependent(kernel, grid, dim3(gemv_warps * 32), staged_smem<R>, x, ldx, xg, m, w, n, k, y, ldy,
+                                 yg);
+}
+
 template <class W>
 void launch_gemv(const float* x, int ldx, long long xg, int m, const W& w, int n, int k, float* y, int ldy,
                  long long yg, int groups) {
+  if (m >= tuning_now().gemv_staged_min_rows && !gemv_split(n, groups)) {
+    if (m == 2) launch_gemv_staged<2, 4>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
+    else if (m <= 4) launch_gemv_staged<4, 4>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
+    else if (m <= 8) launch_gemv_staged<8, 4>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
+    else launch_gemv_staged<16, 4>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
+    return;
+  }
   if (m == 1) launch_gemv_r<1>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
   else if (m == 2) launch_gemv_r<2>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
   else if (m <= 4) launch_gemv_r<4>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
@@ -447,6 +577,11 @@ tuning& tuning_now() {
     // depend on how many rows it is batched with
     if (const char* env = std::getenv("CEDAR_GPU_BATCH_INVARIANT"); env && std::string(env) == "0")
       batch_invariance(d, false);
+    // CEDAR_GPU_GEMV_STAGED_FROM=N: the bf16 GEMV's staged column mode from N rows (0: never)
+    if (const char* env = std::getenv("CEDAR_GPU_GEMV_STAGED_FROM"); env && *env) {
+      const int v = std::atoi(env);
+      d.gemv_staged_min_rows = v <= 0 ? std::numeric_limits<int>::max() : v;
+    }
     // CEDAR_GPU_EXPERT_PAIRS_FROM=N: the routed experts on x's pairs from N tokens (0: never)
     if (const char* env = std::getenv("CEDAR_GPU_EXPERT_PAIRS_FROM"); env && *env) {
       const int v = std::atoi(env);
