@@ -321,7 +321,7 @@ template <int R>
 constexpr int staged_smem = 2 * R * staged_chunk * int(sizeof(float));
 
 template <int R, int C, class W>
-__global__ void __launch_bounds__(gemv_warps * 32)
+__global__ void __launch_bounds__(gemv_warps * 32, R <= 8 ? 2 : 1)  // two blocks an SM to 8 rows
     gemv_staged_kernel(const float* x, int ldx, long long x_group, int m, W w, int n, int k, float* y, int ldy,
                        long long y_group) {
   extern __shared__ __align__(16) float xs[];  // [2][R][2 planes][staged_chunk / 2]
@@ -339,9 +339,10 @@ __global__ void __launch_bounds__(gemv_warps * 32)
     const int p0 = ch * 32 * staged_pieces;
     for (int u = threadIdx.x; u < R * 64 * staged_pieces; u += blockDim.x) {
       const int r = u / (64 * staged_pieces), rest = u % (64 * staged_pieces), pc = rest / 2, plane = rest % 2;
-      if (r < rows && p0 + pc < pieces)
-        cp_async16(dst + (r * 2 + plane) * (staged_chunk / 2) + pc * 4,
-                   x + size_t(r0 + r) * ldx + size_t(p0 + pc) * 8 + plane * 4, true);
+      if (p0 + pc >= pieces) continue;
+      const bool live = r < rows;  // rows past m: zeros
+      cp_async16(dst + (r * 2 + plane) * (staged_chunk / 2) + pc * 4,
+                 live ? x + size_t(r0 + r) * ldx + size_t(p0 + pc) * 8 + plane * 4 : x, live);
     }
   };
   float acc[R][C];
@@ -377,14 +378,24 @@ __global__ void __launch_bounds__(gemv_warps * 32)
       float wf[C][8];
 #pragma unroll
       for (int q = 0; q < C; ++q) W::row::expand(raw[j][q], wf[q]);
+      // piece_dot's terms in its order for each (row, column), the rows and columns interleaved
+      // term by term (a warp issues in program order: R C independent adds between dependent
+      // ones); rows past m are zeros, computed and not stored
       const int pc = j * 32 + lane;
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r >= rows) break;
-        const float4 a = *reinterpret_cast<const float4*>(buf + (r * 2) * (staged_chunk / 2) + pc * 4);
-        const float4 b = *reinterpret_cast<const float4*>(buf + (r * 2 + 1) * (staged_chunk / 2) + pc * 4);
+      for (int plane = 0; plane < 2; ++plane) {
+        float4 xv[R];
 #pragma unroll
-        for (int q = 0; q < C; ++q) acc[r][q] = piece_dot(acc[r][q], wf[q], a, b);
+        for (int r = 0; r < R; ++r)
+          xv[r] = *reinterpret_cast<const float4*>(buf + (r * 2 + plane) * (staged_chunk / 2) + pc * 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const float xe = e == 0 ? xv[r].x : e == 1 ? xv[r].y : e == 2 ? xv[r].z : xv[r].w;
+#pragma unroll
+            for (int q = 0; q < C; ++q) acc[r][q] = __fmaf_rn(wf[q][plane * 4 + e], xe, acc[r][q]);
+          }
       }
     }
     if (ch + 1 < chunks) fetch(ch + 1);  // the next chunk's weight loads in flight over the barrier
