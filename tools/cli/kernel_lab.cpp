@@ -151,8 +151,8 @@ int kernel_lab_main(int argc, char** argv) {
   options o;
   if (!parse(argc, argv, o)) {
     std::fprintf(stderr,
-                 "usage: cedar kernel-lab --op linear_fp8|linear_fp4|moe|prefill|gemv|attention|mhc|ceilings|floor|all\n"
-                 "                        [--out FILE.json] [--quick]\n"
+                 "usage: cedar kernel-lab --op OP [--out FILE.json] [--quick]\n"
+                 "       OP: linear_fp8|linear_fp4|moe|prefill|gemv|attention|mhc|ceilings|floor|all\n"
                  "       --op moe only: [--tokens N] (1..65536: that token count only)\n"
                  "                      [--tile gemv|narrow|narrow16|narrow32|split4|split8|skinny|wide|stream]\n"
                  "                      (that tile only; a narrow tile with its form on x's pairs,\n"

@@ -199,9 +199,11 @@ struct tuning {
   /// 19.12 -> 36.50 / 18.57, 2 tokens 59.15 / 32.94 -> 51.80 / 29.42; decode at batch 1 8.61
   /// against 8.74 ms with pairs from 1. $CEDAR_GPU_EXPERT_PAIRS_FROM sets it (A/B runs; 0: never).
   int expert_pairs_min_rows = 2;
-  /// The bf16 GEMV (bf16 linears, wo_a) from this many rows: x staged in shared memory, C
-  /// columns a warp (gemv_staged_kernel; the same bits). $CEDAR_GPU_GEMV_STAGED_FROM sets it
-  /// (A/B runs; 0: never).
+  /// The bf16 GEMV (bf16 linears, wo_a) from this many rows: x staged in shared memory, 4
+  /// columns a warp (gemv_staged_kernel; the same bits). `--op gemv`, µs staged / plain at 2
+  /// and 8 rows: head 321 / 377 and 547 / 1,533, wo_a's FP8 form 18.2 / 23.2 and 36.8 / 96.5;
+  /// decode at batch 8 18.09 against 20.88 ms. $CEDAR_GPU_GEMV_STAGED_FROM sets it (A/B runs;
+  /// 0: never).
   int gemv_staged_min_rows = 2;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
