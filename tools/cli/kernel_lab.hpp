@@ -1,9 +1,12 @@
 // `cedar kernel-lab`: what the lab's files share. kernel_lab.cpp is the command (ceilings,
 // decode floor, report), kernel_lab_gemm.cpp the GEMM cases (every variant checked against the
-// CPU op on sampled rows, then timed with the weights rotated through copies larger than L2).
+// CPU op on sampled rows, then timed with the weights rotated through copies larger than L2) and
+// the helpers declared below, kernel_lab_gemv.cpp the bf16 GEMV's cases.
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -69,6 +72,43 @@ std::vector<lab_case> run_prefill_cases(bool quick, int moe_tokens = 0);
 std::vector<lab_case> run_gemv_cases(int rows = 0);
 
 #ifdef CEDAR_HAVE_CUDA
+/// The GEMM and GEMV cases' random numbers (splitmix64).
+struct lab_rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return double(next() >> 11) * 0x1p-53; }
+};
+
+/// Activations with a different magnitude per group of 32, so the FP8 scales differ.
+std::vector<float> random_x(std::size_t rows, int k, lab_rng& r);
+
+/// Mean microseconds per call of fn(i), in a CUDA graph and launched one by one, iterations
+/// chosen for about 10 ms of work.
+void time_case(const std::function<void(int)>& fn, lab_case& c);
+
+/// Weight bytes a case rotates through (copies), so that every call reads its weight from HBM.
+constexpr std::size_t l2_defeat_bytes = 256u << 20;
+
+/// The decode step's bf16 GEMV weights (head, wo_a in both forms, router gate, compressor) at m
+/// rows (kernel_lab_gemv.cpp).
+void run_gemv_weights(int m, lab_rng& r, std::vector<lab_case>& out);
+
+/// Device buffer of `bytes`, freed on scope exit.
+struct dev_buf {
+  void* p = nullptr;
+  explicit dev_buf(std::size_t bytes) : p(cuda::device_alloc(bytes)) {}
+  ~dev_buf() { cuda::device_free(p); }
+  dev_buf(const dev_buf&) = delete;
+  dev_buf& operator=(const dev_buf&) = delete;
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
 /// A device buffer of n T's, freed on scope exit.
 template <class T>
 struct dbuf {

@@ -25,27 +25,6 @@ namespace {
 
 namespace fast = cuda::fast;
 
-struct rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return double(next() >> 11) * 0x1p-53; }
-};
-
-/// Activations with a different magnitude per group of 32, so the FP8 scales differ.
-std::vector<float> random_x(std::size_t rows, int k, rng& r) {
-  std::vector<float> x(rows * k);
-  for (std::size_t g = 0; g < x.size() / 32; ++g) {
-    const float mag = std::ldexp(1.0f, int(r.next() % 8) - 4);
-    for (int i = 0; i < 32; ++i) x[g * 32 + i] = float(r.uniform() * 2 - 1) * mag;
-  }
-  return x;
-}
-
 /// Random weight bytes in a checkpoint format: e4m3 codes away from NaN or packed E2M1, and
 /// UE8M0 scales near 2^-7.
 struct host_weight {
@@ -56,7 +35,7 @@ struct host_weight {
   std::size_t scale_bytes() const { return scale.size(); }
 };
 
-host_weight random_weight(int n, int k, bool fp4, rng& r) {
+host_weight random_weight(int n, int k, bool fp4, lab_rng& r) {
   host_weight w{n, k, fp4, {}, {}};
   w.data.resize(fp4 ? std::size_t(n) * k / 2 : std::size_t(n) * k);
   w.scale.resize(fp4 ? std::size_t(n) * (k / 32) : std::size_t((n + 31) / 32) * (k / 32));
@@ -103,17 +82,6 @@ void reference_row(const float* x /*[k]*/, const host_weight& w, const abs_decod
     sabs[n] = s;
   });
 }
-
-/// Device buffer freed on scope exit.
-struct dev_buf {
-  void* p = nullptr;
-  explicit dev_buf(std::size_t bytes) : p(cuda::device_alloc(bytes)) {}
-  ~dev_buf() { cuda::device_free(p); }
-  dev_buf(const dev_buf&) = delete;
-  dev_buf& operator=(const dev_buf&) = delete;
-  template <class T>
-  T* as() const { return static_cast<T*>(p); }
-};
 
 /// Compares sampled output rows with their references; updates the case's verdict.
 struct checker {
@@ -174,15 +142,6 @@ void check_quant(const float* x /*[m, k]*/, const uint8_t* xq_dev, const float* 
   }
 }
 
-/// Mean microseconds per call of fn(i), in a CUDA graph and launched one by one, iterations
-/// chosen for about 10 ms of work.
-void time_case(const std::function<void(int)>& fn, lab_case& c) {
-  const double probe = fast::time_ms(fn, 2, 3);
-  const int iters = std::clamp(int(10.0 / std::max(probe, 1e-3)), 3, 200);
-  c.eager_us = 1e3 * fast::time_ms(fn, 1, iters);
-  c.time_us = 1e3 * fast::graph_time_ms(fn, iters);
-}
-
 constexpr std::size_t l2_defeat_bytes = 256u << 20;
 
 /// The tiles the lab times: every tile of one summation order (bits compared among them), then
@@ -194,7 +153,7 @@ constexpr fast::tile_kind lab_tiles[] = {fast::tile_kind::gemv,   fast::tile_kin
 // ---- dense linear layers ---------------------------------------------------------------------
 
 
-void run_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vector<lab_case>& out) {
+void run_linear(const linear_shape& s, int m, bool fp4, lab_rng& r, std::vector<lab_case>& out) {
   const host_weight hw = random_weight(s.n, s.k, fp4, r);
   const std::vector<float> x = random_x(m, s.k, r);
   const std::size_t wbytes = hw.data_bytes() + hw.scale_bytes();
@@ -277,7 +236,7 @@ struct routing {
   int max_slots = 0;
 };
 
-routing make_routing(int tokens, int experts, int topk, rng& r) {
+routing make_routing(int tokens, int experts, int topk, lab_rng& r) {
   std::vector<std::vector<int32_t>> by_expert(experts);
   for (int t = 0; t < tokens; ++t) {
     std::vector<int> chosen;
@@ -313,7 +272,7 @@ struct expert_bank {
   std::size_t data_bytes = 0, ebytes = 0;
 };
 
-expert_bank make_bank(int n, int k, rng& r) {
+expert_bank make_bank(int n, int k, lab_rng& r) {
   expert_bank b;
   for (int e = 0; e < moe_experts; ++e) b.hw.push_back(random_weight(n, k, true, r));
   for (int e = 0; e < moe_experts; ++e) b.dec.emplace_back(b.hw[e]);
@@ -328,7 +287,7 @@ expert_bank make_bank(int n, int k, rng& r) {
   return b;
 }
 
-void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down, rng& r, std::vector<lab_case>& out,
+void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down, lab_rng& r, std::vector<lab_case>& out,
                  const std::string& only_tile) {
   constexpr int experts = moe_experts, topk = 6, routings = 8;
   const int n = bank.hw[0].n, k = bank.hw[0].k;
@@ -418,7 +377,7 @@ constexpr int never = 1 << 30;
 /// ("fast"), and for the threshold sweep both paths forced ("gemv", "bf16"); at prefill sizes
 /// the parts of the bf16 path (weight dequant, the cuBLAS GEMM alone) and cuBLASLt FP8 at the
 /// same shape (per-tensor scales: the tensor-core ceiling).
-void run_prefill_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vector<lab_case>& out) {
+void run_prefill_linear(const linear_shape& s, int m, bool fp4, lab_rng& r, std::vector<lab_case>& out) {
   const host_weight hw = random_weight(s.n, s.k, fp4, r);
   const std::vector<float> x = random_x(m, s.k, r);
   dev_buf wd(hw.data_bytes() + hw.scale_bytes());
@@ -483,139 +442,6 @@ void run_prefill_linear(const linear_shape& s, int m, bool fp4, rng& r, std::vec
   }
 }
 
-/// Times `call` as variant "gemv" (the dispatch) and, at m > 1, as "gemv.unstaged" (the plain
-/// column mode, tuning::gemv_staged_min_rows past m); the second keeps the first's bits or fails.
-template <class Call>
-void time_gemv_forms(lab_case c, float* y, std::size_t outputs, const Call& call, std::vector<lab_case>& out) {
-  time_case(call, c);
-  out.push_back(c);
-  if (c.m == 1) return;
-  std::vector<float> staged(outputs), plain(outputs);
-  cuda::copy_to_host(staged.data(), y, sizeof(float) * outputs);
-  fast::tuning& tune = fast::tuning_now();
-  const int saved = tune.gemv_staged_min_rows;
-  tune.gemv_staged_min_rows = c.m + 1;
-  lab_case u = c;
-  u.variant = "gemv.unstaged";
-  cuda::fill_bytes(y, 0xFF, sizeof(float) * outputs);
-  call(0);
-  cuda::copy_to_host(plain.data(), y, sizeof(float) * outputs);
-  u.same_bits = std::memcmp(staged.data(), plain.data(), sizeof(float) * outputs) == 0;
-  u.pass = c.pass && u.same_bits;
-  time_case(call, u);
-  tune.gemv_staged_min_rows = saved;
-  out.push_back(u);
-}
-
-/// The bf16 GEMV at m rows against the exact op and the copy rate: |y - y_cpu| <= 2^-16 sum|x w|
-/// on 256 sampled outputs. groups > 1: wo_a's grouped form (group g reads x[g k ...]).
-void run_bf16_gemv(const char* name, int m, int groups, int n, int k, rng& r, std::vector<lab_case>& out) {
-  const std::size_t count = std::size_t(groups) * n * k, outputs = std::size_t(m) * groups * n;
-  std::vector<uint16_t> w(count);
-  for (std::size_t i = 0; i < count; i += 4) {  // sign, exponent 2^-9 .. 2^-5, 7 mantissa bits
-    const uint64_t bits = r.next();
-    for (std::size_t j = 0; j < 4 && i + j < count; ++j) {
-      const uint32_t b = uint32_t(bits >> (16 * j));
-      w[i + j] = uint16_t((b & 0x807F) | ((118 + (b >> 7) % 5) << 7));
-    }
-  }
-  const std::vector<float> x = random_x(m, groups * k, r);
-  const int copies = int(std::clamp<std::size_t>(l2_defeat_bytes / (2 * count) + 1, 1, 16));
-  std::vector<std::unique_ptr<dev_buf>> wc;
-  for (int i = 0; i < copies; ++i) {
-    wc.push_back(std::make_unique<dev_buf>(2 * count));
-    cuda::copy_to_device(wc.back()->p, w.data(), 2 * count);
-  }
-  dev_buf xd(sizeof(float) * x.size()), y(sizeof(float) * outputs);
-  cuda::copy_to_device(xd.p, x.data(), sizeof(float) * x.size());
-  auto gemv = [&](int i) {
-    fast::detail::gemv_bf16(xd.as<float>(), groups * k, m, wc[i % copies]->as<uint16_t>(), n, k, y.as<float>(),
-                            groups * n, groups, k, (long long)n * k, n);
-  };
-  lab_case c{"gemv_bf16", "gemv", name, m, groups * n, k};
-  c.groups = groups;
-  c.bytes = 2.0 * count + 4.0 * x.size() + 4.0 * outputs;
-  c.flops = 2.0 * m * count;
-  cuda::fill_bytes(y.p, 0xFF, sizeof(float) * outputs);
-  gemv(0);
-  std::vector<float> got(outputs);
-  cuda::copy_to_host(got.data(), y.p, sizeof(float) * got.size());
-  c.checked = true;
-  for (int t = 0; t < 256; ++t) {
-    const int row = int(r.next() % uint64_t(m));
-    const std::size_t col = std::size_t(r.next() % (std::size_t(groups) * n));
-    const int g = int(col / n);
-    const uint16_t* wr = w.data() + col * k;
-    const float* xr = x.data() + std::size_t(row) * groups * k + std::size_t(g) * k;
-    float ref = 0;
-    double sabs = 0;
-    for (int i = 0; i < k; ++i) {
-      const float p = fmt::bf16_to_f32(wr[i]) * xr[i];
-      ref = ref + p, sabs += std::fabs(double(p));
-    }
-    const double ratio = sabs > 0 ? std::fabs(double(got[std::size_t(row) * groups * n + col]) - ref) / sabs : 0;
-    if (!(ratio <= err_bound)) c.pass = false;
-    c.max_err_ratio = std::max(c.max_err_ratio, std::isnan(ratio) ? INFINITY : ratio);
-  }
-  time_gemv_forms(c, y.as<float>(), outputs, gemv, out);
-  if (groups == 1 && m == 1) {
-    lab_case b{"gemv_bf16", "baseline", name, 1, n, k};
-    b.bytes = c.bytes, b.flops = c.flops;
-    time_case([&](int i) {
-      cuda::linear_bf16(xd.as<float>(), 1, bf16_weight{n, k, wc[i % copies]->as<uint16_t>()}, y.as<float>());
-    }, b);
-    out.push_back(b);
-  }
-}
-
-/// wo_a's FP8 form through the few-row GEMV (fast::detail::gemv_fp8w) at m rows: the bits of the
-/// bf16 GEMV on the same values (checked on every output), from half the bytes.
-void run_fp8w_gemv(const char* name, int m, int groups, int n, int k, rng& r, std::vector<lab_case>& out) {
-  const std::size_t count = std::size_t(groups) * n * k, scales = count / 1024, outputs = std::size_t(m) * groups * n;
-  std::vector<uint8_t> codes(count), scale(scales);
-  for (std::size_t i = 0; i < count; ++i) {
-    uint8_t c = uint8_t(r.next());
-    if ((c & 0x7F) == 0x7F) c &= 0xFE;  // no NaN codes
-    codes[i] = c;
-  }
-  for (auto& c : scale) c = uint8_t(112 + r.next() % 8);
-  std::vector<uint16_t> w16(count);
-  for (std::size_t row = 0; row < std::size_t(groups) * n; ++row)
-    for (int i = 0; i < k; ++i)
-      w16[row * k + i] = fmt::f32_to_bf16(fmt::e4m3_to_f32(codes[row * k + i]) *
-                                          fmt::ue8m0_to_f32(scale[(row / 32) * (k / 32) + i / 32]));
-  const std::vector<float> x = random_x(m, groups * k, r);
-  const int copies = int(std::clamp<std::size_t>(l2_defeat_bytes / count + 1, 1, 16));
-  std::vector<std::unique_ptr<dev_buf>> wc, sc;
-  for (int i = 0; i < copies; ++i) {
-    wc.push_back(std::make_unique<dev_buf>(count));
-    cuda::copy_to_device(wc.back()->p, codes.data(), count);
-    sc.push_back(std::make_unique<dev_buf>(scales));
-    cuda::copy_to_device(sc.back()->p, scale.data(), scales);
-  }
-  dev_buf w16d(2 * count), xd(sizeof(float) * x.size()), y(sizeof(float) * outputs), y16(sizeof(float) * outputs);
-  cuda::copy_to_device(w16d.p, w16.data(), 2 * count);
-  cuda::copy_to_device(xd.p, x.data(), sizeof(float) * x.size());
-  auto gemv = [&](int i) {
-    const fp8_weight w{groups * n, k, wc[i % copies]->as<uint8_t>(), sc[i % copies]->as<uint8_t>()};
-    fast::detail::gemv_fp8w(xd.as<float>(), groups * k, m, w, n, k, y.as<float>(), groups * n, groups, k, n);
-  };
-  lab_case c{"gemv_fp8w", "gemv", name, m, groups * n, k};
-  c.groups = groups;
-  c.bytes = double(count) + double(scales) + 4.0 * x.size() + 4.0 * outputs;
-  c.flops = 2.0 * m * count;
-  cuda::fill_bytes(y.p, 0xFF, sizeof(float) * outputs);
-  gemv(0);
-  fast::detail::gemv_bf16(xd.as<float>(), groups * k, m, w16d.as<uint16_t>(), n, k, y16.as<float>(), groups * n,
-                          groups, k, (long long)n * k, n);
-  std::vector<float> got(outputs), want(outputs);
-  cuda::copy_to_host(got.data(), y.p, sizeof(float) * got.size());
-  cuda::copy_to_host(want.data(), y16.p, sizeof(float) * want.size());
-  c.checked = true;
-  c.pass = std::memcmp(got.data(), want.data(), sizeof(float) * got.size()) == 0;
-  time_gemv_forms(c, y.as<float>(), outputs, gemv, out);
-}
-
 /// fast::moe_ffn at `tokens` tokens: 64 experts, top-6, random routing, real V4.1 expert shapes
 /// and the shared expert; timed launched one by one (the bf16 path copies 64 counts to the host,
 /// which a graph cannot hold); 4 rows checked against cpu::moe_ffn on those rows alone. Variant
@@ -625,7 +451,7 @@ void run_fp8w_gemv(const char* name, int m, int groups, int n, int k, rng& r, st
 /// expert_tiled_max_rows, with the wgmma experts' token tiles forced too ("wg64", "wg128",
 /// "wg256"); "cublas" is the bf16 path with a dequantized copy and a cuBLAS product per expert
 /// (tuning::expert_wgmma off), at every count.
-void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
+void run_moe_prefill(int tokens, lab_rng& r, std::vector<lab_case>& out) {
   constexpr int experts = moe_experts, topk = 6, d = 5120, inter = 2304;
   std::vector<host_weight> hw;
   for (int e = 0; e < experts; ++e)
@@ -736,10 +562,29 @@ void run_moe_prefill(int tokens, rng& r, std::vector<lab_case>& out) {
 
 }  // namespace
 
+/// Activations with a different magnitude per group of 32, so the FP8 scales differ.
+std::vector<float> random_x(std::size_t rows, int k, lab_rng& r) {
+  std::vector<float> x(rows * k);
+  for (std::size_t g = 0; g < x.size() / 32; ++g) {
+    const float mag = std::ldexp(1.0f, int(r.next() % 8) - 4);
+    for (int i = 0; i < 32; ++i) x[g * 32 + i] = float(r.uniform() * 2 - 1) * mag;
+  }
+  return x;
+}
+
+/// Mean microseconds per call of fn(i), in a CUDA graph and launched one by one, iterations
+/// chosen for about 10 ms of work.
+void time_case(const std::function<void(int)>& fn, lab_case& c) {
+  const double probe = fast::time_ms(fn, 2, 3);
+  const int iters = std::clamp(int(10.0 / std::max(probe, 1e-3)), 3, 200);
+  c.eager_us = 1e3 * fast::time_ms(fn, 1, iters);
+  c.time_us = 1e3 * fast::graph_time_ms(fn, iters);
+}
+
 std::vector<lab_case> run_linear_cases(bool fp4, bool quick, const std::string& shape) {
   std::vector<int> ms = quick ? std::vector<int>{1, 64, 8192} : std::vector<int>{1, 8, 16, 64, 8192};
   std::vector<lab_case> out;
-  rng r{fp4 ? 41u : 40u};
+  lab_rng r{fp4 ? 41u : 40u};
   const auto run = [&](const auto& shapes) {
     for (const linear_shape& s : shapes)
       if (shape.empty() || shape == s.name)
@@ -752,7 +597,7 @@ std::vector<lab_case> run_linear_cases(bool fp4, bool quick, const std::string& 
 
 std::vector<lab_case> run_moe_cases(bool quick, const moe_filter& filter) {
   std::vector<lab_case> out;
-  rng r{42};
+  lab_rng r{42};
   std::vector<int> tokens = quick ? std::vector<int>{1, 8192} : std::vector<int>{1, 16, 64, 256, 8192};
   if (filter.tokens > 0) tokens = {filter.tokens};
   {
@@ -766,7 +611,7 @@ std::vector<lab_case> run_moe_cases(bool quick, const moe_filter& filter) {
 
 std::vector<lab_case> run_prefill_cases(bool quick, int moe_tokens) {
   std::vector<lab_case> out;
-  rng r{43};
+  lab_rng r{43};
   if (moe_tokens > 0) {
     run_moe_prefill(moe_tokens, r, out);
     return out;
@@ -779,28 +624,9 @@ std::vector<lab_case> run_prefill_cases(bool quick, int moe_tokens) {
     run_prefill_linear(fp8_shapes[3], m, false, r, out);
     run_prefill_linear(fp4_shapes[0], m, true, r, out);
   }
-  run_bf16_gemv("head", 1, 1, 129280, 5120, r, out);
-  run_bf16_gemv("attn.wo_a (8 groups)", 1, 8, 1024, 4096, r, out);
-  run_fp8w_gemv("attn.wo_a FP8 (8 groups)", 1, 8, 1024, 4096, r, out);
-  run_bf16_gemv("router gate", 1, 1, 64, 5120, r, out);
-  run_bf16_gemv("compressor wkv", 1, 1, 512, 5120, r, out);
+  run_gemv_weights(1, r, out);
   for (int t : quick ? std::vector<int>{256} : std::vector<int>{128, 256, 512, 1024}) run_moe_prefill(t, r, out);
   run_moe_prefill(8192, r, out);
-  return out;
-}
-
-/// The bf16 GEMV's weights of a decode step (head, wo_a in both forms, router gate, compressor)
-/// at `rows` rows, or at 1, 2, 4, 8 and 16.
-std::vector<lab_case> run_gemv_cases(int rows) {
-  std::vector<lab_case> out;
-  rng r{47};
-  for (int m : rows > 0 ? std::vector<int>{rows} : std::vector<int>{1, 2, 4, 8, 16}) {
-    run_bf16_gemv("head", m, 1, 129280, 5120, r, out);
-    run_bf16_gemv("attn.wo_a (8 groups)", m, 8, 1024, 4096, r, out);
-    run_fp8w_gemv("attn.wo_a FP8 (8 groups)", m, 8, 1024, 4096, r, out);
-    run_bf16_gemv("router gate", m, 1, 64, 5120, r, out);
-    run_bf16_gemv("compressor wkv", m, 1, 512, 5120, r, out);
-  }
   return out;
 }
 

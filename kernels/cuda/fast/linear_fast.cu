@@ -588,16 +588,15 @@ tuning& tuning_now() {
     // depend on how many rows it is batched with
     if (const char* env = std::getenv("CEDAR_GPU_BATCH_INVARIANT"); env && std::string(env) == "0")
       batch_invariance(d, false);
-    // CEDAR_GPU_GEMV_STAGED_FROM=N: the bf16 GEMV's staged column mode from N rows (0: never)
-    if (const char* env = std::getenv("CEDAR_GPU_GEMV_STAGED_FROM"); env && *env) {
-      const int v = std::atoi(env);
-      d.gemv_staged_min_rows = v <= 0 ? std::numeric_limits<int>::max() : v;
-    }
-    // CEDAR_GPU_EXPERT_PAIRS_FROM=N: the routed experts on x's pairs from N tokens (0: never)
-    if (const char* env = std::getenv("CEDAR_GPU_EXPERT_PAIRS_FROM"); env && *env) {
-      const int v = std::atoi(env);
-      d.expert_pairs_min_rows = v <= 0 ? std::numeric_limits<int>::max() : v;
-    }
+    // NAME=N, where set: a path from N rows on (0: never)
+    const auto rows_from = [](const char* name, int& min_rows) {
+      if (const char* env = std::getenv(name); env && *env) {
+        const int v = std::atoi(env);
+        min_rows = v <= 0 ? std::numeric_limits<int>::max() : v;
+      }
+    };
+    rows_from("CEDAR_GPU_GEMV_STAGED_FROM", d.gemv_staged_min_rows);    // the bf16 GEMV's staged mode
+    rows_from("CEDAR_GPU_EXPERT_PAIRS_FROM", d.expert_pairs_min_rows);  // routed experts on x's pairs
     return d;
   }();
   return t;
