@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "actors/errors.hpp"
+#include "kernels/collectives/nccl.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 
 namespace cedar {
@@ -19,7 +21,8 @@ constexpr double gib = double(uint64_t(1) << 30);
 }  // namespace
 
 gpu_shard_arena::gpu_shard_arena(const kv_layout& layout, const kv_capacity& cap)
-    : layout_(layout), cap_(cap), tail_bytes_(std::max<std::size_t>(1, layout.tail_floats()) * sizeof(float)) {
+    : device_(cuda::current_device()), layout_(layout), cap_(cap),
+      tail_bytes_(std::max<std::size_t>(1, layout.tail_floats()) * sizeof(float)) {
   const uint64_t need = device_bytes();
   std::size_t free_b = 0, total_b = 0;
   cuda::memory_info(&free_b, &total_b);
@@ -41,6 +44,7 @@ gpu_shard_arena::gpu_shard_arena(const kv_layout& layout, const kv_capacity& cap
 }
 
 gpu_shard_arena::~gpu_shard_arena() {
+  cuda::set_device(device_);
   cuda::device_free(pages_);
   cuda::device_free(rings_);
   cuda::device_free(tails_);
@@ -65,24 +69,56 @@ float* gpu_shard_arena::tails(int32_t slot) {
   return reinterpret_cast<float*>(tails_ + std::size_t(slot) * tail_bytes_);
 }
 
-void gpu_shard_arena::read_page(int32_t id, uint8_t* out) { cuda::copy_to_host(out, page(id), layout_.page_bytes); }
+void gpu_shard_arena::read_page(int32_t id, uint8_t* out) {
+  cuda::set_device(device_);
+  cuda::copy_to_host(out, page(id), layout_.page_bytes);
+}
 
 void gpu_shard_arena::copy_page(int32_t dst_id, kv_arena& src, int32_t src_id) {
+  cuda::set_device(device_);
   if (!src.on_device()) {
     cuda::copy_to_device(page(dst_id), src.page(src_id), layout_.page_bytes);
     return;
   }
-  cuda::copy_device(page(dst_id), src.page(src_id), layout_.page_bytes);
+  cuda::copy_device(page(dst_id), src.page(src_id), layout_.page_bytes);  // peer copy across devices
   cuda::synchronize();
 }
 
-gpu_step_model::gpu_step_model(std::unique_ptr<gpu_model> m, bool verbose) : m_(std::move(m)), verbose_(verbose) {}
+gpu_step_model::gpu_step_model(std::shared_ptr<const gpu_model> m, bool verbose, shard_view view,
+                               std::unique_ptr<communicator> comm)
+    : m_(std::move(m)), verbose_(verbose), view_(view), comm_(std::move(comm)) {
+  view_.comm = comm_.get();
+  if (view_.size > 1 && comm_ == nullptr) throw std::runtime_error("a multi-GPU layout rank needs a communicator");
+}
 
-void gpu_step_model::forward(std::span<forward_item> batch, std::vector<float>& logits) { m_->forward(batch, logits); }
+namespace {
+/// A TP follower's items: no logits asked; returns how many rows the leader computes.
+std::size_t strip_logits(std::span<forward_item> batch) {
+  std::size_t rows = 0;
+  for (forward_item& it : batch) {
+    rows += it.logits == logits_mode::last ? 1 : it.logits == logits_mode::all ? it.tokens.size() : 0;
+    it.logits = logits_mode::none;
+  }
+  return rows;
+}
+}  // namespace
+
+void gpu_step_model::forward(std::span<forward_item> batch, std::vector<float>& logits) {
+  if (!follower()) return m_->forward(batch, logits, nullptr, view());
+  const std::size_t rows = strip_logits(batch);
+  m_->forward(batch, logits, nullptr, view());
+  logits.assign(rows * std::size_t(m_->args().vocab_size), 0.0f);
+}
 
 std::vector<sampled_token> gpu_step_model::forward_sample(std::span<forward_item> batch,
                                                           std::span<const sampling_params> params,
                                                           std::span<const int64_t> token_idx) {
+  if (follower()) {
+    const std::size_t rows = strip_logits(batch);
+    std::vector<float> none;
+    m_->forward(batch, none, nullptr, view());
+    return std::vector<sampled_token>(rows);
+  }
   const bool top_logprobs = std::any_of(params.begin(), params.end(), [](const sampling_params& p) { return p.logprobs > 0; });
   if (top_logprobs) return step_model::forward_sample(batch, params, token_idx);
   std::vector<cuda::sample_request> requests;
@@ -90,13 +126,14 @@ std::vector<sampled_token> gpu_step_model::forward_sample(std::span<forward_item
     requests.push_back({params[i].temperature, params[i].top_k, params[i].top_p, params[i].seed, token_idx[i]});
   std::vector<int32_t> ids;
   std::vector<float> logprobs;
-  m_->forward_sample(batch, requests, ids, logprobs);
+  m_->forward_sample(batch, requests, ids, logprobs, nullptr, view());
   std::vector<sampled_token> out(ids.size());
   for (std::size_t i = 0; i < ids.size(); ++i) out[i].token_id = ids[i], out[i].logprob = logprobs[i];
   return out;
 }
 
 std::unique_ptr<kv_arena> gpu_step_model::make_arena(const kv_capacity& cap) const {
+  cuda::set_device(m_->device());
   auto arena = std::make_unique<gpu_shard_arena>(m_->layout(), cap);
   if (verbose_) {
     const kv_layout& l = m_->layout();
@@ -111,6 +148,27 @@ std::unique_ptr<kv_arena> gpu_step_model::make_arena(const kv_capacity& cap) con
                  double(total_b) / gib);
   }
   return arena;
+}
+
+std::vector<std::unique_ptr<communicator>> make_gpu_group(const std::vector<int>& devices) {
+  const int n = int(devices.size());
+  std::vector<std::unique_ptr<communicator>> comms(n);
+  if (n == 0) return comms;
+  const nccl_group_id id = nccl_make_group_id();
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> joiners;
+  for (int r = 0; r < n; ++r)
+    joiners.emplace_back([&, r] {
+      try {
+        comms[r] = make_nccl_communicator(id, r, n, devices[r]);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (std::thread& t : joiners) t.join();
+  for (int r = 0; r < n; ++r)
+    if (!errors[r].empty()) throw collective_error("rank " + std::to_string(r) + " on device " + std::to_string(devices[r]) + ": " + errors[r]);
+  return comms;
 }
 
 }  // namespace cedar

@@ -8,9 +8,12 @@
 #ifdef CEDAR_HAVE_CUDA
 
 #include <memory>
+#include <vector>
 
 #include "actors/shard.hpp"
+#include "kernels/collectives/communicator.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
+#include "kernels/model/shard_plan.hpp"
 
 namespace cedar {
 
@@ -18,6 +21,7 @@ namespace cedar {
 /// memory held for the arena's life).
 class gpu_shard_arena final : public kv_arena {
  public:
+  /// On the calling thread's current device, which every later call makes current again.
   /// Throws std::runtime_error naming the bytes when the device cannot hold them.
   gpu_shard_arena(const kv_layout& layout, const kv_capacity& cap);
   ~gpu_shard_arena() override;
@@ -35,6 +39,7 @@ class gpu_shard_arena final : public kv_arena {
   uint64_t device_bytes() const;
 
  private:
+  int device_ = 0;
   kv_layout layout_;
   kv_capacity cap_;
   std::size_t tail_bytes_ = 0;    ///< per slot (at least 4, as the host arena's)
@@ -43,11 +48,17 @@ class gpu_shard_arena final : public kv_arena {
   uint8_t* tails_ = nullptr;      ///< [num_slots, tail_bytes_]
 };
 
-/// The GPU model under a shard: KV on the device, gpu_model::forward per step.
+/// The GPU model under a shard: KV on the device, gpu_model::forward per step. As a rank of a
+/// multi-GPU layout it holds that rank's shard_view and the communicator joining it to the
+/// other ranks (each rank's shard runs its steps on its own thread, at the same time as the
+/// others); a TP follower (rank > 0) computes no logits and hands back zeros (logits) or token
+/// 0 (sampling): the runtime takes the leader's.
 class gpu_step_model final : public step_model {
  public:
-  /// verbose: make_arena prints the KV it allocates on stderr.
-  gpu_step_model(std::unique_ptr<gpu_model> m, bool verbose);
+  /// verbose: make_arena prints the KV it allocates on stderr. view.size > 1: m is placed as
+  /// that rank (gpu_placement) and comm joins the group.
+  gpu_step_model(std::shared_ptr<const gpu_model> m, bool verbose, shard_view view = {},
+                 std::unique_ptr<communicator> comm = nullptr);
   const model_args& args() const override { return m_->args(); }
   const kv_layout& layout() const override { return m_->layout(); }
   void forward(std::span<forward_item> batch, std::vector<float>& logits) override;
@@ -58,9 +69,18 @@ class gpu_step_model final : public step_model {
   std::unique_ptr<kv_arena> make_arena(const kv_capacity& cap) const override;
 
  private:
-  std::unique_ptr<gpu_model> m_;
+  bool follower() const { return view_.mode == parallel_mode::tp && view_.rank > 0; }
+  const shard_view* view() const { return view_.size > 1 ? &view_ : nullptr; }
+
+  std::shared_ptr<const gpu_model> m_;
   bool verbose_ = false;
+  shard_view view_;
+  std::unique_ptr<communicator> comm_;
 };
+
+/// NCCL communicators joining ranks 0..devices.size()-1, rank r on CUDA device devices[r] (each
+/// joins on a thread of its own; the call returns when all have). Throws collective_error.
+std::vector<std::unique_ptr<communicator>> make_gpu_group(const std::vector<int>& devices);
 
 }  // namespace cedar
 

@@ -29,7 +29,13 @@ std::string status();
 
 #ifdef CEDAR_HAVE_CUDA
 
-/// Ops are enqueued on this stream (a cudaStream_t; nullptr = the legacy default stream).
+/// Devices present (0 without a driver). A thread's ops run on its current device (CUDA's
+/// per-thread device): each rank of a multi-GPU layout keeps one thread on one device.
+int device_count();
+void set_device(int device);
+int current_device();
+/// Ops are enqueued on this stream (a cudaStream_t; nullptr = the legacy default stream). The
+/// stream, like the device, is the calling thread's.
 void set_stream(void* stream);
 void* current_stream();
 /// Waits for the current stream; aborts with the CUDA error if one occurred.
@@ -70,6 +76,9 @@ void fill_bytes(void* dst, int byte, std::size_t bytes);
 /// Copies host -> device on the current stream without waiting for the copy to finish (the
 /// host bytes may be reused as soon as this returns).
 void copy_to_device_async(void* dst, const void* src, std::size_t bytes);
+/// rows rows of row_bytes each, device to device, between pitched layouts (on the current stream).
+void copy_rows_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                      std::size_t row_bytes, std::size_t rows);
 /// Stream-ordered scratch (cudaMallocAsync / cudaFreeAsync on the current stream).
 void* scratch_alloc(std::size_t bytes);
 void scratch_free(void* p);

@@ -10,7 +10,8 @@ namespace cedar::cuda {
 namespace detail {
 
 namespace {
-cudaStream_t current = nullptr;
+// Per thread: each rank of a multi-GPU layout runs on its own thread with its own device.
+thread_local cudaStream_t current = nullptr;
 }
 
 cudaStream_t stream() { return current; }
@@ -36,17 +37,38 @@ std::string status() {
          std::to_string(prop.multiProcessorCount) + " SMs";
 }
 
+int device_count() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+void set_device(int device) { CEDAR_CUDA_CHECK(cudaSetDevice(device)); }
+
+int current_device() {
+  int dev = 0;
+  CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
 void set_stream(void* s) { current = static_cast<cudaStream_t>(s); }
 void* current_stream() { return current; }
 
 void synchronize() { CEDAR_CUDA_CHECK(cudaStreamSynchronize(current)); }
 
 namespace {
-cudaStream_t capture_stream = nullptr, stream_before_capture = nullptr;
+thread_local cudaStream_t capture_stream = nullptr, stream_before_capture = nullptr;
+thread_local int capture_device = -1;  ///< the device capture_stream belongs to
 }  // namespace
 
 void graph_capture_begin() {
-  if (capture_stream == nullptr) CEDAR_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
+  const int dev = current_device();
+  if (capture_stream != nullptr && capture_device != dev) {  // made on another device: not usable here
+    capture_stream = nullptr;  // (left to the process's end: one per thread and device change)
+  }
+  if (capture_stream == nullptr) {
+    CEDAR_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
+    capture_device = dev;
+  }
   stream_before_capture = current;
   current = capture_stream;
   CEDAR_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeRelaxed));
@@ -118,6 +140,12 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   CEDAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, current));
   synchronize();
+}
+
+void copy_rows_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                      std::size_t row_bytes, std::size_t rows) {
+  if (row_bytes == 0 || rows == 0) return;
+  CEDAR_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, current));
 }
 
 void copy_to_device_async(void* dst, const void* src, std::size_t bytes) {

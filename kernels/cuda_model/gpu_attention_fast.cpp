@@ -316,8 +316,8 @@ void gpu_model::impl::attend_fast(int l, gbatch& b, const attn_rows& in, float* 
   const fast::kv_items items = st.items(truncated);
 
   fast::sparse_attention_params p;
-  p.q = in.q, p.kv = in.kv, p.sink = layers[l].sink, p.out = o;
-  p.rows = n, p.heads = args.num_attention_heads, p.dim = dh;
+  p.q = in.q, p.kv = in.kv, p.sink = layers[l].sink + head_begin(), p.out = o;
+  p.rows = n, p.heads = num_heads(), p.dim = dh;
   p.window = W, p.layer = li.layer_idx, p.ring_record_bytes = layout.swa_record_bytes;
   p.scale = 1.0f / std::sqrt(float(dh));
   p.format = layout.dtype == kv_dtype::fp8 ? fast::kv_format::fp8 : fast::kv_format::fp4;

@@ -184,6 +184,14 @@ struct gpu_model::impl {
   model_args args;
   kv_layout layout;
   gpu_kernels kernels = gpu_kernels::exact;
+  int device = 0;
+  gpu_placement placement;
+  /// The layout rank of the forward call in progress (null: one rank). Calls are one at a time.
+  mutable const shard_view* view = nullptr;
+  bool sharded() const;
+  bool splits_heads() const;
+  int head_begin() const;  ///< this rank's query heads [head_begin, head_begin + num_heads)
+  int num_heads() const;
   mutable phase_profile profile;
   /// CUDA graphs of the MoE halves (fast kernel set; $CEDAR_GPU_GRAPHS=0 turns them off):
   /// workspaces by row count, executable graphs by (rows, layer).
@@ -261,6 +269,13 @@ struct gpu_model::impl {
   bool compressor_rows(int l, gbatch& b, const float* x) const;
   void store_entries(const gitem& it, int slot, int64_t first, int num, const float* x, int d, bool latent) const;
   void moe(int l, const float* y, int n, float* out, const uint8_t* yq = nullptr, const float* ys = nullptr) const;
+  // ---- multi-rank layouts (gpu_sharded.cpp) ----
+  /// o [n, num_heads, head_dim] of every rank -> all [n, all heads, head_dim], in head order.
+  void gather_heads(const float* o, int n, float* all) const;
+  /// The experts of a TP or DEP rank (sel, weights: the routing of y's n rows on the device);
+  /// out as experts(): rounded to bf16. n may be 0 (DEP: this rank serves the others' rows).
+  void moe_sharded(int l, const float* y, int n, const int32_t* sel, const float* weights, float* out,
+                   const uint8_t* yq, const float* ys) const;
   void apply_engram(int l, gbatch& b) const;
   /// out [rows, vocab] = the logits of the rows the items ask for; returns rows.
   int head_device(const gbatch& b, dvec<float>& out) const;

@@ -14,6 +14,7 @@
 #include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
 #include "kernels/model/kv_io.hpp"
+#include "kernels/model/shard_forward.hpp"
 
 namespace cedar {
 
@@ -126,7 +127,7 @@ void gpu_model::impl::indexer(int l, gitem& it, const float* qr, const float* x)
 
 void gpu_model::impl::attend(int l, gitem& it, const float* q, const float* kv, float* o) const {
   const layer_info& li = args.layers[l];
-  const int T = it.num_rows, dh = args.head_dim, W = args.sliding_window, nh = args.num_attention_heads;
+  const int T = it.num_rows, dh = args.head_dim, W = args.sliding_window, nh = num_heads();
   const int64_t p0 = it.first_pos;
   int64_t floor_pos = it.ring_valid_from;  // window_floor of the CPU model
   if (l >= args.truncate_from_layer && it.item->truncate_below >= 0)
@@ -153,7 +154,7 @@ void gpu_model::impl::attend(int l, gitem& it, const float* q, const float* kv, 
   cuda::attention_candidates(K > 0 ? it.topk.get() : nullptr, T, K, W, p0, floor_pos, ring_lo, num_window,
                              idx.get());
   const float scale = 1.0f / std::sqrt(float(dh));
-  cuda::sparse_attention(q, T, nh, dh, buf.get(), idx.get(), num_idx, layers[l].sink, scale, o);
+  cuda::sparse_attention(q, T, nh, dh, buf.get(), idx.get(), num_idx, layers[l].sink + head_begin(), scale, o);
 }
 
 void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out, const uint8_t* xq,
@@ -161,9 +162,11 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out, co
   const model_args& a = args;
   const layer_info& li = a.layers[l];
   const dev_layer& w = layers[l];
-  const int n = b.num_rows, D = a.hidden_size, dh = a.head_dim, nh = a.num_attention_heads;
+  const int n = b.num_rows, D = a.hidden_size, dh = a.head_dim, nh = num_heads();
   const float eps = float(a.rms_norm_eps);
   const int32_t* pos = b.d_positions.get();
+  // a TP rank's query heads: their rows of wq_b (the other projections are every rank's)
+  const fp8_weight wq_b = splits_heads() ? model_detail::head_rows(w.wq_b, head_begin(), nh, dh) : w.wq_b;
 
   std::optional<phase_profile::scope> proj_time(std::in_place, profile, phase_profile::attn_proj);
   dvec<float> qr(std::size_t(n) * a.q_lora_rank), kv(std::size_t(n) * dh);
@@ -173,7 +176,7 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out, co
   // the fast set: each row chain in one launch, the same bits as the separate ops: RMSNorm with
   // wq_b's codes; then the kv row's RMSNorm, RoPE, FP8 fake quantization and ring record with
   // the queries' RoPE (its cos and sin kept for the attention output's inverse)
-  const bool qr_codes = kernels == gpu_kernels::fast && cuda::fast::linear_fp8_takes_codes(n, w.wq_b);
+  const bool qr_codes = kernels == gpu_kernels::fast && cuda::fast::linear_fp8_takes_codes(n, wq_b);
   dvec<uint8_t> qr_q(qr_codes ? std::size_t(n) * a.q_lora_rank : 0);
   dvec<float> qr_s(qr_codes ? std::size_t(n) * (a.q_lora_rank / 32) : 0);
   dvec<uint8_t> kv_rec(fast_attn ? std::size_t(n) * layout.swa_record_bytes : 0);
@@ -182,10 +185,10 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out, co
     cuda::fast::row_finish f;
     f.norm_w = w.q_norm, f.eps = eps, f.codes = qr_q.get(), f.scales = qr_s.get();
     cuda::fast::finish_rows(qr.get(), n, a.q_lora_rank, f, qr.get());
-    cuda::fast::linear_fp8(qr.get(), n, w.wq_b, q.get(), qr_q.get(), qr_s.get());
+    cuda::fast::linear_fp8(qr.get(), n, wq_b, q.get(), qr_q.get(), qr_s.get());
   } else {
     cuda::rmsnorm(qr.get(), n, a.q_lora_rank, w.q_norm, eps, qr.get());
-    linear(qr.get(), n, w.wq_b, q.get());
+    linear(qr.get(), n, wq_b, q.get());
   }
   if (fast_attn) {
     CEDAR_OP_CHECK(layout.swa_record_bytes == std::size_t(dh + dh / 32), "ring records: FP8 codes and scales");
@@ -227,6 +230,11 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out, co
   }
   phase_profile::scope t(profile, phase_profile::out_proj);
   if (!fast_attn) cuda::rope(o.get(), n, nh, dh, pos, rope[l], true);  // else sparse_attention's
+  if (splits_heads()) {  // every rank runs the output LoRA on all heads
+    dvec<float> all(std::size_t(n) * a.num_attention_heads * dh);
+    gather_heads(o.get(), n, all.get());
+    o = std::move(all);
+  }
   grouped_output(o.get(), n, w, out);
 }
 
@@ -237,7 +245,7 @@ void gpu_model::impl::moe(int l, const float* y, int n, float* out, const uint8_
   const int k = args.num_experts_per_tok;
   dvec<int32_t> sel(std::size_t(n) * k);
   dvec<float> weights(std::size_t(n) * k);
-  {
+  if (n > 0) {
     phase_profile::scope t(profile, phase_profile::route);
     if (kernels == gpu_kernels::fast)
       cuda::fast::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get());
@@ -245,7 +253,8 @@ void gpu_model::impl::moe(int l, const float* y, int n, float* out, const uint8_
       cuda::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get());
   }
   phase_profile::scope t(profile, phase_profile::experts);
-  experts(y, n, sel.get(), weights.get(), w, out, yq, ys);  // rounded to bf16
+  if (sharded()) moe_sharded(l, y, n, sel.get(), weights.get(), out, yq, ys);
+  else experts(y, n, sel.get(), weights.get(), w, out, yq, ys);  // rounded to bf16
 }
 
 void gpu_model::impl::apply_engram(int l, gbatch& b) const {

@@ -18,13 +18,22 @@
 #include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
 #include "kernels/model/inventory.hpp"
+#include "kernels/model/shard_plan.hpp"
 
 namespace cedar {
 
 gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv,
-                     const upload_progress_fn& progress, gpu_kernels kernels, bool dense_bf16)
+                     const upload_progress_fn& progress, gpu_kernels kernels, bool dense_bf16,
+                     gpu_placement placement)
     : impl_(std::make_unique<impl>()) {
   if (!cuda::available()) throw std::runtime_error("gpu_model: " + cuda::status());
+  if (placement.size < 1 || placement.rank < 0 || placement.rank >= placement.size)
+    throw std::runtime_error("gpu_model: rank " + std::to_string(placement.rank) + " of " +
+                             std::to_string(placement.size));
+  if (placement.size > 1 && kernels != gpu_kernels::fast)
+    throw std::runtime_error("gpu_model: multi-rank layouts run the fast kernel set");
+  impl_->device = cuda::current_device();
+  impl_->placement = placement;
   cuda::keep_scratch_mapped();
   if (args.layers.size() != std::size_t(args.num_hidden_layers)) args.derive_layer_map();
   if (args.num_hidden_layers > 64) throw std::runtime_error("more than 64 layers");
@@ -53,6 +62,8 @@ const model_args& gpu_model::args() const { return impl_->args; }
 const kv_layout& gpu_model::layout() const { return impl_->layout; }
 gpu_kernels gpu_model::kernels() const { return impl_->kernels; }
 uint64_t gpu_model::weight_bytes() const { return impl_->bytes; }
+int gpu_model::device() const { return impl_->device; }
+const gpu_placement& gpu_model::placement() const { return impl_->placement; }
 
 void gpu_model::impl::run_layer(int l, gbatch& b, forward_stats* stats) const {
   const int n = b.num_rows, hc = args.hc_mult, D = args.hidden_size;
@@ -197,7 +208,7 @@ void gpu_model::impl::drop_truncated_rows(gbatch& b, const forward_stats* stats)
   b.d_positions = dvec<int32_t>(b.positions);
   // the kept rows (the sliding window's, at prefill) run their MoE halves under graphs when
   // their count has a workspace
-  b.ws = graph_workspace_for(out, stats);
+  b.ws = sharded() ? nullptr : graph_workspace_for(out, stats);
   if (b.ws == nullptr) {
     b.X = std::move(X);
     b.pre = std::move(pre);
@@ -233,6 +244,7 @@ int gpu_model::impl::head_device(const gbatch& b, dvec<float>& out) const {
 
 int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats* stats, dvec<float>& logits) const {
   const int hc = args.hc_mult, D = args.hidden_size;
+  cuda::set_device(device);
   gbatch b;
   std::vector<int32_t> tokens;
   for (forward_item& item : batch) {
@@ -260,7 +272,7 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
       dvec<int32_t> d_tokens(tokens);
       dvec<float> e(std::size_t(n) * D);
       cuda::embed(d_tokens.get(), n, embed, e.get());
-      b.ws = graph_workspace_for(n, stats);
+      b.ws = sharded() ? nullptr : graph_workspace_for(n, stats);  // collectives wait on the host
       b.X = b.ws ? dvec<float>::borrow(b.ws->X.get(), std::size_t(n) * hc * D) : dvec<float>(std::size_t(n) * hc * D);
       b.pre = b.ws ? dvec<float>::borrow(b.ws->pre.get(), std::size_t(n) * hc) : dvec<float>(std::size_t(n) * hc);
       cuda::hc_expand(e.get(), n, hc, D, b.X.get(), b.pre.get());
@@ -271,17 +283,47 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
         drop_truncated_rows(b, stats);
       }
       if (b.num_rows > 0) run_layer(l, b, stats);  // a chunk wholly below truncate_below stops here
+      else if (sharded() && view->exchanges_every_layer()) moe_sharded(l, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
     }
     flush_post(b);
     phase_profile::scope t(profile, phase_profile::head);
     rows = head_device(b, logits);
+  } else if (sharded() && view->exchanges_every_layer()) {  // a DEP rank without rows serves the others' slots
+    for (int l = 0; l < args.num_hidden_layers; ++l)
+      moe_sharded(l, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
   }
   profile.count_call();
   return rows;
 }
 
-void gpu_model::forward(std::span<forward_item> batch, std::vector<float>& logits, forward_stats* stats) const {
+namespace {
+/// The layout rank of one forward call, checked against the model's placement; the device made
+/// current on the calling thread.
+class call_scope {
+ public:
+  call_scope(const gpu_model::impl& m, const shard_view* v) : m_(m) {
+    const int size = v ? v->size : 1;
+    if (size != m.placement.size || (v && v->rank != m.placement.rank))
+      throw std::runtime_error("gpu_model: called as rank " + std::to_string(v ? v->rank : 0) + " of " +
+                               std::to_string(size) + ", placed as rank " + std::to_string(m.placement.rank) + " of " +
+                               std::to_string(m.placement.size));
+    if (size > 1 && v->comm == nullptr) throw std::runtime_error("gpu_model: a multi-rank call needs a communicator");
+    cuda::set_device(m.device);
+    m.view = size > 1 ? v : nullptr;
+  }
+  ~call_scope() { m_.view = nullptr; }
+  call_scope(const call_scope&) = delete;
+  call_scope& operator=(const call_scope&) = delete;
+
+ private:
+  const gpu_model::impl& m_;
+};
+}  // namespace
+
+void gpu_model::forward(std::span<forward_item> batch, std::vector<float>& logits, forward_stats* stats,
+                        const shard_view* view) const {
   const impl& m = *impl_;
+  const call_scope scope(m, view);
   dvec<float> out;
   const int rows = m.forward_device(batch, stats, out);
   const std::size_t old = logits.size(), n = std::size_t(rows) * m.args.vocab_size;
@@ -292,9 +334,10 @@ void gpu_model::forward(std::span<forward_item> batch, std::vector<float>& logit
 }
 
 void gpu_model::forward_sample(std::span<forward_item> batch, std::span<const cuda::sample_request> requests,
-                               std::vector<int32_t>& tokens, std::vector<float>& logprobs,
-                               forward_stats* stats) const {
+                               std::vector<int32_t>& tokens, std::vector<float>& logprobs, forward_stats* stats,
+                               const shard_view* view) const {
   const impl& m = *impl_;
+  const call_scope scope(m, view);
   std::size_t sampled = 0;
   for (const forward_item& item : batch) {
     CEDAR_OP_CHECK(item.logits != logits_mode::all, "forward_sample: logits `all` must use forward");

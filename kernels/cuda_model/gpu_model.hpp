@@ -41,6 +41,16 @@ int64_t gpu_step_reserve_bytes(const model_args& args, int step_tokens);
 
 namespace cedar {
 
+struct shard_view;
+
+/// Which part of the weights a gpu_model holds: rank `rank` of a `size`-rank layout (TP-N or
+/// DEP-N, kernels/model/shard_plan.hpp) keeps the routed experts it owns (expert e on rank
+/// e % size) and every other weight, so that one model serves both modes of its size.
+struct gpu_placement {
+  int rank = 0;
+  int size = 1;
+};
+
 /// (bytes uploaded, bytes total) while weights are copied to the device.
 using upload_progress_fn = std::function<void(uint64_t done, uint64_t total)>;
 
@@ -53,9 +63,12 @@ class gpu_model {
   /// (twice those weights' bytes again), so that products of more rows than the GEMV takes skip
   /// dequantizing the weight on every call (cuBLAS on the copy; without it the large weights
   /// take the narrow32 tile up to 64 rows: results within the same bounds, other bits).
+  /// The model lives on the calling thread's current device (cuda::set_device first); every
+  /// call later makes that device current on its thread. placement.size > 1 (fast kernels only):
+  /// one rank's experts; forward then needs a shard_view of that rank and size.
   gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv = kv_dtype::fp4,
             const upload_progress_fn& progress = {}, gpu_kernels kernels = gpu_kernels::exact,
-            bool dense_bf16 = false);
+            bool dense_bf16 = false, gpu_placement placement = {});
   ~gpu_model();
 
   const model_args& args() const;
@@ -63,11 +76,17 @@ class gpu_model {
   gpu_kernels kernels() const;
   /// Device bytes held by the weights.
   uint64_t weight_bytes() const;
+  int device() const;
+  const gpu_placement& placement() const;
 
   /// As model::forward (replay and decoder truncation included); every item's kv holds device
-  /// pointers.
-  void forward(std::span<forward_item> batch, std::vector<float>& logits,
-               forward_stats* stats = nullptr) const;
+  /// pointers. view: this rank of a multi-rank layout (its communicator joins the other ranks'
+  /// models, each called at the same time on its own thread; kernels/model/shard_plan.hpp says
+  /// what each mode splits); null for one rank. A DEP rank with no items still takes part in
+  /// every layer's expert exchange. Bits: a TP-N or DEP-N rank's rows get TP-1's bits as far as
+  /// the fast kernels' tiles are chosen alike (the slot exchange and head gather are exact).
+  void forward(std::span<forward_item> batch, std::vector<float>& logits, forward_stats* stats = nullptr,
+               const shard_view* view = nullptr) const;
 
   /// As forward, but the logits stay on the device and one token is drawn there for each item
   /// whose logits are `last` (`all` is refused): greedy rows (temperature 0) in one launch
@@ -75,7 +94,7 @@ class gpu_model {
   /// draws). requests: one per such item, in item order; tokens and logprobs get one entry each.
   void forward_sample(std::span<forward_item> batch, std::span<const cuda::sample_request> requests,
                       std::vector<int32_t>& tokens, std::vector<float>& logprobs,
-                      forward_stats* stats = nullptr) const;
+                      forward_stats* stats = nullptr, const shard_view* view = nullptr) const;
 
   /// As forward, but every item's kv holds HOST pointers (a CPU-side kv_pool, as the shard's
   /// kv_arena hands out): each item's pages, ring and tails are copied to the device before the
@@ -84,8 +103,9 @@ class gpu_model {
   void forward_host_kv(std::span<forward_item> batch, std::vector<float>& logits,
                        forward_stats* stats = nullptr) const;
 
+  struct impl;  ///< the backend's state (gpu_forward.hpp)
+
  private:
-  struct impl;
   std::unique_ptr<impl> impl_;
 };
 

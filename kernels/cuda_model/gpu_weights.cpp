@@ -192,8 +192,10 @@ void gpu_model::impl::bind(const model_detail::model_weights& w) {
       }
       d.gate = img.place(lw.ffn.gate);
       d.gate_bias = img.place(lw.ffn.gate_bias);
-      for (const auto& e : lw.ffn.experts) {
-        if (e.w1.data == nullptr) d.experts.push_back({});
+      for (std::size_t i = 0; i < lw.ffn.experts.size(); ++i) {
+        const auto& e = lw.ffn.experts[i];
+        const bool ours = int(i) % placement.size == placement.rank;  // shard_view::expert_owner
+        if (e.w1.data == nullptr || !ours) d.experts.push_back({});
         else d.experts.push_back({img.place(e.w1), img.place(e.w3), img.place(e.w2)});
       }
       if (args.n_shared_experts > 0)

@@ -46,6 +46,7 @@ fp8_weight head_rows(const fp8_weight& w, int h0, int nh, int dh) {
   v.out = nh * dh;
   v.data = w.data + std::size_t(h0) * dh * w.in;
   v.scale = w.scale + std::size_t(h0) * dh / 32 * scale_cols;
+  if (w.bf16) v.bf16 = w.bf16 + std::size_t(h0) * dh * w.in;
   return v;
 }
 

@@ -3,7 +3,7 @@
 # times, decoder truncation runs fewer rows, a prefix hit with bounded replay
 # reaches its first token sooner than the cold prefill; and the floor phase gives the
 # bench-40L-E64 decode floor of docs/BENCHMARKS.md (12,916 MB at batch 1, 8K context: wo_a
-# counted as the FP8 it is stored in).
+# counted as the FP8 it is stored in). --layout's usage errors.
 # usage: tests/integration/gpu_bench_cpu.sh path/to/cedar
 set -euo pipefail
 cedar="${1:?usage: gpu_bench_cpu.sh path/to/cedar}"
@@ -42,4 +42,15 @@ g = r["generate"][0]
 assert g["load_s"] > 0 and g["prefill_s"] > 0 and g["decode_tok_s"] > 0, g
 PY
 grep -q "prefix hit" "$tmp/table.txt" || { cat "$tmp/table.txt"; exit 1; }
+
+# --layout needs the GPU's fast kernels and only runs the floor and decode phases: anything else
+# is a usage error (exit 2) that says so; without a device, a clear error (exit 1)
+for bad in "--layout tp2" "--device cuda --layout tp2 --phases prefill" "--device cuda --layout tpx" \
+           "--device cuda --gpu-kernels exact --layout dep2 --phases decode"; do
+  set +e; "$cedar" gpu-bench --model micro $bad > /dev/null 2> "$tmp/err.txt"; rc=$?; set -e
+  [[ $rc == 2 ]] && grep -q -- "--layout tpN|depN" "$tmp/err.txt" || { echo "gpu-bench $bad: rc $rc"; cat "$tmp/err.txt"; exit 1; }
+done
+# (the machines the tests run on have fewer than two CUDA devices)
+set +e; "$cedar" gpu-bench --model micro --device cuda --layout dep2 --phases decode > /dev/null 2> "$tmp/err.txt"; rc=$?; set -e
+[[ $rc == 1 ]] && grep -q "device" "$tmp/err.txt" || { echo "gpu-bench --layout without devices: rc $rc"; cat "$tmp/err.txt"; exit 1; }
 echo "gpu_bench_cpu: ok"

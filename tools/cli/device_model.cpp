@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
+#include <thread>
 
 #include "actors/shard.hpp"
 #include "config/model_config.hpp"
@@ -66,7 +67,7 @@ class cpu_cli_model final : public cli_model {
 #ifdef CEDAR_HAVE_CUDA
 
 std::unique_ptr<gpu_model> upload(const model_args& args, std::shared_ptr<const tensor_map> weights, kv_dtype dtype,
-                                  gpu_kernels kernels, bool dense_bf16, bool verbose) {
+                                  gpu_kernels kernels, bool dense_bf16, bool verbose, gpu_placement placement = {}) {
   const auto t0 = clock_type::now();
   tenths_printer print{"upload to the device"};
   std::optional<clock_type::time_point> first_copy;  // the host-side binding is done by then
@@ -74,7 +75,7 @@ std::unique_ptr<gpu_model> upload(const model_args& args, std::shared_ptr<const 
     if (!first_copy) first_copy = clock_type::now();
     if (verbose) print(done, total);
   };
-  auto m = std::make_unique<gpu_model>(args, std::move(weights), dtype, progress, kernels, dense_bf16);
+  auto m = std::make_unique<gpu_model>(args, std::move(weights), dtype, progress, kernels, dense_bf16, placement);
   const double s = seconds_since(t0);
   const double prepare_s = first_copy ? std::chrono::duration<double>(*first_copy - t0).count() : 0.0;
   const double copy_s = std::max(s - prepare_s, 1e-9);
@@ -209,6 +210,68 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
 #else
   (void)args, (void)weights, (void)dtype, (void)kernels, (void)dense_bf16, (void)verbose;
   return nullptr;
+#endif
+}
+
+std::vector<std::unique_ptr<step_model>> make_gpu_layout_models(const model_args& args,
+                                                                std::shared_ptr<const tensor_map> weights,
+                                                                kv_dtype dtype, gpu_kernels kernels, bool dense_bf16,
+                                                                parallel_mode mode, int size, bool verbose,
+                                                                std::string* error) {
+  std::vector<std::unique_ptr<step_model>> out;
+  if (std::string why = device_unavailable(device_kind::cuda); !why.empty()) {
+    *error = why;
+    return out;
+  }
+#ifdef CEDAR_HAVE_CUDA
+  if (const std::string why = check_layout(args, mode, size); !why.empty()) {
+    *error = why;
+    return out;
+  }
+  if (cuda::device_count() < size) {
+    *error = "a " + std::to_string(size) + "-rank layout needs " + std::to_string(size) + " CUDA devices, " +
+             std::to_string(cuda::device_count()) + " are present";
+    return out;
+  }
+  if (kernels != gpu_kernels::fast) {
+    *error = "multi-GPU layouts run the fast kernel set (--gpu-kernels fast)";
+    return out;
+  }
+  // every rank's weights at once, each from its own thread onto its own device
+  std::vector<std::unique_ptr<gpu_model>> models(size);
+  std::vector<std::string> errors(size);
+  std::vector<std::thread> loaders;
+  for (int r = 0; r < size; ++r)
+    loaders.emplace_back([&, r] {
+      try {
+        cuda::set_device(r);
+        models[r] = upload(args, weights, dtype, kernels, dense_bf16, verbose && r == 0, gpu_placement{r, size});
+      } catch (const std::exception& e) {
+        errors[r] = "device " + std::to_string(r) + ": " + e.what();
+      }
+    });
+  for (std::thread& t : loaders) t.join();
+  for (const std::string& e : errors)
+    if (!e.empty()) {
+      *error = e;
+      return out;
+    }
+  try {
+    std::vector<int> devices(size);
+    for (int r = 0; r < size; ++r) devices[r] = r;
+    auto comms = make_gpu_group(devices);
+    for (int r = 0; r < size; ++r)
+      out.push_back(std::make_unique<gpu_step_model>(std::move(models[r]), verbose,
+                                                     make_shard_view(args, mode, r, size, comms[r].get()),
+                                                     std::move(comms[r])));
+  } catch (const std::exception& e) {
+    *error = e.what();
+    out.clear();
+  }
+  return out;
+#else
+  (void)args, (void)weights, (void)dtype, (void)kernels, (void)dense_bf16, (void)mode, (void)size, (void)verbose;
+  return out;
 #endif
 }
 

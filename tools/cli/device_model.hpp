@@ -15,6 +15,7 @@
 #include "kernels/checkpoint/tensor_map.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
 #include "kernels/model/model.hpp"
+#include "kernels/model/shard_plan.hpp"
 
 namespace cedar::cli {
 
@@ -64,6 +65,16 @@ std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint
 std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::shared_ptr<const tensor_map> weights,
                                                 kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, bool verbose,
                                                 std::string* error);
+
+/// The ranks of a `size`-rank layout (TP or DEP) as shards' step_models: rank r's weights (its
+/// experts, gpu_placement) uploaded to CUDA device r, all ranks at once, and an NCCL group joining
+/// them; each rank's shard must then run its steps on a thread of its own, at the same time as
+/// the others. Empty and *error without `size` devices, with the exact kernel set, or on failure.
+std::vector<std::unique_ptr<step_model>> make_gpu_layout_models(const model_args& args,
+                                                                std::shared_ptr<const tensor_map> weights,
+                                                                kv_dtype dtype, gpu_kernels kernels, bool dense_bf16,
+                                                                parallel_mode mode, int size, bool verbose,
+                                                                std::string* error);
 
 /// --gpu-batch-invariant on|off (cedar serve, generate, gpu-bench; process-wide, before the model
 /// is built): on, a request's bits on the GPU never depend on what it is batched with; off, the

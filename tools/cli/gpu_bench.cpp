@@ -28,7 +28,7 @@ void usage() {
       "                       [--batch 1,64,256] [--context 8192] [--steps 16] [--warmup-steps 2]\n"
       "                       [--prefill 8192,32768] [--chunk N] [--prefix-tokens 32768] [--new-tokens 200]\n"
       "                       [--gen-prompt 32768] [--gen-tokens 256] [--truncate on|off] [--out FILE.json]\n"
-      "                       [--progress]\n"
+      "                       [--layout tpN|depN] [--progress]\n"
       "  --gpu-kernels: the kernel set of --device cuda (default fast, as serving). --gpu-dense-bf16:\n"
       "    keep bf16 copies of the dense linears on the device (as cedar serve --gpu-dense-bf16).\n"
       "  --gpu-batch-invariant off: faster decode tiles at 1-2 rows whose bits depend on the batch\n"
@@ -42,7 +42,11 @@ void usage() {
       "    against the cold prefill of the whole prompt. generate: --gen-prompt tokens then\n"
       "    --gen-tokens greedy tokens. --truncate applies to prefix and generate (serving's default on).\n"
       "  floor: the decode floor's bytes per batch size and the linear FLOPs per token, from the\n"
-      "    inventory only (no model is loaded). Phases run in the order listed above.\n");
+      "    inventory only (no model is loaded). Phases run in the order listed above.\n"
+      "  --layout tpN|depN (N > 1, --device cuda, fast kernels): the decode phase on N devices, rank r\n"
+      "    on device r, each with its own shard and thread; TP-N runs each batch on every rank, DEP-N\n"
+      "    splits it into N parts. The floor is the step's bytes at N devices' copy rate. Only the\n"
+      "    floor and decode phases run with a layout.\n");
 }
 
 template <class T>
@@ -64,6 +68,18 @@ bool parse_phases(const std::string& text, std::vector<std::string>& out) {
   for (const char* p : phase_order)
     if (want.count(p)) out.push_back(p);
   return !out.empty();
+}
+
+/// tpN or depN with N >= 1 digits (the model's own limits are checked when it is loaded).
+bool parse_layout_text(const std::string& v, options& o) {
+  const bool tp = v.rfind("tp", 0) == 0, dep = v.rfind("dep", 0) == 0;
+  const std::string digits = v.substr(tp ? 2 : 3);
+  if ((!tp && !dep) || digits.empty() || digits.size() > 3 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return false;
+  o.layout_mode = tp ? parallel_mode::tp : parallel_mode::dep;
+  o.layout_size = std::stoi(digits);
+  return o.layout_size >= 1;
 }
 
 bool parse(int argc, char** argv, options& o) {
@@ -94,11 +110,16 @@ bool parse(int argc, char** argv, options& o) {
     else if (k == "--truncate" && (v == "on" || v == "off")) o.truncate = v == "on";
     else if (bool on = true; k == "--gpu-batch-invariant" && parse_on_off(v, on)) o.batch_invariant = on;
     else if (k == "--out") o.out = v;
+    else if (k == "--layout") ok = parse_layout_text(v, o);
     else return false;
     if (!ok) return false;
   }
   const bool fast_cuda = o.device == device_kind::cuda && o.kernels == gpu_kernels::fast;
   if ((o.dense_bf16 || o.batch_invariant == false) && !fast_cuda) return false;
+  if (o.layout_size > 1 && (!fast_cuda || std::any_of(o.phases.begin(), o.phases.end(), [](const std::string& p) {
+                              return p != "floor" && p != "decode";
+                            })))
+    return false;
   if (o.chunk == 0)
     o.chunk = o.device == device_kind::cuda ? engine_options::gpu_step_tokens
                                             : engine_options{}.max_prefill_tokens_per_request;
@@ -183,7 +204,13 @@ int gpu_bench_main(int argc, char** argv) {
   for (double x : f.per_layer_row) r.linear_flops_per_token += x;
   r.device = o.device == device_kind::cuda ? "cuda" : "cpu";
   if (wants(o, "floor")) add_floor(r, *args);
-  if (o.phases.size() > std::size_t(wants(o, "floor"))) {
+  if (o.layout_size > 1 && wants(o, "decode")) {
+    if (std::string why = run_layout_decode(r, *args); !why.empty()) {
+      std::fprintf(stderr, "gpu-bench: %s\n", why.c_str());
+      print_table(r);
+      return 1;
+    }
+  } else if (o.phases.size() > std::size_t(wants(o, "floor"))) {
     if (std::string why = device_unavailable(o.device); !why.empty()) {
       std::fprintf(stderr, "gpu-bench: %s\n", why.c_str());
       return 1;

@@ -16,6 +16,7 @@
 
 #include "actors/shard.hpp"
 #include "config/engine_options.hpp"
+#include "kernels/model/shard_plan.hpp"
 #include "tools/cli/device_model.hpp"
 #include "tools/cli/model_source.hpp"
 #include "tools/cli/roofline.hpp"
@@ -46,6 +47,9 @@ struct options {
   bool truncate = true;  ///< decoder truncation in the prefix and generate phases (serving's default)
   std::string out;       ///< JSON path ("" = none)
   bool progress = false;
+  /// --layout tpN / depN (N > 1): the decode phase on N devices, rank r on device r.
+  parallel_mode layout_mode = parallel_mode::tp;
+  int layout_size = 1;
 };
 
 /// The device's own ceilings, measured in the same run (zero on the CPU).
@@ -145,6 +149,12 @@ class runner {
   /// `cap`: the capacity the shard's arena was made with (bench_capacity).
   runner(shard& s, const kv_capacity& cap, const options& o, const ceilings& c);
   decode_result decode(int batch);
+  /// The decode phase in parts, for layouts that step several runners at once: requests
+  /// [first, first + count) of a decode batch (each one's tokens and synthetic KV depend on its
+  /// index alone, so every rank that holds request b holds the same one), then one greedy step of
+  /// them (their tokens appended).
+  std::vector<bench_request> decode_requests(int first, int count);
+  void decode_step(std::vector<bench_request>& reqs);
   prefill_result prefill(int64_t tokens, bool truncate);
   truncation_result truncation(int64_t tokens);
   prefix_result prefix();
@@ -181,9 +191,19 @@ std::vector<int32_t> random_tokens(int64_t n, int vocab, uint64_t seed);
 
 /// Fills requests' KV for positions [0, context) in `arena` with random well-formed records
 /// (pages: compressed latents and index keys of every source; each layer's SWA ring; finite
-/// compressor tails).
+/// compressor tails). first_index: the decode batch index of requests[0] (the records depend on
+/// the index). A device arena is filled on the calling thread's current device.
 void fill_synthetic_kv(const kv_layout& layout, kv_arena& arena, const std::vector<bench_request>& requests,
-                       int64_t context, uint64_t seed);
+                       int64_t context, uint64_t seed, int first_index = 0);
+
+/// A decode result's floor: the step's bytes (from the inventory), at the measured copy rate
+/// of `devices` devices together.
+void finish_decode_result(decode_result& r, const model_args& args, const kv_layout& layout, const ceilings& c,
+                          int devices);
+
+/// `cedar gpu-bench --layout`: the decode phase of every batch size on N devices
+/// (gpu_bench_layout.cpp), into r.decode; r.load_s is set. Returns an error, or "".
+std::string run_layout_decode(report& r, const model_args& args);
 
 /// The device's copy and cuBLASLt rates (empty on the CPU or in a build without CUDA).
 ceilings measure_ceilings(device_kind device);

@@ -64,16 +64,18 @@ kv_images make_images(const kv_layout& layout, int num_pages, uint64_t seed) {
 }  // namespace
 
 void fill_synthetic_kv(const kv_layout& layout, kv_arena& arena, const std::vector<bench_request>& requests,
-                       int64_t context, uint64_t seed) {
-  // Request r's page p gets image (p + r) mod 8: neighbouring requests attend to different
-  // records, so their rows (and the experts they route to) differ.
+                       int64_t context, uint64_t seed, int first_index) {
+  // Request r's page p gets image (p + first_index + r) mod 8: neighbouring requests attend to
+  // different records, so their rows (and the experts they route to) differ.
   const int64_t num_pages = (context + layout.page_tokens - 1) / layout.page_tokens;
   const int num_images = int(std::min<int64_t>(8, std::max<int64_t>(1, num_pages)));
   const kv_images im = make_images(layout, num_images, seed);
   const std::size_t tail_bytes = im.tails.size() * sizeof(float);
   for (const bench_request& req : requests)
     if (int64_t(req.page_ids.size()) < num_pages) throw std::runtime_error("synthetic KV: request has too few pages");
-  const auto page_of = [&](std::size_t r, int64_t p) { return std::size_t((p + int64_t(r)) % num_images); };
+  const auto page_of = [&](std::size_t r, int64_t p) {
+    return std::size_t((p + first_index + int64_t(r)) % num_images);
+  };
   if (!arena.on_device()) {
     for (std::size_t r = 0; r < requests.size(); ++r) {
       const bench_request& req = requests[r];

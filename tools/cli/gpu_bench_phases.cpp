@@ -91,19 +91,35 @@ step_output runner::run(std::vector<step_item> items) {
   return out;
 }
 
-decode_result runner::decode(int batch) {
+std::vector<bench_request> runner::decode_requests(int first, int count) {
   const int calls = o_.warmup_steps + o_.steps;
-  decode_result r;
-  r.batch = batch, r.context = o_.context, r.steps = o_.steps;
-  const auto t0 = clock_type::now();
   std::vector<bench_request> reqs;
-  for (int b = 0; b < batch; ++b) {
+  for (int b = first; b < first + count; ++b) {
     // The context's tokens (history for Engram) and the token the first step runs.
     reqs.push_back(new_request(random_tokens(o_.context + 1, args_.vocab_size, o_.seed * 1000003 + uint64_t(b)),
                                o_.context + calls + 1));
     reqs.back().num_computed = o_.context;
   }
-  fill_synthetic_kv(layout_, shard_.arena(), reqs, o_.context, o_.seed);
+  fill_synthetic_kv(layout_, shard_.arena(), reqs, o_.context, o_.seed, first);
+  return reqs;
+}
+
+void runner::decode_step(std::vector<bench_request>& reqs) {
+  std::vector<step_item> items;
+  for (const bench_request& req : reqs) items.push_back(make_item(req, req.num_computed + 1, true, -1));
+  const step_output out = run(std::move(items));
+  for (std::size_t b = 0; b < reqs.size(); ++b) {
+    ++reqs[b].num_computed, ++reqs[b].num_generated;
+    reqs[b].tokens.push_back(out.results[b].token.token_id);
+  }
+}
+
+decode_result runner::decode(int batch) {
+  const int calls = o_.warmup_steps + o_.steps;
+  decode_result r;
+  r.batch = batch, r.context = o_.context, r.steps = o_.steps;
+  const auto t0 = clock_type::now();
+  std::vector<bench_request> reqs = decode_requests(0, batch);
   r.fill_s = seconds_since(t0);
   if (o_.progress)
     std::fprintf(stderr, "gpu-bench: decode batch %d: synthetic KV of %lld tokens per request in %.2f s\n", batch,
@@ -111,29 +127,29 @@ decode_result runner::decode(int batch) {
   double timed_s = 0;
   r.min_step_ms = 1e300;
   for (int step = 0; step < calls; ++step) {
-    std::vector<step_item> items;
-    for (const bench_request& req : reqs) items.push_back(make_item(req, req.num_computed + 1, true, -1));
     const auto ts = clock_type::now();
-    const step_output out = run(std::move(items));
+    decode_step(reqs);
     const double s = seconds_since(ts);
-    for (std::size_t b = 0; b < reqs.size(); ++b) {
-      ++reqs[b].num_computed, ++reqs[b].num_generated;
-      reqs[b].tokens.push_back(out.results[b].token.token_id);
-    }
     if (step >= o_.warmup_steps) timed_s += s, r.min_step_ms = std::min(r.min_step_ms, 1e3 * s);
     if (o_.progress && (step + 1 == calls || (step + 1) % 8 == 0))
       std::fprintf(stderr, "gpu-bench: decode batch %d: step %d of %d, %.2f ms\n", batch, step + 1, calls, 1e3 * s);
   }
   r.step_ms = 1e3 * timed_s / std::max(1, o_.steps);
   r.tok_s = r.step_ms > 0 ? 1e3 * batch / r.step_ms : 0;
-  r.experts_touched = expected_experts_touched(args_, batch);
-  r.parts = decode_step_bytes(args_, layout_, o_.context, batch);
+  finish_decode_result(r, args_, layout_, ceil_, 1);
+  return r;
+}
+
+void finish_decode_result(decode_result& r, const model_args& args, const kv_layout& layout, const ceilings& c,
+                          int devices) {
+  r.experts_touched = expected_experts_touched(args, r.batch);
+  r.parts = decode_step_bytes(args, layout, r.context, r.batch);
+  r.floor_bytes = 0;
   for (const step_bytes_part& p : r.parts) r.floor_bytes += p.bytes;
-  if (ceil_.copy_gbps > 0) {
-    r.floor_ms = r.floor_bytes / (ceil_.copy_gbps * 1e6);
+  if (c.copy_gbps > 0) {
+    r.floor_ms = r.floor_bytes / (c.copy_gbps * 1e6 * devices);
     r.floor_fraction = r.step_ms > 0 ? r.floor_ms / r.step_ms : 0;
   }
-  return r;
 }
 
 runner::prefill_run& runner::prefill_cached(int64_t tokens, bool truncate) {

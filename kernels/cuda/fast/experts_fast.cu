@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -169,6 +170,8 @@ __global__ void swiglu_bf16_kernel(const float* gu, int inter, const int32_t* sl
 /// out[r, c] = (0 + down[pos(r, 0), c] + ... in top-k order) + shared[r, c] (0 when null),
 /// rounded to bf16 when round_out. Grid (m, ceil(d / 4 / blockDim.x)): four columns a thread
 /// (d % 4 == 0; every buffer's rows 16-byte aligned).
+/// out[r] = the sum of row r's slots in top-k order (down[slot_pos[slot]], or down[slot] itself
+/// when slot_pos is null; -1: none), + shared[r] (or + 0), rounded to bf16 when round_out.
 __global__ void combine_kernel(const float* down, const int32_t* slot_pos, const float* shared, int topk, int d,
                                bool round_out, float* out) {
   cuda::detail::dependent_start();
@@ -184,14 +187,15 @@ __global__ void combine_kernel(const float* down, const int32_t* slot_pos, const
     int pos[in_flight];
     float4 v[in_flight];
 #pragma unroll
-    for (int i = 0; i < in_flight; ++i) pos[i] = i < topk ? slot_pos[size_t(r) * topk + i] : -1;
+    for (int i = 0; i < in_flight; ++i)
+      pos[i] = i >= topk ? -1 : slot_pos ? slot_pos[size_t(r) * topk + i] : int32_t(size_t(r) * topk + i);
 #pragma unroll
     for (int i = 0; i < in_flight; ++i) v[i] = row(pos[i]);
 #pragma unroll
     for (int i = 0; i < in_flight; ++i)
       if (i < topk) add(v[i]);
   } else {
-    for (int i = 0; i < topk; ++i) add(row(slot_pos[size_t(r) * topk + i]));
+    for (int i = 0; i < topk; ++i) add(row(slot_pos ? slot_pos[size_t(r) * topk + i] : int32_t(size_t(r) * topk + i)));
   }
   {  // + 0 without a shared expert, as the scalar sum (it turns -0 into +0)
     const float4 v = shared ? reinterpret_cast<const float4*>(shared + size_t(r) * d)[c4] : make_float4(0, 0, 0, 0);
@@ -202,6 +206,17 @@ __global__ void combine_kernel(const float* down, const int32_t* slot_pos, const
     o = make_float4(round_bf16(o.x), round_bf16(o.y), round_bf16(o.z), round_bf16(o.w));
   }
   reinterpret_cast<float4*>(out + size_t(r) * d)[c4] = o;
+}
+
+/// slots[s] = down[slot_pos[s]] (zeros where slot_pos[s] is -1: an expert not held here), d
+/// values a row; grid (slots, d / 4 / 256 blocks).
+__global__ void slot_rows_kernel(const float* down, const int32_t* slot_pos, int d, float* slots) {
+  cuda::detail::dependent_start();
+  const int s = int(blockIdx.x), c4 = int(blockIdx.y * blockDim.x + threadIdx.x);
+  if (c4 * 4 >= d) return;
+  const int p = slot_pos[s];
+  reinterpret_cast<float4*>(slots + size_t(s) * d)[c4] =
+      p >= 0 ? reinterpret_cast<const float4*>(down + size_t(p) * d)[c4] : make_float4(0, 0, 0, 0);
 }
 
 }  // namespace
@@ -259,9 +274,10 @@ const cpu::expert_weights* device_table(const cpu::expert_weights* experts, int 
     void* dev = nullptr;
   };
   static std::mutex mu;
-  static std::map<std::pair<const void*, int>, entry> cache;
+  // by host array and device: a model per device (multi-GPU layouts) has its own table there
+  static std::map<std::tuple<const void*, int, int>, entry> cache;
   std::lock_guard<std::mutex> lock(mu);
-  entry& e = cache[{experts, num_experts}];
+  entry& e = cache[{experts, num_experts, cuda::current_device()}];
   const std::size_t bytes = sizeof(cpu::expert_weights) * num_experts;
   if (e.dev == nullptr || std::memcmp(e.host.data(), experts, bytes) != 0) {
     if (e.dev == nullptr) e.dev = cuda::device_alloc(bytes);
@@ -300,9 +316,21 @@ void overlapped_experts(const std::vector<int>& counts, size_t elems, Dequant de
 
 }  // namespace
 
-void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
+namespace {
+
+/// Where moe_run leaves its results: combined into out (moe_ffn), or per slot (moe_slots).
+struct moe_outputs {
+  float* out = nullptr;  ///< [m, d] combined
+  bool round_out = false;
+  float* slots = nullptr;   ///< [m * topk, d] per slot, uncombined (then out is unused)
+  float* shared = nullptr;  ///< [m, d] the shared expert's output (with slots)
+};
+
+void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
              const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared, float limit,
-             float* out, bool round_out, const uint8_t* yq, const float* ys) {
+             const moe_outputs& res, const uint8_t* yq, const float* ys) {
+  const bool round_out = res.round_out;
+  float* out = res.out;
   CEDAR_CUDA_REQUIRE(num_experts > 0 && num_experts <= max_experts, "expert count");
   if (m <= 0) return;
   const int inter = cuda::detail::expert_inter(experts, num_experts, d);
@@ -445,7 +473,15 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
     if (shared != nullptr && !shared_done)
       shared_expert(y_c, rows, *shared, limit, shared_out.get(), !quantized ? nullptr : yq ? yq : xq.get(),
                     !quantized ? nullptr : yq ? ys : xs.get());
-    if (inter > 0) {
+    if (res.slots != nullptr) {
+      float* dst = res.slots + size_t(r0) * topk * d;
+      if (inter > 0 && slots > 0)
+        cuda::detail::launch_dependent(slot_rows_kernel, dim3(unsigned(slots), blocks_for(d / 4, 256)), dim3(256), 0,
+                                       down.get(), slot_pos.get(), d, dst);
+      else if (slots > 0)
+        CEDAR_CUDA_CHECK(cudaMemsetAsync(dst, 0, sizeof(float) * slots * d, stream()));
+      if (shared != nullptr) cuda::copy_device(res.shared + size_t(r0) * d, shared_out.get(), sizeof(float) * rows * d);
+    } else if (inter > 0) {
       cuda::detail::launch_dependent(combine_kernel, dim3(unsigned(rows), blocks_for(d / 4, 256)), dim3(256), 0,
                                      down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, topk, d,
                                      round_out, out + size_t(r0) * d);
@@ -456,6 +492,37 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
       CEDAR_CUDA_CHECK(cudaMemsetAsync(out + size_t(r0) * d, 0, sizeof(float) * rows * d, stream()));
     }
   }
+}
+
+}  // namespace
+
+void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
+             const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared, float limit,
+             float* out, bool round_out, const uint8_t* yq, const float* ys) {
+  moe_outputs res;
+  res.out = out, res.round_out = round_out;
+  moe_run(y, m, d, sel, weights, topk, experts, num_experts, shared, limit, res, yq, ys);
+}
+
+void moe_slots(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
+               const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared,
+               float limit, float* slots, float* shared_out, const uint8_t* yq, const float* ys) {
+  CEDAR_CUDA_REQUIRE(shared == nullptr || shared_out != nullptr, "moe_slots: the shared expert needs shared_out");
+  moe_outputs res;
+  res.slots = slots, res.shared = shared_out;
+  moe_run(y, m, d, sel, weights, topk, experts, num_experts, shared, limit, res, yq, ys);
+}
+
+void shared_ffn(const float* y, int m, const cpu::shared_expert_weights& shared, float limit, float* out,
+                const uint8_t* yq, const float* ys) {
+  if (m > 0) shared_expert(y, m, shared, limit, out, yq, ys);
+}
+
+void moe_combine(const float* slots, const float* shared, int m, int topk, int d, bool round_out, float* out) {
+  CEDAR_CUDA_REQUIRE(d % 4 == 0, "moe_combine: d a multiple of 4");
+  if (m <= 0) return;
+  cuda::detail::launch_dependent(combine_kernel, dim3(unsigned(m), blocks_for(d / 4, 256)), dim3(256), 0, slots,
+                                 static_cast<const int32_t*>(nullptr), shared, topk, d, round_out, out);
 }
 
 }  // namespace cedar::cuda::fast

@@ -240,6 +240,20 @@ void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weig
              const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared,
              float limit, float* out, bool round_out = false, const uint8_t* yq = nullptr,
              const float* ys = nullptr);
+/// moe_ffn's parts, for layouts that split the experts over ranks (kernels/cuda_model): slots
+/// [m * topk, d] gets each slot's routed output, zeros for a slot whose expert this rank does not
+/// hold (a null entry of `experts`); shared_out [m, d] the shared expert's, when shared is given.
+/// Per slot the same bits as inside moe_ffn at the same m; nothing is combined or rounded.
+void moe_slots(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
+               const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared,
+               float limit, float* slots, float* shared_out, const uint8_t* yq = nullptr,
+               const float* ys = nullptr);
+/// The shared expert alone (moe_ffn's: the same bits), out [m, d].
+void shared_ffn(const float* y, int m, const cpu::shared_expert_weights& shared, float limit, float* out,
+                const uint8_t* yq = nullptr, const float* ys = nullptr);
+/// moe_ffn's combine over slots [m * topk, d] in top-k order, + shared [m, d] (null: + 0), out
+/// rounded to bf16 when round_out: from moe_slots' outputs, moe_ffn's out bit for bit.
+void moe_combine(const float* slots, const float* shared, int m, int topk, int d, bool round_out, float* out);
 
 namespace detail {
 /// W (FP8 or W4A8) -> bf16 [out, in], exact (scales >= 2^-124).

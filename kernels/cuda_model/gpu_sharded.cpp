@@ -1,0 +1,147 @@
+// The rank-aware steps of the GPU forward pass: the layouts of kernels/model/shard_plan.hpp on
+// device buffers, as kernels/model/moe_sharded.cpp and shard_plan.cpp run them on the CPU.
+// TP: the query heads' outputs gathered in head order; each rank's experts (and the shared
+// expert, on its owner) write per-slot outputs that an all-reduce fills in (one nonzero term per
+// value), then TP-1's combine. DEP: a row's slots travel to their experts' owners (rows and a
+// header of expert id and routing weight per slot, two all-to-alls), run there, travel back,
+// and the sender combines them with its own shared expert's output. Collectives wait on the
+// host (the communicator's stream), so the compute stream is drained before each one.
+#ifdef CEDAR_HAVE_CUDA
+
+#include <vector>
+
+#include "kernels/collectives/communicator.hpp"
+#include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/cuda/fast/layer_ops.hpp"
+#include "kernels/cuda_model/gpu_forward.hpp"
+#include "kernels/model/shard_plan.hpp"
+
+namespace cedar {
+
+bool gpu_model::impl::sharded() const { return view != nullptr && view->size > 1; }
+bool gpu_model::impl::splits_heads() const { return view != nullptr && view->splits_heads(); }
+int gpu_model::impl::head_begin() const { return splits_heads() ? view->head_begin : 0; }
+int gpu_model::impl::num_heads() const { return splits_heads() ? view->num_heads() : args.num_attention_heads; }
+
+void gpu_model::impl::gather_heads(const float* o, int n, float* all) const {
+  const shard_view& s = *view;
+  const int dh = args.head_dim, nh = s.num_heads(), H = args.num_attention_heads;
+  const std::size_t block = std::size_t(n) * nh * dh;  // one rank's o
+  dvec<float> gathered(std::size_t(s.size) * block);   // [size, n, nh, dh]
+  cuda::synchronize();
+  s.comm->all_gather(o, block, gathered.get());
+  // rank p's heads [p * nh, (p + 1) * nh) of every row (make_shard_view splits them evenly)
+  for (int p = 0; p < s.size; ++p)
+    cuda::copy_rows_device(all + std::size_t(p) * nh * dh, sizeof(float) * H * dh, gathered.get() + p * block,
+                           sizeof(float) * nh * dh, sizeof(float) * nh * dh, n);
+}
+
+namespace {
+
+/// TP: every rank holds every row; slots [n * topk + n, d] (the routed slots, then the shared
+/// expert's rows) summed over ranks.
+void tp_experts(const gpu_model::impl& m, const shard_view& s, const dev_layer& w, const float* y, int n,
+                const int32_t* sel, const float* weights, float* out, const uint8_t* yq, const float* ys) {
+  const model_args& a = m.args;
+  const int k = a.num_experts_per_tok, d = a.hidden_size, E = int(w.experts.size());
+  if (n == 0) return;
+  const std::size_t routed = std::size_t(n) * k * d;
+  dvec<float> slots(routed + std::size_t(n) * d);
+  const bool has_shared = a.n_shared_experts > 0, owns_shared = has_shared && s.owns_expert(E);
+  cuda::fast::moe_slots(y, n, d, sel, weights, k, w.experts.data(), E, owns_shared ? &w.shared : nullptr,
+                        float(a.swiglu_limit), slots.get(), slots.get() + routed, yq, ys);
+  if (!owns_shared) cuda::fill_bytes(slots.get() + routed, 0, sizeof(float) * n * d);
+  cuda::synchronize();
+  s.comm->all_reduce_sum(slots.get(), slots.size());
+  cuda::fast::moe_combine(slots.get(), has_shared ? slots.get() + routed : nullptr, n, k, d, true, out);
+}
+
+/// DEP: the slots of this rank's rows go to their experts' owners and come back.
+void dep_experts(const gpu_model::impl& m, const shard_view& s, const dev_layer& w, const float* y, int n,
+                 const int32_t* sel, const float* weights, float* out, const uint8_t* yq, const float* ys) {
+  const model_args& a = m.args;
+  const int k = a.num_experts_per_tok, d = a.hidden_size, E = int(w.experts.size()), N = s.size;
+  const float limit = float(a.swiglu_limit);
+  std::vector<int32_t> h_sel(std::size_t(n) * k);
+  std::vector<float> h_w(std::size_t(n) * k);
+  if (n > 0) {
+    cuda::copy_to_host(h_sel.data(), sel, sizeof(int32_t) * h_sel.size());
+    cuda::copy_to_host(h_w.data(), weights, sizeof(float) * h_w.size());
+  }
+  // outgoing records in rank order, slot order within a rank: the row, then (expert, weight)
+  std::vector<std::vector<int>> to(N);
+  for (int slot = 0; slot < n * k; ++slot)
+    if (h_sel[slot] >= 0) to[s.expert_owner(h_sel[slot])].push_back(slot);
+  std::vector<int32_t> src_rows;
+  std::vector<float> head;
+  std::vector<std::size_t> send_n(N), recv_n(N);
+  for (int p = 0; p < N; ++p) {
+    for (int slot : to[p]) {
+      src_rows.push_back(slot / k);
+      head.push_back(float(h_sel[slot]));
+      head.push_back(h_w[slot]);
+    }
+    send_n[p] = to[p].size();
+  }
+  s.comm->exchange_counts(send_n.data(), recv_n.data());
+  std::size_t J = 0, R = 0;
+  for (int p = 0; p < N; ++p) J += send_n[p], R += recv_n[p];
+  const auto scaled = [&](const std::vector<std::size_t>& c, std::size_t f) {
+    std::vector<std::size_t> v(c);
+    for (std::size_t& x : v) x *= f;
+    return v;
+  };
+  dvec<float> send_rows(J * d), send_head(head), recv_rows(R * d), recv_head(R * 2);
+  if (J > 0) {
+    dvec<int32_t> d_src(src_rows);
+    cuda::fast::gather_rows(y, d_src.get(), int(J), d, send_rows.get());
+  }
+  cuda::synchronize();
+  s.comm->all_to_all(send_rows.get(), scaled(send_n, d).data(), recv_rows.get(), scaled(recv_n, d).data());
+  s.comm->all_to_all(send_head.get(), scaled(send_n, 2).data(), recv_head.get(), scaled(recv_n, 2).data());
+
+  // the received slots, each as a row of one slot (topk 1) of the expert it names
+  std::vector<float> h_head(R * 2);
+  if (R > 0) cuda::copy_to_host(h_head.data(), recv_head.get(), sizeof(float) * h_head.size());
+  std::vector<int32_t> r_sel(R);
+  std::vector<float> r_w(R);
+  for (std::size_t i = 0; i < R; ++i) {
+    r_sel[i] = int32_t(h_head[2 * i]);
+    r_w[i] = h_head[2 * i + 1];
+    CEDAR_OP_CHECK(r_sel[i] >= 0 && r_sel[i] < E && s.owns_expert(r_sel[i]), "a dispatched slot's expert is ours");
+  }
+  dvec<float> results(R * d);
+  if (R > 0) {
+    dvec<int32_t> d_sel(r_sel);
+    dvec<float> d_w(r_w);
+    cuda::fast::moe_slots(recv_rows.get(), int(R), d, d_sel.get(), d_w.get(), 1, w.experts.data(), E, nullptr, limit,
+                          results.get(), nullptr);
+  }
+  // back to the senders, into [J + 1, d]: the last row stays zero for slots with no expert
+  dvec<float> mine((J + 1) * d);
+  cuda::fill_bytes(mine.get() + J * d, 0, sizeof(float) * d);
+  cuda::synchronize();
+  s.comm->all_to_all(results.get(), scaled(recv_n, d).data(), mine.get(), scaled(send_n, d).data());
+  if (n == 0) return;
+  std::vector<int32_t> from(std::size_t(n) * k, int32_t(J));
+  int32_t at = 0;
+  for (int p = 0; p < N; ++p)
+    for (int slot : to[p]) from[slot] = at++;
+  dvec<int32_t> d_from(from);
+  dvec<float> slots(std::size_t(n) * k * d), shared(a.n_shared_experts > 0 ? std::size_t(n) * d : 0);
+  cuda::fast::gather_rows(mine.get(), d_from.get(), n * k, d, slots.get());
+  if (a.n_shared_experts > 0) cuda::fast::shared_ffn(y, n, w.shared, limit, shared.get(), yq, ys);
+  cuda::fast::moe_combine(slots.get(), a.n_shared_experts > 0 ? shared.get() : nullptr, n, k, d, true, out);
+}
+
+}  // namespace
+
+void gpu_model::impl::moe_sharded(int l, const float* y, int n, const int32_t* sel, const float* weights, float* out,
+                                  const uint8_t* yq, const float* ys) const {
+  if (view->mode == parallel_mode::tp) tp_experts(*this, *view, layers[l], y, n, sel, weights, out, yq, ys);
+  else dep_experts(*this, *view, layers[l], y, n, sel, weights, out, yq, ys);
+}
+
+}  // namespace cedar
+
+#endif  // CEDAR_HAVE_CUDA
