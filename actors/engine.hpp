@@ -21,6 +21,7 @@ namespace cedar {
 
 struct tensor_map;
 class step_model;
+class rank_source;
 
 /// Receives one request's token batches, the last with finished = true.
 using token_callback = std::function<void(const token_batch&)>;
@@ -40,6 +41,10 @@ class engine {
                                                 engine_options options);
   /// Same with any step_model (the V4.1 model or a test model).
   static outcome<std::unique_ptr<engine>> start(std::unique_ptr<step_model> model, engine_options options);
+  /// The V4.1 model's layouts from `src` (actors/rank_source.hpp: the CPU model, or GPU models
+  /// placed one per device), starting in options.layout; switch_layout moves among the layouts
+  /// src can build.
+  static outcome<std::unique_ptr<engine>> start(std::shared_ptr<rank_source> src, engine_options options);
   /// Cancels what runs and stops the actors.
   ~engine();
 
@@ -84,9 +89,9 @@ class engine {
  private:
   struct impl;
   explicit engine(std::unique_ptr<impl> p);
-  /// Both start()s: `layered` (the V4.1 model, or null) runs under the runtime actor in
-  /// options.layout; otherwise `model` runs on one shard under one scheduler.
-  static outcome<std::unique_ptr<engine>> start(std::unique_ptr<step_model> model, std::shared_ptr<const class model> layered,
+  /// Every start(): `layered` (layouts of the V4.1 model, or null) runs under the runtime actor
+  /// in options.layout; otherwise `model` runs on one shard under one scheduler.
+  static outcome<std::unique_ptr<engine>> start(std::unique_ptr<step_model> model, std::shared_ptr<rank_source> layered,
                                                 engine_options options);
   std::unique_ptr<impl> impl_;
 };

@@ -8,6 +8,7 @@
 
 #include "actors/engine.hpp"
 #include "actors/protocol.hpp"
+#include "actors/rank_source.hpp"
 #include "actors/runtime_actor.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/session_actor.hpp"
@@ -88,23 +89,31 @@ outcome<std::unique_ptr<engine>> engine::start(const model_args& args, std::shar
   } catch (const std::exception& e) {
     return engine_error{engine_errc::bad_params, std::string("model: ") + e.what()};
   }
-  return start(wrap_model(m), m, options);
+  return start(nullptr, make_cpu_rank_source(m), options);
 }
 
 outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model, engine_options options) {
   return start(std::move(model), nullptr, options);
 }
 
-outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model, std::shared_ptr<const class model> layered,
+outcome<std::unique_ptr<engine>> engine::start(std::shared_ptr<rank_source> src, engine_options options) {
+  return start(nullptr, std::move(src), options);
+}
+
+outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model, std::shared_ptr<rank_source> layered,
                                                engine_options options) {
   if (auto errors = validate(options); !errors.empty()) return engine_error{engine_errc::bad_params, errors.front()};
   std::optional<layout_spec> parallel;
   if (layered) {
     auto spec = parse_layout(options.layout, layered->args());
     if (!spec) return spec.error();
+    if (const std::string why = layered->check(spec.value()); !why.empty())
+      return engine_error{engine_errc::bad_params, "layout '" + options.layout + "': " + why};
+    if (options.shard_port >= 0 && !layered->remote_shards())
+      return engine_error{engine_errc::bad_params, "--shard-port: this model's shards run in this process only"};
     parallel = spec.value();
   }
-  const kv_layout layout = model->layout();
+  const kv_layout layout = layered ? layered->layout() : model->layout();
   if (options.page_tokens != layout.page_tokens)
     return engine_error{engine_errc::bad_params, "--page-tokens " + std::to_string(options.page_tokens) +
                                                      " differs from the model's pages of " +
@@ -116,7 +125,7 @@ outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model
                             " holds no page and ring slot (a slot is " + std::to_string(cap.slot_bytes) +
                             " B, a page " + std::to_string(cap.page_bytes) + " B)"};
   auto p = std::make_unique<impl>();
-  p->args = model->args();
+  p->args = layered ? layered->args() : model->args();
   p->options = options;
   register_messages(p->cfg);
   p->cfg.set("scheduler.max-threads", 2);

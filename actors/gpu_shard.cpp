@@ -150,6 +150,54 @@ std::unique_ptr<kv_arena> gpu_step_model::make_arena(const kv_capacity& cap) con
   return arena;
 }
 
+namespace {
+
+class gpu_rank_source final : public rank_source {
+ public:
+  gpu_rank_source(std::vector<std::shared_ptr<const gpu_model>> models, bool verbose)
+      : models_(std::move(models)), verbose_(verbose) {
+    if (models_.empty()) throw std::runtime_error("a GPU rank source needs a model");
+    for (std::size_t r = 0; r < models_.size(); ++r)
+      if (models_[r]->placement().rank != int(r) || models_[r]->placement().size != int(models_.size()))
+        throw std::runtime_error("GPU model " + std::to_string(r) + " is not placed as rank " + std::to_string(r) +
+                                 " of " + std::to_string(models_.size()));
+  }
+  const model_args& args() const override { return models_[0]->args(); }
+  const kv_layout& layout() const override { return models_[0]->layout(); }
+  std::string check(const layout_spec& spec) const override {
+    const int n = int(models_.size());
+    if (spec.num_shards == n) return {};
+    return "the GPU models are placed for " + std::to_string(n) + " device" + (n > 1 ? "s" : "") + ": " +
+           (n == 1 ? "tp1" : "tp" + std::to_string(n) + " or dep" + std::to_string(n)) + " only";
+  }
+  layout_ranks make(const layout_spec& spec, int first, std::chrono::milliseconds) override {
+    if (const std::string why = check(spec); !why.empty()) throw std::runtime_error(why);
+    const int n = spec.num_shards;
+    std::vector<std::unique_ptr<communicator>> comms(n);
+    if (n > 1) {
+      std::vector<int> devices;
+      for (const auto& m : models_) devices.push_back(m->device());
+      comms = make_gpu_group(devices);
+    }
+    layout_ranks out;
+    for (int r = first; r < n; ++r) {
+      const shard_view view = make_shard_view(args(), spec.mode, r, n, comms[r].get());
+      out.models.push_back(std::make_unique<gpu_step_model>(models_[r], verbose_, view, std::move(comms[r])));
+    }
+    return out;
+  }
+
+ private:
+  std::vector<std::shared_ptr<const gpu_model>> models_;
+  bool verbose_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<rank_source> make_gpu_rank_source(std::vector<std::shared_ptr<const gpu_model>> models, bool verbose) {
+  return std::make_shared<gpu_rank_source>(std::move(models), verbose);
+}
+
 std::vector<std::unique_ptr<communicator>> make_gpu_group(const std::vector<int>& devices) {
   const int n = int(devices.size());
   std::vector<std::unique_ptr<communicator>> comms(n);

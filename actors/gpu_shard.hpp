@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "actors/rank_source.hpp"
 #include "actors/shard.hpp"
 #include "kernels/collectives/communicator.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
@@ -77,6 +78,12 @@ class gpu_step_model final : public step_model {
   shard_view view_;
   std::unique_ptr<communicator> comm_;
 };
+
+/// The layouts of GPU models placed one per device (models[r] on device r, placed as rank r of
+/// models.size()): tpN and depN for N = models.size() (tp1 with one model), switchable into
+/// each other while serving, since both modes of one size keep the same weights on each
+/// device. Each build joins the ranks with a new NCCL group; a shard's KV is on its device.
+std::shared_ptr<rank_source> make_gpu_rank_source(std::vector<std::shared_ptr<const gpu_model>> models, bool verbose);
 
 /// NCCL communicators joining ranks 0..devices.size()-1, rank r on CUDA device devices[r] (each
 /// joins on a thread of its own; the call returns when all have). Throws collective_error.

@@ -1,6 +1,8 @@
 // A layout rank as a step_model (see rank_model.hpp).
 #include "actors/rank_model.hpp"
 
+#include "actors/rank_source.hpp"
+
 namespace cedar {
 namespace {
 
@@ -31,7 +33,33 @@ class rank_model final : public step_model {
   std::unique_ptr<communicator> comm_;
 };
 
+class cpu_rank_source final : public rank_source {
+ public:
+  explicit cpu_rank_source(std::shared_ptr<const model> m) : m_(std::move(m)) {}
+  const model_args& args() const override { return m_->args(); }
+  const kv_layout& layout() const override { return m_->layout(); }
+  std::string check(const layout_spec&) const override { return {}; }
+  bool remote_shards() const override { return true; }
+  layout_ranks make(const layout_spec& spec, int first, std::chrono::milliseconds timeout) override {
+    layout_ranks out;
+    if (spec.num_shards > 1) out.comm = inproc_group::make(spec.num_shards, timeout);
+    for (int r = first; r < spec.num_shards; ++r) {
+      std::unique_ptr<communicator> c = out.comm ? out.comm->join(r) : nullptr;
+      const shard_view view = make_shard_view(m_->args(), spec.mode, r, spec.num_shards, c.get());
+      out.models.push_back(make_rank_model(m_, view, std::move(c)));
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<const model> m_;
+};
+
 }  // namespace
+
+std::shared_ptr<rank_source> make_cpu_rank_source(std::shared_ptr<const model> m) {
+  return std::make_shared<cpu_rank_source>(std::move(m));
+}
 
 std::unique_ptr<step_model> make_rank_model(std::shared_ptr<const model> m, shard_view view,
                                             std::unique_ptr<communicator> comm) {

@@ -72,10 +72,10 @@ layout_status make_status(const runtime_state& st) {
   return s;
 }
 
-runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<const model> m, engine_options options,
+runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<rank_source> src, engine_options options,
                                               layout_spec layout) {
   auto& st = self->state;
-  st.m = std::move(m);
+  st.src = std::move(src);
   st.options = options;
   st.layout = layout;
   st.router = session_router(layout.num_groups());
@@ -135,8 +135,10 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<con
       },
       [=](const switch_layout& msg) -> caf::result<switch_result> {
         auto& st = self->state;
-        auto spec = parse_layout(msg.layout, st.m->args());
+        auto spec = parse_layout(msg.layout, st.src->args());
         if (!spec) return switch_result{int32_t(spec.error().code), spec.error().message, st.layout.name()};
+        if (const std::string why = st.src->check(spec.value()); !why.empty())
+          return switch_result{int32_t(engine_errc::bad_params), "layout '" + msg.layout + "': " + why, st.layout.name()};
         if (st.sw) return switch_result{int32_t(engine_errc::bad_params), "a layout switch is already running", st.layout.name()};
         auto rp = self->make_response_promise<switch_result>();
         st.sw = pending_switch{spec.value(), rp, std::chrono::steady_clock::now()};
@@ -147,7 +149,8 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<con
       [=](layout_atom) -> layout_status { return make_status(self->state); },
       [=](shard_join& msg) -> status_reply {
         auto& st = self->state;
-        const std::string mine = model_fingerprint(st.m->args(), st.m->layout());
+        if (!st.src->remote_shards()) return {int32_t(engine_errc::bad_params), "this engine's shards run in its process only"};
+        const std::string mine = model_fingerprint(st.src->args(), st.src->layout());
         if (msg.model != mine)
           return {int32_t(engine_errc::bad_params), "the shard's model (" + msg.model + ") is not this engine's (" + mine + ")"};
         self->monitor(msg.shard);
@@ -175,9 +178,9 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<con
 
 }  // namespace
 
-runtime_actor spawn_runtime(caf::actor_system& sys, std::shared_ptr<const model> m, const engine_options& options,
+runtime_actor spawn_runtime(caf::actor_system& sys, std::shared_ptr<rank_source> src, const engine_options& options,
                             layout_spec layout) {
-  return sys.spawn(runtime_behavior, std::move(m), options, layout);
+  return sys.spawn(runtime_behavior, std::move(src), options, layout);
 }
 
 }  // namespace cedar

@@ -11,13 +11,14 @@
 #include "actors/layout.hpp"
 #include "actors/protocol.hpp"
 #include "config/engine_options.hpp"
-#include "kernels/model/model.hpp"
+#include "actors/rank_source.hpp"
 
 namespace cedar {
 
-/// Spawns the runtime serving `m` in `layout`. Each data-parallel group gets the KV budget of
-/// `options` (kv_budget_bytes, max_num_seqs); every shard of a TP group holds a replica.
-runtime_actor spawn_runtime(caf::actor_system& sys, std::shared_ptr<const model> m, const engine_options& options,
+/// Spawns the runtime serving the shards `src` makes, in `layout`. Each data-parallel group gets
+/// the KV budget of `options` (kv_budget_bytes, max_num_seqs); every shard of a TP group holds
+/// a replica.
+runtime_actor spawn_runtime(caf::actor_system& sys, std::shared_ptr<rank_source> src, const engine_options& options,
                             layout_spec layout);
 
 }  // namespace cedar

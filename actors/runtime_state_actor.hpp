@@ -12,6 +12,7 @@
 
 #include "actors/layout.hpp"
 #include "actors/protocol.hpp"
+#include "actors/rank_source.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/session_router.hpp"
 #include "actors/shard.hpp"
@@ -55,7 +56,7 @@ struct pending_switch {
 };
 
 struct runtime_state {
-  std::shared_ptr<const model> m;
+  std::shared_ptr<rank_source> src;  ///< makes every layout's shards
   engine_options options;
   layout_spec layout;
   uint64_t generation = 0;

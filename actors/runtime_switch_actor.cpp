@@ -5,7 +5,6 @@
 // layout in which a failed shard's KV counts as lost.
 #include <algorithm>
 
-#include "actors/rank_model.hpp"
 #include "actors/rehome.hpp"
 #include "actors/runtime_state_actor.hpp"
 #include "actors/shard_actor.hpp"
@@ -48,20 +47,19 @@ void finish_switch(self_ptr self, const rehome_stats& moved, std::chrono::steady
 void build_layout(self_ptr self, const layout_spec& spec, std::vector<rank_entry>& ranks,
                   std::vector<std::unique_ptr<scheduler>>& groups, std::shared_ptr<inproc_group>& comm) {
   auto& st = self->state;
-  const kv_layout& kv = st.m->layout();
+  const kv_layout& kv = st.src->layout();
   const kv_capacity cap = plan_kv_capacity(kv, st.options.kv_budget_bytes, st.options.max_num_seqs);
-  comm = spec.num_shards > 1 ? inproc_group::make(spec.num_shards, std::chrono::milliseconds(st.options.step_timeout_ms))
-                             : nullptr;
   if (spec.num_shards == 1 && !st.remote_pool.empty()) {  // a joined shard process serves tp1
     rank_entry e;
     e.actor = st.remote_pool.front();
     e.remote = true;
     ranks.push_back(std::move(e));
   }
-  for (int r = int(ranks.size()); r < spec.num_shards; ++r) {
-    std::unique_ptr<communicator> c = comm ? comm->join(r) : nullptr;
-    const shard_view view = make_shard_view(st.m->args(), spec.mode, r, spec.num_shards, c.get());
-    auto s = std::make_shared<shard>(make_rank_model(st.m, view, std::move(c)), cap);
+  const int first = int(ranks.size());
+  layout_ranks made = st.src->make(spec, first, std::chrono::milliseconds(st.options.step_timeout_ms));
+  comm = made.comm;
+  for (int r = first; r < spec.num_shards; ++r) {
+    auto s = std::make_shared<shard>(std::move(made.models[r - first]), cap);
     rank_entry e;
     e.s = s;
     e.group = spec.group_of_shard(r);
@@ -70,7 +68,7 @@ void build_layout(self_ptr self, const layout_spec& spec, std::vector<rank_entry
     ranks.push_back(std::move(e));
   }
   for (int g = 0; g < spec.num_groups(); ++g) {
-    groups.push_back(std::make_unique<scheduler>(st.m->args(), kv, st.options));
+    groups.push_back(std::make_unique<scheduler>(st.src->args(), kv, st.options));
     for (uint64_t session : st.live_sessions) groups.back()->session_opened(session);
     if (st.draining) groups.back()->drain();
   }
@@ -84,7 +82,25 @@ void run_switch(self_ptr self) {
   std::vector<rank_entry> ranks;
   std::vector<std::unique_ptr<scheduler>> groups;
   std::shared_ptr<inproc_group> comm;
-  build_layout(self, st.sw->target, ranks, groups, comm);
+  try {
+    build_layout(self, st.sw->target, ranks, groups, comm);
+  } catch (const std::exception& e) {  // (device memory for a second set of arenas, a collective group)
+    for (rank_entry& r : ranks) {
+      if (r.remote) continue;
+      self->demonitor(r.actor.address());
+      self->send_exit(r.actor, caf::exit_reason::user_shutdown);
+    }
+    pending_switch sw = std::move(*st.sw);
+    st.sw.reset();
+    st.last_fault = "layout " + sw.target.name() + " could not be built: " + e.what();
+    if (sw.rp) sw.rp->deliver(switch_result{int32_t(engine_errc::shard_failed), st.last_fault, st.layout.name()});
+    st.paused = false;
+    std::vector<held_submit> held = std::move(st.held);
+    st.held.clear();
+    for (held_submit& h : held) h.rp.deliver(do_submit(self, h.msg, h.sink));
+    pump(self);
+    return;
+  }
 
   std::vector<rehome_source> from;
   for (std::size_t g = 0; g < st.groups.size(); ++g) from.push_back({st.groups[g].get(), source_arena(st.ranks, int(g))});
@@ -95,7 +111,7 @@ void run_switch(self_ptr self) {
     else to[r.group].reachable = false;
   }
   st.router.regroup(int(groups.size()));
-  const rehome_stats moved = rehome(from, to, st.m->layout(), st.router, st.request_group);
+  const rehome_stats moved = rehome(from, to, st.src->layout(), st.router, st.request_group);
 
   const bool rebuild = !st.sw->rp.has_value();
   for (rank_entry& r : st.ranks) {

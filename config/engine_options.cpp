@@ -69,8 +69,10 @@ std::string engine_options::help() {
          "  --kv-budget-bytes N            memory for KV pages, SWA rings and tails (default 1 GiB)\n"
          "  --page-tokens N                token positions per KV page (default 256)\n"
          "  --step-timeout-ms N            fail a step whose shard reply is later (default 60000)\n"
-         "  --layout tpN|depN              CPU shards: TP-N splits heads and experts, DEP-N runs N\n"
-         "                                 schedulers with experts split (default tp1; switchable live)\n"
+         "  --layout tpN|depN              shards: TP-N splits heads and experts, DEP-N runs N\n"
+         "                                 schedulers with experts split (default tp1; switchable live).\n"
+         "                                 CPU: any N; --device cuda: rank r on device r, and a live\n"
+         "                                 switch only between tpN and depN of the same N\n"
          "  --shard-port N                 accept a shard process (cedar shard --connect) on port N;\n"
          "                                 a tp1 layout then runs on it (default off)\n";
 }

@@ -58,7 +58,7 @@ class runtime_bridge final : public engine_bridge {
     const auto& a = runtime_->args();
     std::string layout = layout_;
     if (auto l = runtime_->layout_info())
-      layout = l.value().layout + " on " + std::to_string(l.value().shards.size()) + " CPU shard(s), " + layout_;
+      layout = l.value().layout + " on " + std::to_string(l.value().shards.size()) + " shard(s), " + layout_;
     return {name_, layout, m.pages_total * page_tokens_, a.vocab_size,
             int(std::min<int64_t>(a.max_position_embeddings, int64_t(m.pages_total) * page_tokens_))};
   }

@@ -11,8 +11,9 @@
 #                default; e.g. "exact fast" for both)
 #   GPU_SERVE_ARGS  more serve options (default "--kv-budget-bytes 1073741824", the CPU default,
 #                so that several servers and tests share the device)
-#   SKIP_CHECKS  checks not run on the device (default: the TP -> DEP layout switch; a GPU server
-#                runs one shard, --layout tp1 only)
+#   SKIP_CHECKS  checks not run on the device (default: the TP -> DEP layout switch, which needs
+#                two GPUs: there, GPU_SERVE_ARGS="... --layout tp2" SKIP_CHECKS= CEDAR_LAYOUT_BACK=tp2
+#                runs it, the switch going tp2 -> dep2 -> tp2)
 #   GPU_DEVICE   --device of the model server (default cuda; cpu tries this script elsewhere)
 #   PARALLEL     runs at once (default 4), each with its own servers; RUN_TIMEOUT_S (default 150)
 #   BUDGET_S     no new run starts after this many seconds (default 200)

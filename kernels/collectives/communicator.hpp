@@ -26,6 +26,12 @@ class communicator {
   virtual ~communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  /// GPU groups: the collectives that follow are enqueued on `stream` (a cudaStream_t of this
+  /// rank's device; null is the legacy default stream) and return without waiting, ordered with
+  /// the caller's work on that stream (exchange_counts still waits: its counts come back to the
+  /// host). Until it is called, every collective runs on the group's own stream and is waited
+  /// for. Host groups ignore it.
+  virtual void enqueue_on(void* stream) { (void)stream; }
 
   /// data[i] = sum over ranks of data[i] (in place), identical on every rank.
   virtual void all_reduce_sum(float* data /*[count]*/, std::size_t count) = 0;

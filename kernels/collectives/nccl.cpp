@@ -43,38 +43,39 @@ class nccl_communicator final : public communicator {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  void enqueue_on(void* stream) override { caller_ = static_cast<cudaStream_t>(stream), ordered_ = true; }
 
   void all_reduce_sum(float* data, std::size_t count) override {
-    check_nccl(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_), "all_reduce");
+    check_nccl(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, on()), "all_reduce");
     sync();
   }
   void all_gather(const float* send, std::size_t count, float* recv) override {
-    check_nccl(ncclAllGather(send, recv, count, ncclFloat32, comm_, stream_), "all_gather");
+    check_nccl(ncclAllGather(send, recv, count, ncclFloat32, comm_, on()), "all_gather");
     sync();
   }
   void reduce_scatter_sum(const float* send, std::size_t count, float* recv) override {
-    check_nccl(ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm_, stream_), "reduce_scatter");
+    check_nccl(ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, comm_, on()), "reduce_scatter");
     sync();
   }
   void broadcast(float* data, std::size_t count, int root) override {
-    check_nccl(ncclBroadcast(data, data, count, ncclFloat32, root, comm_, stream_), "broadcast");
+    check_nccl(ncclBroadcast(data, data, count, ncclFloat32, root, comm_, on()), "broadcast");
     sync();
   }
   void exchange_counts(const std::size_t* send_counts, std::size_t* recv_counts) override {
     std::vector<uint64_t> host(send_counts, send_counts + size_);
     uint64_t* send_dev = static_cast<uint64_t*>(counts_dev_);
     uint64_t* recv_dev = send_dev + size_;
-    check_cuda(cudaMemcpyAsync(send_dev, host.data(), sizeof(uint64_t) * size_, cudaMemcpyHostToDevice, stream_),
+    check_cuda(cudaMemcpyAsync(send_dev, host.data(), sizeof(uint64_t) * size_, cudaMemcpyHostToDevice, on()),
                "counts upload");
     check_nccl(ncclGroupStart(), "group start");
     for (int p = 0; p < size_; ++p) {
-      check_nccl(ncclSend(send_dev + p, 1, ncclUint64, p, comm_, stream_), "send counts");
-      check_nccl(ncclRecv(recv_dev + p, 1, ncclUint64, p, comm_, stream_), "recv counts");
+      check_nccl(ncclSend(send_dev + p, 1, ncclUint64, p, comm_, on()), "send counts");
+      check_nccl(ncclRecv(recv_dev + p, 1, ncclUint64, p, comm_, on()), "recv counts");
     }
     check_nccl(ncclGroupEnd(), "group end");
-    check_cuda(cudaMemcpyAsync(host.data(), recv_dev, sizeof(uint64_t) * size_, cudaMemcpyDeviceToHost, stream_),
+    check_cuda(cudaMemcpyAsync(host.data(), recv_dev, sizeof(uint64_t) * size_, cudaMemcpyDeviceToHost, on()),
                "counts download");
-    sync();
+    check_cuda(cudaStreamSynchronize(on()), "counts sync");
     for (int p = 0; p < size_; ++p) recv_counts[p] = std::size_t(host[p]);
   }
   void all_to_all(const float* send, const std::size_t* send_counts, float* recv,
@@ -83,9 +84,9 @@ class nccl_communicator final : public communicator {
     check_nccl(ncclGroupStart(), "group start");
     for (int p = 0; p < size_; ++p) {
       if (send_counts[p] > 0)
-        check_nccl(ncclSend(send + send_at, send_counts[p], ncclFloat32, p, comm_, stream_), "send");
+        check_nccl(ncclSend(send + send_at, send_counts[p], ncclFloat32, p, comm_, on()), "send");
       if (recv_counts[p] > 0)
-        check_nccl(ncclRecv(recv + recv_at, recv_counts[p], ncclFloat32, p, comm_, stream_), "recv");
+        check_nccl(ncclRecv(recv + recv_at, recv_counts[p], ncclFloat32, p, comm_, on()), "recv");
       send_at += send_counts[p];
       recv_at += recv_counts[p];
     }
@@ -94,10 +95,17 @@ class nccl_communicator final : public communicator {
   }
 
  private:
-  void sync() { check_cuda(cudaStreamSynchronize(stream_), "stream sync"); }
+  /// The stream the collectives go to: the caller's (enqueue_on), else the group's own.
+  cudaStream_t on() const { return ordered_ ? caller_ : stream_; }
+  /// Waits for a collective on the group's own stream (nothing to wait for on the caller's).
+  void sync() {
+    if (!ordered_) check_cuda(cudaStreamSynchronize(stream_), "stream sync");
+  }
 
   int rank_, size_, device_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t caller_ = nullptr;  ///< enqueue_on's (may be the legacy default stream, 0)
+  bool ordered_ = false;
   ncclComm_t comm_ = nullptr;
   void* counts_dev_ = nullptr;  // [2, size] uint64: send then receive counts
 };

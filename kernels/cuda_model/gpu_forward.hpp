@@ -192,6 +192,9 @@ struct gpu_model::impl {
   bool splits_heads() const;
   int head_begin() const;  ///< this rank's query heads [head_begin, head_begin + num_heads)
   int num_heads() const;
+  /// Whether the MoE halves may run as CUDA graphs: one rank, or TP (its collectives are stream
+  /// ordered); not DEP, whose exchange reads counts on the host.
+  bool graphable() const;
   mutable phase_profile profile;
   /// CUDA graphs of the MoE halves (fast kernel set; $CEDAR_GPU_GRAPHS=0 turns them off):
   /// workspaces by row count, executable graphs by (rows, layer).

@@ -208,7 +208,7 @@ void gpu_model::impl::drop_truncated_rows(gbatch& b, const forward_stats* stats)
   b.d_positions = dvec<int32_t>(b.positions);
   // the kept rows (the sliding window's, at prefill) run their MoE halves under graphs when
   // their count has a workspace
-  b.ws = sharded() ? nullptr : graph_workspace_for(out, stats);
+  b.ws = graphable() ? graph_workspace_for(out, stats) : nullptr;
   if (b.ws == nullptr) {
     b.X = std::move(X);
     b.pre = std::move(pre);
@@ -272,18 +272,20 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
       dvec<int32_t> d_tokens(tokens);
       dvec<float> e(std::size_t(n) * D);
       cuda::embed(d_tokens.get(), n, embed, e.get());
-      b.ws = sharded() ? nullptr : graph_workspace_for(n, stats);  // collectives wait on the host
+      b.ws = graphable() ? graph_workspace_for(n, stats) : nullptr;
       b.X = b.ws ? dvec<float>::borrow(b.ws->X.get(), std::size_t(n) * hc * D) : dvec<float>(std::size_t(n) * hc * D);
       b.pre = b.ws ? dvec<float>::borrow(b.ws->pre.get(), std::size_t(n) * hc) : dvec<float>(std::size_t(n) * hc);
       cuda::hc_expand(e.get(), n, hc, D, b.X.get(), b.pre.get());
     }
-    for (int l = 0; l < args.num_hidden_layers && b.num_rows > 0; ++l) {
+    // (a DEP rank whose rows all drop at the truncated layers still joins their exchanges)
+    const bool exchanges = sharded() && view->exchanges_every_layer();
+    for (int l = 0; l < args.num_hidden_layers && (b.num_rows > 0 || exchanges); ++l) {
       if (l == args.truncate_from_layer && truncates) {
         flush_post(b);
         drop_truncated_rows(b, stats);
       }
       if (b.num_rows > 0) run_layer(l, b, stats);  // a chunk wholly below truncate_below stops here
-      else if (sharded() && view->exchanges_every_layer()) moe_sharded(l, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
+      else if (exchanges) moe_sharded(l, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
     }
     flush_post(b);
     phase_profile::scope t(profile, phase_profile::head);

@@ -75,7 +75,7 @@ struct rig {
     sys = std::make_unique<caf::actor_system>(cfg);
     auto spec = parse_layout(layout, micro_model()->args());
     REQUIRE(spec.ok());
-    rt = spawn_runtime(*sys, micro_model(), o, spec.value());
+    rt = spawn_runtime(*sys, make_cpu_rank_source(micro_model()), o, spec.value());
   }
   ~rig() {
     for (auto& c : clients) caf::anon_send_exit(c->actor, caf::exit_reason::user_shutdown);

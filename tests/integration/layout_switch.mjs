@@ -6,7 +6,8 @@ const require = createRequire(process.env.CEDAR_ROOT + "/tools/node/package.json
 const WebSocket = require("ws");
 
 const sessions = 32, turns = 3, maxTokens = 8;
-const plan = ["dep2", "tp4", "tp1"];
+const plan = (process.env.LAYOUT_PLAN || "dep2,tp4,tp1").split(",");
+const shardsOf = (layout) => Number(layout.replace(/^(tp|dep)/, ""));
 
 function open(url) {
   return new Promise((resolve, reject) => {
@@ -95,12 +96,18 @@ for (const r of results)
 console.log(`  ${failed} failed, ${truncated} with another token count, ${differ} of ${sessions * turns} turns differ`);
 assert.equal(failed, 0);
 assert.equal(truncated, 0);
-assert.equal(differ, 0);
+// LAYOUT_TEXT_MAY_DIFFER=1 (GPU fast kernels): a prompt's bits depend on the rows it is batched
+// with outside the decode path, so two runs may answer differently; counted, not asserted
+if (process.env.LAYOUT_TEXT_MAY_DIFFER !== "1") assert.equal(differ, 0);
 const st = await status();
-assert.equal(st.layout, "tp1");
-assert.equal(st.switches, 3);
-assert.equal(st.shards.length, 1);
-assert.ok(st.shards[0].steps > 0 && st.shards[0].alive);
+assert.equal(st.layout, plan[plan.length - 1]);
+assert.equal(st.switches, plan.length);
+assert.equal(st.shards.length, shardsOf(plan[plan.length - 1]));
+assert.ok(st.shards.every((s) => s.steps > 0 && s.alive));
+if (process.env.LAYOUT_KILL === "0") {
+  console.log("layout_switch: ok (no shard killed)");
+  process.exit(0);
+}
 
 // A shard killed mid-stream (test hook): every stream ends within 10 s, /health answers
 // throughout, and new sessions are served after the rebuild.

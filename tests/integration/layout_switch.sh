@@ -13,7 +13,12 @@ CEDAR_ROOT="${CEDAR_ROOT:-$(cd "$here/../.." && pwd)}"
 source "$here/serve_lib.bash"
 trap 'show_logs_on_failure; cleanup_servers' EXIT
 
-opts=(--model micro --layout tp4 --page-tokens 16 --swa-replay full --admin-key adm-layout)
+# LAYOUT_START (default tp4), LAYOUT_PLAN (default dep2,tp4,tp1), LAYOUT_KILL (default 1; 0 skips
+# the killed shard) and LAYOUT_PAGE_TOKENS (default 16) let the same run drive GPU layouts, e.g. on
+# two GPUs: CEDAR_SERVE_MODEL_ARGS="--device cuda" LAYOUT_START=tp2 LAYOUT_PLAN=dep2,tp2,dep2
+# LAYOUT_KILL=0 LAYOUT_PAGE_TOKENS=256 (the GPU model's pages)
+opts=(--model micro --layout "${LAYOUT_START:-tp4}" --page-tokens "${LAYOUT_PAGE_TOKENS:-16}" --swa-replay full
+      --admin-key adm-layout "${model_args[@]}")
 start_server ref "${opts[@]}"
 start_server live "${opts[@]}"
 CEDAR_ROOT="$CEDAR_ROOT" URL_REF="$url_ref" URL_LIVE="$url_live" node "$here/layout_switch.mjs"

@@ -213,32 +213,25 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
 #endif
 }
 
-std::vector<std::unique_ptr<step_model>> make_gpu_layout_models(const model_args& args,
-                                                                std::shared_ptr<const tensor_map> weights,
-                                                                kv_dtype dtype, gpu_kernels kernels, bool dense_bf16,
-                                                                parallel_mode mode, int size, bool verbose,
-                                                                std::string* error) {
-  std::vector<std::unique_ptr<step_model>> out;
+std::shared_ptr<rank_source> make_gpu_layout_source(const model_args& args, std::shared_ptr<const tensor_map> weights,
+                                                    kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, int size,
+                                                    bool verbose, std::string* error) {
   if (std::string why = device_unavailable(device_kind::cuda); !why.empty()) {
     *error = why;
-    return out;
+    return nullptr;
   }
 #ifdef CEDAR_HAVE_CUDA
-  if (const std::string why = check_layout(args, mode, size); !why.empty()) {
-    *error = why;
-    return out;
-  }
   if (cuda::device_count() < size) {
     *error = "a " + std::to_string(size) + "-rank layout needs " + std::to_string(size) + " CUDA devices, " +
              std::to_string(cuda::device_count()) + " are present";
-    return out;
+    return nullptr;
   }
-  if (kernels != gpu_kernels::fast) {
+  if (size > 1 && kernels != gpu_kernels::fast) {
     *error = "multi-GPU layouts run the fast kernel set (--gpu-kernels fast)";
-    return out;
+    return nullptr;
   }
   // every rank's weights at once, each from its own thread onto its own device
-  std::vector<std::unique_ptr<gpu_model>> models(size);
+  std::vector<std::shared_ptr<const gpu_model>> models(size);
   std::vector<std::string> errors(size);
   std::vector<std::thread> loaders;
   for (int r = 0; r < size; ++r)
@@ -254,24 +247,20 @@ std::vector<std::unique_ptr<step_model>> make_gpu_layout_models(const model_args
   for (const std::string& e : errors)
     if (!e.empty()) {
       *error = e;
-      return out;
+      return nullptr;
     }
-  try {
-    std::vector<int> devices(size);
-    for (int r = 0; r < size; ++r) devices[r] = r;
-    auto comms = make_gpu_group(devices);
-    for (int r = 0; r < size; ++r)
-      out.push_back(std::make_unique<gpu_step_model>(std::move(models[r]), verbose,
-                                                     make_shard_view(args, mode, r, size, comms[r].get()),
-                                                     std::move(comms[r])));
-  } catch (const std::exception& e) {
-    *error = e.what();
-    out.clear();
-  }
-  return out;
+  return make_gpu_rank_source(std::move(models), verbose);
 #else
-  (void)args, (void)weights, (void)dtype, (void)kernels, (void)dense_bf16, (void)mode, (void)size, (void)verbose;
-  return out;
+  (void)args, (void)weights, (void)dtype, (void)kernels, (void)dense_bf16, (void)size, (void)verbose;
+  return nullptr;
+#endif
+}
+
+void select_gpu(int device) {
+#ifdef CEDAR_HAVE_CUDA
+  cuda::set_device(device);
+#else
+  (void)device;
 #endif
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/checkpoint/tensor_map.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
 #include "kernels/model/model.hpp"
+#include "actors/rank_source.hpp"
 #include "kernels/model/shard_plan.hpp"
 
 namespace cedar::cli {
@@ -66,15 +67,16 @@ std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::sha
                                                 kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, bool verbose,
                                                 std::string* error);
 
-/// The ranks of a `size`-rank layout (TP or DEP) as shards' step_models: rank r's weights (its
-/// experts, gpu_placement) uploaded to CUDA device r, all ranks at once, and an NCCL group joining
-/// them; each rank's shard must then run its steps on a thread of its own, at the same time as
-/// the others. Empty and *error without `size` devices, with the exact kernel set, or on failure.
-std::vector<std::unique_ptr<step_model>> make_gpu_layout_models(const model_args& args,
-                                                                std::shared_ptr<const tensor_map> weights,
-                                                                kv_dtype dtype, gpu_kernels kernels, bool dense_bf16,
-                                                                parallel_mode mode, int size, bool verbose,
-                                                                std::string* error);
+/// The layouts of `size` devices (tpN and depN; tp1 for one) as a runtime's rank source: rank r's
+/// weights (its experts, gpu_placement) uploaded to CUDA device r, all ranks at once (progress
+/// of rank 0 on stderr when verbose). Null and *error without `size` devices, with the exact
+/// kernel set and size > 1, or on failure.
+std::shared_ptr<rank_source> make_gpu_layout_source(const model_args& args, std::shared_ptr<const tensor_map> weights,
+                                                    kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, int size,
+                                                    bool verbose, std::string* error);
+
+/// Makes CUDA device `device` the calling thread's (nothing without CUDA).
+void select_gpu(int device);
 
 /// --gpu-batch-invariant on|off (cedar serve, generate, gpu-bench; process-wide, before the model
 /// is built): on, a request's bits on the GPU never depend on what it is batched with; off, the

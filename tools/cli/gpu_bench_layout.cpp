@@ -101,9 +101,17 @@ std::string run_layout_decode(report& rep, const model_args& args) {
   auto weights = load_weights(o.model, args, o.seed, o.progress, &error);
   if (!weights) return error;
   if (o.batch_invariant) set_gpu_batch_invariant(*o.batch_invariant);
-  auto models =
-      make_gpu_layout_models(args, std::move(weights), o.kv, o.kernels, o.dense_bf16, o.layout_mode, N, o.progress, &error);
-  if (models.empty()) return error;
+  if (const std::string why = check_layout(args, o.layout_mode, N); !why.empty()) return why;
+  auto src = make_gpu_layout_source(args, std::move(weights), o.kv, o.kernels, o.dense_bf16, N, o.progress, &error);
+  if (!src) return error;
+  layout_spec spec;
+  spec.mode = o.layout_mode, spec.num_shards = N;
+  std::vector<std::unique_ptr<step_model>> models;
+  try {
+    models = src->make(spec, 0, std::chrono::milliseconds(0)).models;
+  } catch (const std::exception& e) {
+    return e.what();
+  }
   rep.load_s = seconds_since(t0);
   rep.ceil = measure_ceilings(device_kind::cuda);
   rep.device = std::to_string(N) + " x " + rep.ceil.device;

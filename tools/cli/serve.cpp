@@ -52,6 +52,33 @@ std::shared_ptr<const cedar::tensor_map> load_weights(const model_choice& c, con
   return weights;
 }
 
+/// --device cuda --layout tpN|depN: one GPU model per device under the runtime. Every device's KV
+/// budget is the smallest device's, halved: a switch builds the other layout's arenas before it
+/// frees the old ones.
+cedar::outcome<std::unique_ptr<cedar::engine>> start_gpu_layout(const model_choice& c, const cedar::model_args& args,
+                                                                std::shared_ptr<const cedar::tensor_map> weights) {
+  std::string error;
+  auto spec = cedar::parse_layout(c.options.layout, args);
+  if (!spec) return spec.error();
+  auto src = cedar::cli::make_gpu_layout_source(args, std::move(weights),
+                                                c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4,
+                                                c.kernels, c.dense_bf16, spec.value().num_shards, true, &error);
+  if (!src) throw std::runtime_error(error);
+  cedar::engine_options options = c.options;
+  const int64_t reserve = cedar::gpu_step_reserve_bytes(args, options.max_batched_tokens);
+  int64_t budget = -1;
+  for (int r = 0; r < spec.value().num_shards; ++r) {
+    cedar::cli::select_gpu(r);
+    const auto b = cedar::cli::gpu_kv_budget(src->layout(), c.gpu_memory_fraction / 2,
+                                             c.kv_budget_given ? options.kv_budget_bytes : 0, options.max_num_seqs,
+                                             reserve, r == 0, &error);
+    if (!b) throw std::runtime_error("device " + std::to_string(r) + ": " + error);
+    budget = budget < 0 ? *b : std::min(budget, *b);
+  }
+  options.kv_budget_bytes = budget;
+  return cedar::engine::start(std::move(src), options);
+}
+
 std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, const cedar::net::prompt_codec& codec) {
   if (c.model == "null") {
     std::vector<int32_t> script;
@@ -71,6 +98,7 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
     if (c.batch_invariant) cedar::cli::set_gpu_batch_invariant(*c.batch_invariant);
     auto weights = cedar::cli::load_weights(c.model, *args, c.seed, true, &error);
     if (!weights) throw std::runtime_error(error);
+    if (c.options.layout != "tp1") return start_gpu_layout(c, *args, std::move(weights));
     auto gpu = cedar::cli::make_gpu_step_model(*args, std::move(weights),
                                                c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4, c.kernels,
                                                c.dense_bf16, true, &error);
@@ -89,7 +117,9 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
   if (name.empty() || name.find(".json") != std::string::npos) name = "model";
   const bool cuda = c.device == cedar::cli::device_kind::cuda;
   const std::string variant = c.batch_invariant == false ? ", batch-invariant off" : "";
-  std::string layout = std::string(!cuda ? ""
+  std::string layout = (cuda && c.options.layout != "tp1" ? std::string("rank r on device r, ")
+                                                       : std::string()) +
+                       std::string(!cuda ? ""
                                    : c.kernels == cedar::gpu_kernels::exact ? "cuda (exact kernels), "
                                    : c.dense_bf16 ? "cuda (fast kernels, dense bf16 kept" + variant + "), "
                                                   : "cuda (fast kernels" + variant + "), ") +
@@ -112,7 +142,9 @@ void print_help(FILE* out) {
       "                                 null returns a fixed token at once (measures streaming cost)\n"
       "  --seed N                       random-weight seed for presets (default 1234)\n"
       "  --device cpu|cuda              where the model runs (default cpu). cuda: weights and KV on the\n"
-      "                                 GPU, one shard (--layout tp1)\n"
+      "                                 GPU; --layout tpN|depN with N > 1: rank r on device r (fast\n"
+      "                                 kernels), each device's KV budget half of what one shard gets,\n"
+      "                                 so that a live switch (tpN <-> depN) can hold both layouts' KV\n"
       "  --gpu-memory-fraction F        --device cuda: the share of the device memory left free by the\n"
       "                                 weights and a step's activations (estimated from the model\n"
       "                                 and --max-batched-tokens) that the KV takes (default 0.9);\n"
@@ -264,8 +296,7 @@ int serve_main(int argc, char** argv) {
   if (engine.device == cedar::cli::device_kind::cuda) {
     if (std::string why = cedar::cli::device_unavailable(engine.device); !why.empty()) errors.push_back(why);
     if (engine.model == "null") errors.push_back("--device cuda: the null model has no device");
-    if (engine.options.layout != "tp1" || engine.options.shard_port >= 0)
-      errors.push_back("--device cuda runs one shard: --layout tp1 only, no --shard-port");
+    if (engine.options.shard_port >= 0) errors.push_back("--device cuda: shards run in this process (no --shard-port)");
     // the GPU defaults for what the command line left out (a chunk no larger than a step)
     auto& eo = engine.options;
     if (!parsed.given.count("--max-batched-tokens")) eo.max_batched_tokens = cedar::engine_options::gpu_step_tokens;
