@@ -68,14 +68,15 @@ struct rig {
   runtime_actor rt;
   std::vector<std::unique_ptr<client>> clients;
 
-  rig(const std::string& layout, engine_options o) {
+  rig(const std::string& layout, engine_options o,
+      std::shared_ptr<rank_source> src = make_cpu_rank_source(micro_model())) {
     register_messages(cfg);
     cfg.set("scheduler.max-threads", 2);
     cfg.set("logger.verbosity", caf::atom("quiet"));
     sys = std::make_unique<caf::actor_system>(cfg);
     auto spec = parse_layout(layout, micro_model()->args());
     REQUIRE(spec.ok());
-    rt = spawn_runtime(*sys, make_cpu_rank_source(micro_model()), o, spec.value());
+    rt = spawn_runtime(*sys, std::move(src), o, spec.value());
   }
   ~rig() {
     for (auto& c : clients) caf::anon_send_exit(c->actor, caf::exit_reason::user_shutdown);
@@ -282,6 +283,56 @@ TEST_CASE("runtime: a submit held by a pending switch streams to its session") {
   CHECK(second.turns[0].size() == 4u);
   const std::string when = held ? "while the switch waited (held)" : "outside the switch's wait";
   MESSAGE("the second submit arrived " << when);
+}
+
+/// The CPU model's layouts, but building `refused` throws (as a GPU layout without the device
+/// memory for a second set of arenas does), and `unknown` is not offered at all.
+class failing_source final : public rank_source {
+ public:
+  failing_source(std::string refused, std::string unknown)
+      : cpu_(make_cpu_rank_source(micro_model())), refused_(std::move(refused)), unknown_(std::move(unknown)) {}
+  const model_args& args() const override { return cpu_->args(); }
+  const kv_layout& layout() const override { return cpu_->layout(); }
+  std::string check(const layout_spec& spec) const override {
+    return spec.name() == unknown_ ? "not offered by this source" : "";
+  }
+  layout_ranks make(const layout_spec& spec, int first, std::chrono::milliseconds timeout) override {
+    if (spec.name() == refused_) throw std::runtime_error("no device memory for " + refused_);
+    return cpu_->make(spec, first, timeout);
+  }
+
+ private:
+  std::shared_ptr<rank_source> cpu_;
+  std::string refused_, unknown_;
+};
+
+TEST_CASE("runtime: a switch whose shards cannot be built is refused and the old layout keeps serving") {
+  rig r("tp2", options(), std::make_shared<failing_source>("dep2", "tp4"));
+  client& running = r.open(0);
+  r.turn(running, tokens_for(900, 30), 24);  // streams across both refusals
+  const switch_result bad = r.ask<switch_result>(r.rt, switch_layout{"dep2"});
+  CHECK(bad.error_code >= 0);
+  CHECK(bad.error_message.find("no device memory for dep2") != std::string::npos);
+  CHECK(bad.layout == "tp2");
+  const switch_result unknown = r.ask<switch_result>(r.rt, switch_layout{"tp4"});
+  CHECK(unknown.error_code >= 0);
+  CHECK(unknown.error_message.find("not offered") != std::string::npos);
+  const layout_status st = r.ask<layout_status>(r.rt, layout_atom::value);
+  CHECK(st.layout == "tp2");
+  CHECK_FALSE(st.switching);
+  CHECK(st.shards.size() == 2u);
+  CHECK(st.last_fault.find("dep2") != std::string::npos);
+  REQUIRE(rig::wait(running, 60000));
+  CHECK(running.reasons[0] == "length");
+  CHECK(running.turns[0].size() == 24u);
+  // admission is open again: a new request is served in the old layout, and a good switch runs
+  client& after = r.open(0);
+  r.turn(after, tokens_for(901, 12), 4);
+  REQUIRE(rig::wait(after, 60000));
+  CHECK(after.turns[0].size() == 4u);
+  const switch_result good = r.ask<switch_result>(r.rt, switch_layout{"tp1"});
+  CHECK_MESSAGE(good.error_code < 0, good.error_message);
+  CHECK(good.layout == "tp1");
 }
 
 TEST_CASE("runtime: a shard killed mid-run is replaced and every request ends within 10 s") {
