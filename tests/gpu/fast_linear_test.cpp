@@ -331,17 +331,9 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
   // wgmma experts from 129 tokens on (sm_90a) and the grouped tiles below
   for (int m : {1, 2, 20, 150, 200}) {
     const auto y = activations(rng, m, d);
-    std::vector<int32_t> sel(std::size_t(m) * topk);
-    std::vector<float> wts(sel.size());
-    for (int r = 0; r < m; ++r)
-      for (int i = 0; i < topk; ++i) {
-        int e;
-        do e = int(rng() % num_experts);
-        while (std::find(sel.begin() + std::size_t(r) * topk, sel.begin() + std::size_t(r) * topk + i, e) !=
-               sel.begin() + std::size_t(r) * topk + i);
-        sel[std::size_t(r) * topk + i] = e;
-        wts[std::size_t(r) * topk + i] = 0.2f + 0.1f * float(rng() % 8);
-      }
+    std::vector<int32_t> sel;
+    std::vector<float> wts;
+    random_routing(rng, m, topk, num_experts, sel, wts);
     dev<float> dy(y), dw(wts);
     dev<int32_t> ds(sel);
     std::vector<float> ref_y(std::size_t(m) * d);

@@ -45,17 +45,9 @@ TEST_CASE("fast experts split over ranks (TP slots summed, DEP slots one by one)
       const std::string what = "m=" + std::to_string(m) + (wgmma ? "" : " (no wgmma experts)");
       std::vector<float> y(std::size_t(m) * d);
       for (float& v : y) v = nd(rng);
-      std::vector<int32_t> sel(std::size_t(m) * topk);
-      std::vector<float> wts(sel.size());
-      for (int r = 0; r < m; ++r)
-        for (int i = 0; i < topk; ++i) {
-          int e;
-          do e = int(rng() % num_experts);
-          while (std::find(sel.begin() + std::size_t(r) * topk, sel.begin() + std::size_t(r) * topk + i, e) !=
-                 sel.begin() + std::size_t(r) * topk + i);
-          sel[std::size_t(r) * topk + i] = e;
-          wts[std::size_t(r) * topk + i] = 0.2f + 0.1f * float(rng() % 8);
-        }
+      std::vector<int32_t> sel;
+      std::vector<float> wts;
+      random_routing(rng, m, topk, num_experts, sel, wts);
       dev<float> dy(y), dw(wts);
       dev<int32_t> ds(sel);
       dev<float> want(y.size());

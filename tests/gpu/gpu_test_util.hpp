@@ -171,4 +171,21 @@ struct engram_device {
   }
 };
 
+/// Routing of m rows: topk distinct experts of num_experts a row (sel [m, topk]) with weights in
+/// 0.2 .. 0.9 (w, the same shape).
+inline void random_routing(std::mt19937_64& rng, int m, int topk, int num_experts, std::vector<int32_t>& sel,
+                           std::vector<float>& w) {
+  sel.assign(std::size_t(m) * topk, -1);
+  w.assign(sel.size(), 0.0f);
+  for (int r = 0; r < m; ++r)
+    for (int i = 0; i < topk; ++i) {
+      const auto row = sel.begin() + std::ptrdiff_t(r) * topk;
+      int e;
+      do e = int(rng() % num_experts);
+      while (std::find(row, row + i, e) != row + i);
+      sel[std::size_t(r) * topk + i] = e;
+      w[std::size_t(r) * topk + i] = 0.2f + 0.1f * float(rng() % 8);
+    }
+}
+
 }  // namespace cedar::gpu_test
