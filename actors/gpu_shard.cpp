@@ -215,7 +215,9 @@ std::vector<std::unique_ptr<communicator>> make_gpu_group(const std::vector<int>
     });
   for (std::thread& t : joiners) t.join();
   for (int r = 0; r < n; ++r)
-    if (!errors[r].empty()) throw collective_error("rank " + std::to_string(r) + " on device " + std::to_string(devices[r]) + ": " + errors[r]);
+    if (!errors[r].empty())
+      throw collective_error("rank " + std::to_string(r) + " on device " + std::to_string(devices[r]) + ": " +
+                             errors[r]);
   return comms;
 }
 

@@ -138,7 +138,8 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<ran
         auto spec = parse_layout(msg.layout, st.src->args());
         if (!spec) return switch_result{int32_t(spec.error().code), spec.error().message, st.layout.name()};
         if (const std::string why = st.src->check(spec.value()); !why.empty())
-          return switch_result{int32_t(engine_errc::bad_params), "layout '" + msg.layout + "': " + why, st.layout.name()};
+          return switch_result{int32_t(engine_errc::bad_params), "layout '" + msg.layout + "': " + why,
+                               st.layout.name()};
         if (st.sw) return switch_result{int32_t(engine_errc::bad_params), "a layout switch is already running", st.layout.name()};
         auto rp = self->make_response_promise<switch_result>();
         st.sw = pending_switch{spec.value(), rp, std::chrono::steady_clock::now()};
@@ -149,7 +150,8 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<ran
       [=](layout_atom) -> layout_status { return make_status(self->state); },
       [=](shard_join& msg) -> status_reply {
         auto& st = self->state;
-        if (!st.src->remote_shards()) return {int32_t(engine_errc::bad_params), "this engine's shards run in its process only"};
+        if (!st.src->remote_shards())
+          return {int32_t(engine_errc::bad_params), "this engine's shards run in its process only"};
         const std::string mine = model_fingerprint(st.src->args(), st.src->layout());
         if (msg.model != mine)
           return {int32_t(engine_errc::bad_params), "the shard's model (" + msg.model + ") is not this engine's (" + mine + ")"};

@@ -145,7 +145,8 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes) {
 void copy_rows_device(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                       std::size_t row_bytes, std::size_t rows) {
   if (row_bytes == 0 || rows == 0) return;
-  CEDAR_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, current));
+  CEDAR_CUDA_CHECK(
+      cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToDevice, current));
 }
 
 void copy_to_device_async(void* dst, const void* src, std::size_t bytes) {

@@ -26,7 +26,8 @@ TEST_CASE("fast experts split over ranks (TP slots summed, DEP slots one by one)
   std::vector<ref::owned_fp4> host_w;
   std::vector<std::unique_ptr<dev_fp4>> dev_w;
   for (int e = 0; e < num_experts; ++e)
-    for (auto [out, in] : {std::pair{inter, d}, {inter, d}, {d, inter}}) host_w.push_back(ref::random_fp4(rng, out, in));
+    for (auto [out, in] : {std::pair{inter, d}, {inter, d}, {d, inter}})
+      host_w.push_back(ref::random_fp4(rng, out, in));
   for (auto& w : host_w) dev_w.push_back(std::make_unique<dev_fp4>(w));
   std::vector<cpu::expert_weights> all(num_experts);
   std::vector<std::vector<cpu::expert_weights>> held(ranks, std::vector<cpu::expert_weights>(num_experts));
@@ -34,7 +35,8 @@ TEST_CASE("fast experts split over ranks (TP slots summed, DEP slots one by one)
     all[e] = {dev_w[3 * e]->view, dev_w[3 * e + 1]->view, dev_w[3 * e + 2]->view};
     held[e % ranks][e] = all[e];
   }
-  const auto s1 = ref::random_fp8(rng, inter, d), s3 = ref::random_fp8(rng, inter, d), s2 = ref::random_fp8(rng, d, inter);
+  const auto s1 = ref::random_fp8(rng, inter, d), s3 = ref::random_fp8(rng, inter, d);
+  const auto s2 = ref::random_fp8(rng, d, inter);
   dev_fp8 g1(s1), g3(s3), g2(s2);
   const cpu::shared_expert_weights shared{g1.view, g3.view, g2.view};
   std::normal_distribution<float> nd;
@@ -51,15 +53,16 @@ TEST_CASE("fast experts split over ranks (TP slots summed, DEP slots one by one)
       dev<float> dy(y), dw(wts);
       dev<int32_t> ds(sel);
       dev<float> want(y.size());
-      fast::moe_ffn(dy.get(), m, d, ds.get(), dw.get(), topk, all.data(), num_experts, &shared, 10.0f, want.get(), true);
+      fast::moe_ffn(dy.get(), m, d, ds.get(), dw.get(), topk, all.data(), num_experts, &shared, 10.0f, want.get(),
+                    true);
       const std::vector<float> expect = want.host();
 
       // TP: every rank every row; rank 0 also runs the shared expert
       std::vector<float> slots(std::size_t(m) * topk * d, 0.0f), shared_sum(std::size_t(m) * d, 0.0f);
       for (int r = 0; r < ranks; ++r) {
         dev<float> s(slots.size()), sh(shared_sum.size());
-        fast::moe_slots(dy.get(), m, d, ds.get(), dw.get(), topk, held[r].data(), num_experts, r == 0 ? &shared : nullptr,
-                        10.0f, s.get(), sh.get());
+        fast::moe_slots(dy.get(), m, d, ds.get(), dw.get(), topk, held[r].data(), num_experts,
+                        r == 0 ? &shared : nullptr, 10.0f, s.get(), sh.get());
         const auto hs = s.host();
         for (std::size_t i = 0; i < slots.size(); ++i) slots[i] += hs[i];
         if (r == 0) shared_sum = sh.host();

@@ -53,7 +53,8 @@ kv_capacity capacity(const kv_layout& l, int requests) {
   cap.num_pages = requests * (max_tokens / l.page_tokens + 1);
   cap.page_bytes = l.page_bytes;
   cap.slot_bytes = l.ring_bytes() + l.tail_floats() * sizeof(float);
-  cap.budget_bytes = int64_t(cap.num_pages) * int64_t(cap.page_bytes) + int64_t(cap.num_slots) * int64_t(cap.slot_bytes);
+  cap.budget_bytes =
+      int64_t(cap.num_pages) * int64_t(cap.page_bytes) + int64_t(cap.num_slots) * int64_t(cap.slot_bytes);
   return cap;
 }
 
@@ -63,7 +64,8 @@ std::vector<req> make_requests(const std::vector<int>& lengths, const kv_layout&
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     req r;
     for (int t = 0; t < lengths[i]; ++t) r.tokens.push_back(int32_t(3 + g() % 20000));
-    for (int p = 0; p <= max_tokens / l.page_tokens; ++p) r.pages.push_back(int32_t(i * (max_tokens / l.page_tokens + 1) + p));
+    const int per = max_tokens / l.page_tokens + 1;  // pages a request
+    for (int p = 0; p < per; ++p) r.pages.push_back(int32_t(int(i) * per + p));
     r.slot = int32_t(i);
     out.push_back(std::move(r));
   }
@@ -101,7 +103,8 @@ void take(const step_output& out, const std::vector<req*>& rs) {
 std::shared_ptr<const gpu_model> upload(int device, gpu_placement p) {
   const setup& s = micro_weights();
   cuda::set_device(device);
-  return std::make_shared<gpu_model>(s.args, s.weights, kv_dtype::fp4, upload_progress_fn{}, gpu_kernels::fast, false, p);
+  return std::make_shared<gpu_model>(s.args, s.weights, kv_dtype::fp4, upload_progress_fn{}, gpu_kernels::fast, false,
+                                     p);
 }
 
 /// Runs fn(rank) for every rank at once, each on a thread of its own.

@@ -48,9 +48,13 @@ grep -q "prefix hit" "$tmp/table.txt" || { cat "$tmp/table.txt"; exit 1; }
 for bad in "--layout tp2" "--device cuda --layout tp2 --phases prefill" "--device cuda --layout tpx" \
            "--device cuda --gpu-kernels exact --layout dep2 --phases decode"; do
   set +e; "$cedar" gpu-bench --model micro $bad > /dev/null 2> "$tmp/err.txt"; rc=$?; set -e
-  [[ $rc == 2 ]] && grep -q -- "--layout tpN|depN" "$tmp/err.txt" || { echo "gpu-bench $bad: rc $rc"; cat "$tmp/err.txt"; exit 1; }
+  [[ $rc == 2 ]] && grep -q -- "--layout tpN|depN" "$tmp/err.txt" ||
+    { echo "gpu-bench $bad: rc $rc"; cat "$tmp/err.txt"; exit 1; }
 done
 # (the machines the tests run on have fewer than two CUDA devices)
-set +e; "$cedar" gpu-bench --model micro --device cuda --layout dep2 --phases decode > /dev/null 2> "$tmp/err.txt"; rc=$?; set -e
-[[ $rc == 1 ]] && grep -q "device" "$tmp/err.txt" || { echo "gpu-bench --layout without devices: rc $rc"; cat "$tmp/err.txt"; exit 1; }
+set +e
+"$cedar" gpu-bench --model micro --device cuda --layout dep2 --phases decode > /dev/null 2> "$tmp/err.txt"; rc=$?
+set -e
+[[ $rc == 1 ]] && grep -q "device" "$tmp/err.txt" ||
+  { echo "gpu-bench --layout without devices: rc $rc"; cat "$tmp/err.txt"; exit 1; }
 echo "gpu_bench_cpu: ok"
