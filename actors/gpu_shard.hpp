@@ -68,6 +68,7 @@ class gpu_step_model final : public step_model {
   std::vector<sampled_token> forward_sample(std::span<forward_item> batch, std::span<const sampling_params> params,
                                             std::span<const int64_t> token_idx) override;
   std::unique_ptr<kv_arena> make_arena(const kv_capacity& cap) const override;
+  std::string device() const override { return "cuda:" + std::to_string(m_->device()); }
 
  private:
   bool follower() const { return view_.mode == parallel_mode::tp && view_.rank > 0; }

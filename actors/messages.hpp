@@ -131,6 +131,7 @@ struct shard_status {
   int64_t steps = 0;             ///< steps it ran in this layout
   int64_t rows = 0;              ///< token rows it ran in this layout
   bool remote = false;           ///< runs in another process (cedar shard --connect)
+  std::string device;            ///< where it computes: "cpu", "cuda:N"; "" for a remote shard
 };
 /// Reply to layout_atom: the layout, its shards and each group's load.
 struct layout_status {

@@ -193,7 +193,7 @@ typename Inspector::result_type inspect(Inspector& f, switch_result& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_status& x) {
-  return f(caf::meta::type_name("shard_status"), x.rank, x.group, x.alive, x.steps, x.rows, x.remote);
+  return f(caf::meta::type_name("shard_status"), x.rank, x.group, x.alive, x.steps, x.rows, x.remote, x.device);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, layout_status& x) {

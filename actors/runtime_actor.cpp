@@ -59,7 +59,8 @@ layout_status make_status(const runtime_state& st) {
   s.switching = st.sw.has_value();
   for (std::size_t r = 0; r < st.ranks.size(); ++r) {
     const rank_entry& e = st.ranks[r];
-    s.shards.push_back({int32_t(r), int32_t(e.group), e.alive, e.steps, e.rows, e.remote});
+    s.shards.push_back({int32_t(r), int32_t(e.group), e.alive, e.steps, e.rows, e.remote,
+                        e.s ? e.s->model_ref().device() : std::string()});
   }
   for (const auto& g : st.groups) {
     s.group_running.push_back(g->metrics().requests_running);

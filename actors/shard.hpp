@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "actors/kv_pool.hpp"
@@ -67,6 +68,8 @@ class step_model {
   virtual std::vector<sampled_token> forward_sample(std::span<forward_item> batch,
                                                     std::span<const sampling_params> params,
                                                     std::span<const int64_t> token_idx);
+  /// Where the model computes, for operators: "cpu" (the default) or "cuda:N".
+  virtual std::string device() const { return "cpu"; }
   /// The KV memory of a shard of capacity `cap`, where forward reads it (default: host
   /// memory). May throw std::runtime_error when the memory cannot be had.
   virtual std::unique_ptr<kv_arena> make_arena(const kv_capacity& cap) const {

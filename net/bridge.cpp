@@ -150,6 +150,7 @@ class runtime_bridge final : public engine_bridge {
     w.key("shards").arr();
     for (const shard_status& sh : s.shards)
       w.obj().kv("rank", int(sh.rank)).kv("group", int(sh.group)).kv("alive", sh.alive).kv("remote", sh.remote)
+          .kv("device", sh.device)
           .kv("steps", sh.steps).kv("rows", sh.rows).end_obj();
     w.end_arr().key("groups").arr();
     for (std::size_t g = 0; g < s.group_running.size(); ++g)

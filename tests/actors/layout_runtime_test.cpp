@@ -321,6 +321,7 @@ TEST_CASE("runtime: a switch whose shards cannot be built is refused and the old
   CHECK(st.layout == "tp2");
   CHECK_FALSE(st.switching);
   CHECK(st.shards.size() == 2u);
+  for (const shard_status& sh : st.shards) CHECK(sh.device == "cpu");
   CHECK(st.last_fault.find("dep2") != std::string::npos);
   REQUIRE(rig::wait(running, 60000));
   CHECK(running.reasons[0] == "length");

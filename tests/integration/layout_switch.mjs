@@ -104,6 +104,9 @@ assert.equal(st.layout, plan[plan.length - 1]);
 assert.equal(st.switches, plan.length);
 assert.equal(st.shards.length, shardsOf(plan[plan.length - 1]));
 assert.ok(st.shards.every((s) => s.steps > 0 && s.alive));
+// where each shard computes: rank r on CUDA device r for GPU layouts
+const onGpu = (process.env.CEDAR_SERVE_MODEL_ARGS || "").includes("--device cuda");
+assert.deepEqual(st.shards.map((s) => s.device), st.shards.map((s) => (onGpu ? `cuda:${s.rank}` : "cpu")));
 if (process.env.LAYOUT_KILL === "0") {
   console.log("layout_switch: ok (no shard killed)");
   process.exit(0);
