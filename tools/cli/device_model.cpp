@@ -222,8 +222,9 @@ std::shared_ptr<rank_source> make_gpu_layout_source(const model_args& args, std:
   }
 #ifdef CEDAR_HAVE_CUDA
   if (cuda::device_count() < size) {
-    *error = "a " + std::to_string(size) + "-rank layout needs " + std::to_string(size) + " CUDA devices, " +
-             std::to_string(cuda::device_count()) + " are present";
+    const int have = cuda::device_count();
+    *error = "a " + std::to_string(size) + "-rank layout needs " + std::to_string(size) + " CUDA devices; " +
+             (have == 1 ? std::string("only one is present") : std::to_string(have) + " are present");
     return nullptr;
   }
   if (size > 1 && kernels != gpu_kernels::fast) {
