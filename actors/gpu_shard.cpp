@@ -91,21 +91,9 @@ gpu_step_model::gpu_step_model(std::shared_ptr<const gpu_model> m, bool verbose,
   if (view_.size > 1 && comm_ == nullptr) throw std::runtime_error("a multi-GPU layout rank needs a communicator");
 }
 
-namespace {
-/// A TP follower's items: no logits asked; returns how many rows the leader computes.
-std::size_t strip_logits(std::span<forward_item> batch) {
-  std::size_t rows = 0;
-  for (forward_item& it : batch) {
-    rows += it.logits == logits_mode::last ? 1 : it.logits == logits_mode::all ? it.tokens.size() : 0;
-    it.logits = logits_mode::none;
-  }
-  return rows;
-}
-}  // namespace
-
 void gpu_step_model::forward(std::span<forward_item> batch, std::vector<float>& logits) {
-  if (!follower()) return m_->forward(batch, logits, nullptr, view());
-  const std::size_t rows = strip_logits(batch);
+  if (!view_.tp_follower()) return m_->forward(batch, logits, nullptr, view());
+  const std::size_t rows = drop_logits(batch);
   m_->forward(batch, logits, nullptr, view());
   logits.assign(rows * std::size_t(m_->args().vocab_size), 0.0f);
 }
@@ -113,8 +101,8 @@ void gpu_step_model::forward(std::span<forward_item> batch, std::vector<float>& 
 std::vector<sampled_token> gpu_step_model::forward_sample(std::span<forward_item> batch,
                                                           std::span<const sampling_params> params,
                                                           std::span<const int64_t> token_idx) {
-  if (follower()) {
-    const std::size_t rows = strip_logits(batch);
+  if (view_.tp_follower()) {
+    const std::size_t rows = drop_logits(batch);
     std::vector<float> none;
     m_->forward(batch, none, nullptr, view());
     return std::vector<sampled_token>(rows);
@@ -198,22 +186,28 @@ std::shared_ptr<rank_source> make_gpu_rank_source(std::vector<std::shared_ptr<co
   return std::make_shared<gpu_rank_source>(std::move(models), verbose);
 }
 
+std::vector<std::string> on_rank_threads(int n, const std::function<void(int rank)>& fn) {
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
 std::vector<std::unique_ptr<communicator>> make_gpu_group(const std::vector<int>& devices) {
   const int n = int(devices.size());
   std::vector<std::unique_ptr<communicator>> comms(n);
   if (n == 0) return comms;
   const nccl_group_id id = nccl_make_group_id();
-  std::vector<std::string> errors(n);
-  std::vector<std::thread> joiners;
-  for (int r = 0; r < n; ++r)
-    joiners.emplace_back([&, r] {
-      try {
-        comms[r] = make_nccl_communicator(id, r, n, devices[r]);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (std::thread& t : joiners) t.join();
+  const std::vector<std::string> errors =
+      on_rank_threads(n, [&](int r) { comms[r] = make_nccl_communicator(id, r, n, devices[r]); });
   for (int r = 0; r < n; ++r)
     if (!errors[r].empty())
       throw collective_error("rank " + std::to_string(r) + " on device " + std::to_string(devices[r]) + ": " +

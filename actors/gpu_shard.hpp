@@ -7,7 +7,9 @@
 
 #ifdef CEDAR_HAVE_CUDA
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "actors/rank_source.hpp"
@@ -71,7 +73,6 @@ class gpu_step_model final : public step_model {
   std::string device() const override { return "cuda:" + std::to_string(m_->device()); }
 
  private:
-  bool follower() const { return view_.mode == parallel_mode::tp && view_.rank > 0; }
   const shard_view* view() const { return view_.size > 1 ? &view_ : nullptr; }
 
   std::shared_ptr<const gpu_model> m_;
@@ -85,6 +86,11 @@ class gpu_step_model final : public step_model {
 /// each other while serving, since both modes of one size keep the same weights on each
 /// device. Each build joins the ranks with a new NCCL group; a shard's KV is on its device.
 std::shared_ptr<rank_source> make_gpu_rank_source(std::vector<std::shared_ptr<const gpu_model>> models, bool verbose);
+
+/// Runs fn(r) for r in [0, n), each on a thread of its own, all at once (set-up that ranks must
+/// do together, such as joining an NCCL group, or that gains from it, such as uploading each
+/// device's weights). Returns what each call threw ("" where it returned).
+std::vector<std::string> on_rank_threads(int n, const std::function<void(int rank)>& fn);
 
 /// NCCL communicators joining ranks 0..devices.size()-1, rank r on CUDA device devices[r] (each
 /// joins on a thread of its own; the call returns when all have). Throws collective_error.

@@ -17,7 +17,7 @@ std::string model_fingerprint(const model_args& a, const kv_layout& kv) {
          " kv=" + (kv.dtype == kv_dtype::fp8 ? "fp8" : "fp4");
 }
 
-outcome<layout_spec> parse_layout(const std::string& text, const model_args& args) {
+outcome<layout_spec> parse_layout_name(const std::string& text) {
   layout_spec s;
   std::string digits;
   if (text.rfind("tp", 0) == 0) {
@@ -31,6 +31,13 @@ outcome<layout_spec> parse_layout(const std::string& text, const model_args& arg
   if (digits.empty() || digits.size() > 3 || !std::all_of(digits.begin(), digits.end(), [](char c) { return std::isdigit(c); }))
     return engine_error{engine_errc::bad_params, "layout '" + text + "' needs a shard count (tp4, dep2)"};
   s.num_shards = std::stoi(digits);
+  return s;
+}
+
+outcome<layout_spec> parse_layout(const std::string& text, const model_args& args) {
+  auto named = parse_layout_name(text);
+  if (!named) return named;
+  const layout_spec s = named.value();
   if (const std::string why = check_layout(args, s.mode, s.num_shards); !why.empty())
     return engine_error{engine_errc::bad_params, "layout '" + text + "': " + why};
   return s;

@@ -25,7 +25,9 @@ struct layout_spec {
   bool operator==(const layout_spec&) const = default;
 };
 
-/// Parses "tpN" or "depN" (N >= 1) and checks it against the model (check_layout).
+/// Parses "tpN" or "depN" (N of 1 to 3 digits), the name alone.
+outcome<layout_spec> parse_layout_name(const std::string& text);
+/// parse_layout_name, then checked against the model (check_layout).
 outcome<layout_spec> parse_layout(const std::string& text, const model_args& args);
 
 /// What a shard process and the runtime compare before working together: the model's shape

@@ -16,13 +16,8 @@ class rank_model final : public step_model {
   const kv_layout& layout() const override { return m_->layout(); }
 
   void forward(std::span<forward_item> batch, std::vector<float>& logits) override {
-    const bool follower = view_.mode == parallel_mode::tp && view_.rank > 0;
-    if (!follower) return m_->forward(batch, logits, view_);
-    std::size_t rows = 0;
-    for (forward_item& it : batch) {
-      rows += it.logits == logits_mode::last ? 1 : it.logits == logits_mode::all ? it.tokens.size() : 0;
-      it.logits = logits_mode::none;
-    }
+    if (!view_.tp_follower()) return m_->forward(batch, logits, view_);
+    const std::size_t rows = drop_logits(batch);
     m_->forward(batch, logits, view_);
     logits.assign(rows * std::size_t(m_->args().vocab_size), 0.0f);
   }

@@ -19,11 +19,20 @@ kv_arena* source_arena(std::vector<rank_entry>& ranks, int group) {
   return nullptr;
 }
 
+/// Admission opens again: the submissions held while the switch waited are admitted.
+void resume_admission(self_ptr self) {
+  auto& st = self->state;
+  st.paused = false;
+  std::vector<held_submit> held = std::move(st.held);
+  st.held.clear();
+  for (held_submit& h : held) h.rp.deliver(do_submit(self, h.msg, h.sink));
+  pump(self);
+}
+
 void finish_switch(self_ptr self, const rehome_stats& moved, std::chrono::steady_clock::time_point started) {
   auto& st = self->state;
   pending_switch sw = std::move(*st.sw);
   st.sw.reset();
-  st.paused = false;
   const auto now = std::chrono::steady_clock::now();
   const double ms = std::chrono::duration<double, std::milli>(now - sw.t0).count();
   st.last_switch_ms = ms;
@@ -36,10 +45,7 @@ void finish_switch(self_ptr self, const rehome_stats& moved, std::chrono::steady
     r.pages_copied = moved.pages_copied;
     sw.rp->deliver(std::move(r));
   }
-  std::vector<held_submit> held = std::move(st.held);
-  st.held.clear();
-  for (held_submit& h : held) h.rp.deliver(do_submit(self, h.msg, h.sink));
-  pump(self);
+  resume_admission(self);
 }
 
 }  // namespace
@@ -94,11 +100,7 @@ void run_switch(self_ptr self) {
     st.sw.reset();
     st.last_fault = "layout " + sw.target.name() + " could not be built: " + e.what();
     if (sw.rp) sw.rp->deliver(switch_result{int32_t(engine_errc::shard_failed), st.last_fault, st.layout.name()});
-    st.paused = false;
-    std::vector<held_submit> held = std::move(st.held);
-    st.held.clear();
-    for (held_submit& h : held) h.rp.deliver(do_submit(self, h.msg, h.sink));
-    pump(self);
+    resume_admission(self);
     return;
   }
 

@@ -22,6 +22,15 @@ class model_adapter final : public step_model {
 
 }  // namespace
 
+std::size_t drop_logits(std::span<forward_item> batch) {
+  std::size_t rows = 0;
+  for (forward_item& it : batch) {
+    rows += it.logits == logits_mode::last ? 1 : it.logits == logits_mode::all ? it.tokens.size() : 0;
+    it.logits = logits_mode::none;
+  }
+  return rows;
+}
+
 std::unique_ptr<step_model> wrap_model(std::shared_ptr<const model> m) {
   return std::make_unique<model_adapter>(std::move(m));
 }

@@ -77,6 +77,11 @@ class step_model {
   }
 };
 
+/// A TP follower's batch (shard_view::tp_follower): every item's logits set to none. Returns the
+/// rows of logits the items had asked for (the leader computes them; the follower hands back
+/// zeros or token 0 in their place).
+std::size_t drop_logits(std::span<forward_item> batch);
+
 /// Adapts cedar::model.
 std::unique_ptr<step_model> wrap_model(std::shared_ptr<const model> m);
 

@@ -244,7 +244,6 @@ int gpu_model::impl::head_device(const gbatch& b, dvec<float>& out) const {
 
 int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats* stats, dvec<float>& logits) const {
   const int hc = args.hc_mult, D = args.hidden_size;
-  cuda::set_device(device);
   gbatch b;
   std::vector<int32_t> tokens;
   for (forward_item& item : batch) {
@@ -277,22 +276,22 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
       b.pre = b.ws ? dvec<float>::borrow(b.ws->pre.get(), std::size_t(n) * hc) : dvec<float>(std::size_t(n) * hc);
       cuda::hc_expand(e.get(), n, hc, D, b.X.get(), b.pre.get());
     }
-    // (a DEP rank whose rows all drop at the truncated layers still joins their exchanges)
-    const bool exchanges = sharded() && view->exchanges_every_layer();
-    for (int l = 0; l < args.num_hidden_layers && (b.num_rows > 0 || exchanges); ++l) {
-      if (l == args.truncate_from_layer && truncates) {
-        flush_post(b);
-        drop_truncated_rows(b, stats);
-      }
-      if (b.num_rows > 0) run_layer(l, b, stats);  // a chunk wholly below truncate_below stops here
-      else if (exchanges) moe_sharded(l, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
+  }
+  // a DEP rank with no rows, or whose rows all drop at the truncated layers, still serves the
+  // other ranks' expert slots in every layer
+  const bool exchanges = sharded() && view->exchanges_every_layer();
+  for (int l = 0; l < args.num_hidden_layers && (b.num_rows > 0 || exchanges); ++l) {
+    if (l == args.truncate_from_layer && truncates) {
+      flush_post(b);
+      drop_truncated_rows(b, stats);
     }
+    if (b.num_rows > 0) run_layer(l, b, stats);  // a chunk wholly below truncate_below stops here
+    else moe_sharded(l, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
+  }
+  if (n > 0) {
     flush_post(b);
     phase_profile::scope t(profile, phase_profile::head);
     rows = head_device(b, logits);
-  } else if (sharded() && view->exchanges_every_layer()) {  // a DEP rank without rows serves the others' slots
-    for (int l = 0; l < args.num_hidden_layers; ++l)
-      moe_sharded(l, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
   }
   profile.count_call();
   return rows;

@@ -38,6 +38,9 @@ struct shard_view {
   /// DEP ranks take part in every layer's expert exchange, even with no rows of their own.
   bool exchanges_every_layer() const { return mode == parallel_mode::dep && size > 1; }
   int num_heads() const { return head_end - head_begin; }
+  /// A TP rank other than the leader: it runs every layer but computes no logits (the runtime
+  /// samples from the leader's).
+  bool tp_follower() const { return mode == parallel_mode::tp && rank > 0; }
 };
 
 /// Empty if `args` can run in `mode` on `size` ranks, else the reason. TP needs size to

@@ -16,25 +16,15 @@
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/model/random_weights.hpp"
 #include "tests/gpu/gpu_test_util.hpp"
+#include "tests/gpu/preset_weights.hpp"
 
 using namespace cedar;
 
 namespace {
 
-struct setup {
-  model_args args;
-  std::shared_ptr<const tensor_map> weights;
-};
+using setup = gpu_test::preset_weights;
 
-const setup& micro_weights() {
-  static const setup s = [] {
-    std::string error;
-    auto args = load_model_args("micro", &error);
-    REQUIRE_MESSAGE(args.has_value(), error);
-    return setup{*args, std::make_shared<tensor_map>(make_random_weights(*args, 4321))};
-  }();
-  return s;
-}
+const setup& micro_weights() { return gpu_test::random_preset("micro", 4321); }
 
 /// A request as a tiny scheduler keeps it on one shard.
 struct req {

@@ -18,6 +18,7 @@
 #include "config/model_config.hpp"
 #include "kernels/model/random_weights.hpp"
 #include "tests/gpu/gpu_test_util.hpp"
+#include "tests/gpu/preset_weights.hpp"
 
 using namespace cedar;
 
@@ -49,20 +50,7 @@ struct collector {
   }
 };
 
-struct micro_setup {
-  model_args args;
-  std::shared_ptr<const tensor_map> weights;
-};
-
-const micro_setup& micro() {
-  static const micro_setup s = [] {
-    std::string error;
-    auto args = load_model_args("micro", &error);
-    REQUIRE_MESSAGE(args.has_value(), error);
-    return micro_setup{*args, std::make_shared<tensor_map>(make_random_weights(*args, 1234))};
-  }();
-  return s;
-}
+const gpu_test::preset_weights& micro() { return gpu_test::random_preset("micro", 1234); }
 
 engine_options serve_options() {
   engine_options o;
@@ -118,7 +106,7 @@ std::vector<request_spec> prompts() {
 
 TEST_CASE("gpu serve: the engine on the GPU shard with device KV gives the CPU engine's tokens (micro)") {
   if (!gpu_test::have_gpu()) return;
-  const micro_setup& m = micro();
+  const gpu_test::preset_weights& m = micro();
   const engine_options o = serve_options();
   auto gpu = engine::start(std::make_unique<gpu_step_model>(std::make_unique<gpu_model>(m.args, m.weights), false), o);
   REQUIRE_MESSAGE(gpu.ok(), gpu.error().message);

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
-#include <thread>
 
 #include "actors/shard.hpp"
 #include "config/model_config.hpp"
@@ -233,21 +232,13 @@ std::shared_ptr<rank_source> make_gpu_layout_source(const model_args& args, std:
   }
   // every rank's weights at once, each from its own thread onto its own device
   std::vector<std::shared_ptr<const gpu_model>> models(size);
-  std::vector<std::string> errors(size);
-  std::vector<std::thread> loaders;
+  const std::vector<std::string> errors = on_rank_threads(size, [&](int r) {
+    cuda::set_device(r);
+    models[r] = upload(args, weights, dtype, kernels, dense_bf16, verbose && r == 0, gpu_placement{r, size});
+  });
   for (int r = 0; r < size; ++r)
-    loaders.emplace_back([&, r] {
-      try {
-        cuda::set_device(r);
-        models[r] = upload(args, weights, dtype, kernels, dense_bf16, verbose && r == 0, gpu_placement{r, size});
-      } catch (const std::exception& e) {
-        errors[r] = "device " + std::to_string(r) + ": " + e.what();
-      }
-    });
-  for (std::thread& t : loaders) t.join();
-  for (const std::string& e : errors)
-    if (!e.empty()) {
-      *error = e;
+    if (!errors[r].empty()) {
+      *error = "device " + std::to_string(r) + ": " + errors[r];
       return nullptr;
     }
   return make_gpu_rank_source(std::move(models), verbose);

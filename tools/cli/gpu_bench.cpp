@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "actors/layout.hpp"
 #include "config/model_config.hpp"
 #include "tools/cli/gpu_bench.hpp"
 #include "tools/cli/registry.hpp"
@@ -70,16 +71,13 @@ bool parse_phases(const std::string& text, std::vector<std::string>& out) {
   return !out.empty();
 }
 
-/// tpN or depN with N >= 1 digits (the model's own limits are checked when it is loaded).
+/// tpN or depN with N >= 1 (the model's own limits are checked when it is loaded).
 bool parse_layout_text(const std::string& v, options& o) {
-  const bool tp = v.rfind("tp", 0) == 0, dep = v.rfind("dep", 0) == 0;
-  const std::string digits = v.substr(tp ? 2 : 3);
-  if ((!tp && !dep) || digits.empty() || digits.size() > 3 ||
-      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return false;
-  o.layout_mode = tp ? parallel_mode::tp : parallel_mode::dep;
-  o.layout_size = std::stoi(digits);
-  return o.layout_size >= 1;
+  const auto spec = parse_layout_name(v);
+  if (!spec || spec.value().num_shards < 1) return false;
+  o.layout_mode = spec.value().mode;
+  o.layout_size = spec.value().num_shards;
+  return true;
 }
 
 bool parse(int argc, char** argv, options& o) {

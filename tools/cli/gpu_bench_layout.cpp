@@ -24,7 +24,7 @@ using clock_type = std::chrono::steady_clock;
 /// of work and returns when all are done, rethrowing the first failure.
 class rank_threads {
  public:
-  explicit rank_threads(int n) : jobs_(n), errors_(n) {
+  explicit rank_threads(int n) : errors_(n) {
     for (int r = 0; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
   }
   ~rank_threads() {
@@ -40,9 +40,9 @@ class rank_threads {
 
   void run(const std::function<void(int rank)>& work) {
     std::unique_lock<std::mutex> lock(mu_);
-    for (auto& j : jobs_) j = work;
+    job_ = work;
     for (auto& e : errors_) e.clear();
-    pending_ = int(jobs_.size());
+    pending_ = int(errors_.size());
     ++generation_;
     cv_.notify_all();
     done_.wait(lock, [&] { return pending_ == 0; });
@@ -63,7 +63,7 @@ class rank_threads {
         cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
-        job = jobs_[rank];
+        job = job_;
       }
       std::string error;
       try {
@@ -79,7 +79,7 @@ class rank_threads {
 
   std::mutex mu_;
   std::condition_variable cv_, done_;
-  std::vector<std::function<void(int)>> jobs_;
+  std::function<void(int)> job_;  ///< the work of the current run, each rank its own part
   std::vector<std::string> errors_;
   std::vector<std::thread> threads_;
   int pending_ = 0;
