@@ -285,8 +285,9 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
       flush_post(b);
       drop_truncated_rows(b, stats);
     }
-    if (b.num_rows > 0) run_layer(l, b, stats);  // a chunk wholly below truncate_below stops here
-    else moe_sharded(l, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
+    if (b.num_rows > 0) run_layer(l, b, stats);
+    else if (exchanges) moe_sharded(l, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr);
+    else break;  // a chunk wholly below truncate_below stops here
   }
   if (n > 0) {
     flush_post(b);
