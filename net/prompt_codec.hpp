@@ -74,8 +74,9 @@ class prompt_codec {
                     const reasoning_options& reasoning) const;
   /// `context` followed by the assistant's reply (the next turn extends this); null when the
   /// reply cannot be rendered. `generated` (the ids the model emitted for it) become the reply's
-  /// ids when they spell exactly the rendered reply (an end token is added when the reply was
-  /// cut short), so the next prompt extends what the engine holds; else the text is tokenized.
+  /// ids when they spell the rendered reply as the output stream decodes them (bytes that are
+  /// not UTF-8 as U+FFFD; an end token is added when the reply was cut short), so the next
+  /// prompt extends what the engine holds; else the text is tokenized.
   std::shared_ptr<const chat_context> with_reply(const std::shared_ptr<const chat_context>& context,
                                                  const chat_message& reply,
                                                  const std::vector<int32_t>& generated = {}) const;

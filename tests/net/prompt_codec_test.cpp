@@ -137,6 +137,39 @@ TEST_CASE("prompt codec: a continued conversation extends the previous prompt an
   }
 }
 
+TEST_CASE("prompt codec: a completion with bytes that are not UTF-8 is continued from the model's own ids") {
+  // The model may emit byte tokens that do not form a character; the reply's text (the output
+  // stream's decoding) has U+FFFD there, which would re-encode to other ids. The next prompt
+  // must still extend the ids the engine session holds.
+  const auto byte_id = [](char b) {
+    for (int32_t id = 0; id < tok().vocab_size(); ++id)
+      if (tok().token_bytes(id) == std::string_view(&b, 1)) return id;
+    FAIL("no token for a lone byte");
+    return int32_t(-1);
+  };
+  const reasoning_options reasoning{false, 75};
+  const std::vector<chat_message> first = {{"user", "Say something odd.", {}, {}, {}}};
+  auto turn = codec().extend_chat(nullptr, first, {}, reasoning);
+  REQUIRE(turn.error.empty());
+  std::vector<int32_t> completion = tok().encode("Half a character:", false, false);
+  completion.push_back(byte_id('\xE4'));  // the first two bytes of a three-byte character
+  completion.push_back(byte_id('\xB8'));
+  for (int32_t id : tok().encode(" then text.", false, false)) completion.push_back(id);
+  completion.push_back(dsv41::eos_id);
+  incremental_decoder stream(tok(), true);
+  std::string text = stream.push(completion);
+  text += stream.finish();
+  REQUIRE(text == "Half a character:\xEF\xBF\xBD then text.");
+  const chat_message reply{"assistant", text, "", {}, {}};
+  auto following = codec().extend_chat(codec().with_reply(turn.context, reply, completion),
+                                       {{"user", "Go on.", {}, {}, {}}}, {}, reasoning);
+  REQUIRE(following.error.empty());
+  std::vector<int32_t> held = turn.ids;
+  held.insert(held.end(), completion.begin(), completion.end());
+  CHECK(starts_with(following.ids, held));
+  CHECK(following.ids.size() > held.size());
+}
+
 TEST_CASE("prompt codec: a conversation started with other tools or reasoning is not continued") {
   std::vector<chat_message> msgs = {{"user", "hi", {}, {}, {}}};
   auto turn = codec().extend_chat(nullptr, msgs, {}, {true, 75});
