@@ -4,11 +4,12 @@
 // expert, on its owner) write per-slot outputs that an all-reduce fills in (one nonzero term per
 // value), then TP-1's combine. DEP: a row's slots travel to their experts' owners (rows and a
 // header of expert id and routing weight per slot, two all-to-alls), run there, travel back,
-// and the sender combines them with its own shared expert's output. By default each collective
-// drains the compute stream and is waited for on the host. $CEDAR_GPU_TP_GRAPHS=1 (trial) enqueues
-// them on the compute stream instead (communicator::enqueue_on) and lets TP's MoE halves run under
-// CUDA graphs: 11.1 against 17.3 ms a decode step of bench-40L-E64 at batch 1 on two H200s, but
-// tests/gpu/layout_gpu_test.cpp hung in it (a thread per step), so it stays off.
+// and the sender combines them with its own shared expert's output. Each collective is enqueued
+// on the compute stream (communicator::enqueue_on), so no rank waits on the host for one (DEP
+// still reads its routing and the received headers on the host). $CEDAR_GPU_TP_GRAPHS=1 (trial)
+// also lets TP's MoE halves run under CUDA graphs: 11.1 against 17.3 ms a decode step of
+// bench-40L-E64 at batch 1 on two H200s, but tests/gpu/layout_gpu_test.cpp hung in it (a thread
+// per step), so it stays off.
 #ifdef CEDAR_HAVE_CUDA
 
 #include <cstdlib>
@@ -27,7 +28,7 @@ bool gpu_model::impl::sharded() const { return view != nullptr && view->size > 1
 bool gpu_model::impl::splits_heads() const { return view != nullptr && view->splits_heads(); }
 int gpu_model::impl::head_begin() const { return splits_heads() ? view->head_begin : 0; }
 namespace {
-bool stream_ordered() {
+bool tp_graphs() {
   static const bool on = [] {
     const char* v = std::getenv("CEDAR_GPU_TP_GRAPHS");
     return v != nullptr && std::string(v) == "1";
@@ -35,15 +36,12 @@ bool stream_ordered() {
   return on;
 }
 
-/// Before a collective on data the compute stream makes (see the top of the file).
-void before_collective(const shard_view& s) {
-  if (stream_ordered()) s.comm->enqueue_on(cuda::current_stream());
-  else cuda::synchronize();
-}
+/// Before a collective on data the compute stream makes: it runs on that stream, after them.
+void before_collective(const shard_view& s) { s.comm->enqueue_on(cuda::current_stream()); }
 }  // namespace
 
 bool gpu_model::impl::graphable() const {
-  return !sharded() || (view->mode == parallel_mode::tp && stream_ordered());
+  return !sharded() || (view->mode == parallel_mode::tp && tp_graphs());
 }
 int gpu_model::impl::num_heads() const { return splits_heads() ? view->num_heads() : args.num_attention_heads; }
 
