@@ -5,11 +5,11 @@
 // value), then TP-1's combine. DEP: a row's slots travel to their experts' owners (rows and a
 // header of expert id and routing weight per slot, two all-to-alls), run there, travel back,
 // and the sender combines them with its own shared expert's output. Each collective is enqueued
-// on the compute stream (communicator::enqueue_on), so no rank waits on the host for one (DEP
-// still reads its routing and the received headers on the host). $CEDAR_GPU_TP_GRAPHS=1 (trial)
-// also lets TP's MoE halves run under CUDA graphs: 11.1 against 17.3 ms a decode step of
-// bench-40L-E64 at batch 1 on two H200s, but tests/gpu/layout_gpu_test.cpp hung in it (a thread
-// per step), so it stays off.
+// on the compute stream (communicator::enqueue_on), so no rank waits on the host for one; DEP
+// still reads its routing on the host and exchanges its slot counts there. $CEDAR_GPU_TP_GRAPHS=1
+// (trial) also lets TP's MoE halves run under CUDA graphs (a decode step of bench-40L-E64 at
+// batch 1 on two H200s: 10.5 ms, against 12.7 without), but tests/gpu/layout_gpu_test.cpp hangs
+// in it (a thread per step), so it stays off.
 #ifdef CEDAR_HAVE_CUDA
 
 #include <cstdlib>
@@ -122,20 +122,13 @@ void dep_experts(const gpu_model::impl& m, const shard_view& s, const dev_layer&
   s.comm->all_to_all(send_rows.get(), scaled(send_n, d).data(), recv_rows.get(), scaled(recv_n, d).data());
   s.comm->all_to_all(send_head.get(), scaled(send_n, 2).data(), recv_head.get(), scaled(recv_n, 2).data());
 
-  // the received slots, each as a row of one slot (topk 1) of the expert it names
-  std::vector<float> h_head(R * 2);
-  if (R > 0) cuda::copy_to_host(h_head.data(), recv_head.get(), sizeof(float) * h_head.size());
-  std::vector<int32_t> r_sel(R);
-  std::vector<float> r_w(R);
-  for (std::size_t i = 0; i < R; ++i) {
-    r_sel[i] = int32_t(h_head[2 * i]);
-    r_w[i] = h_head[2 * i + 1];
-    CEDAR_OP_CHECK(r_sel[i] >= 0 && r_sel[i] < E && s.owns_expert(r_sel[i]), "a dispatched slot's expert is ours");
-  }
+  // the received slots, each as a row of one slot (topk 1) of the expert it names (read on the
+  // device: the host does not wait for the headers)
   dvec<float> results(R * d);
   if (R > 0) {
-    dvec<int32_t> d_sel(r_sel);
-    dvec<float> d_w(r_w);
+    dvec<int32_t> d_sel(R);
+    dvec<float> d_w(R);
+    cuda::fast::unpack_slot_headers(recv_head.get(), int(R), E, d_sel.get(), d_w.get());
     cuda::fast::moe_slots(recv_rows.get(), int(R), d, d_sel.get(), d_w.get(), 1, w.experts.data(), E, nullptr, limit,
                           results.get(), nullptr);
   }

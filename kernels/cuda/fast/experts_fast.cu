@@ -518,6 +518,24 @@ void shared_ffn(const float* y, int m, const cpu::shared_expert_weights& shared,
   if (m > 0) shared_expert(y, m, shared, limit, out, yq, ys);
 }
 
+namespace {
+/// One thread per received slot: its header (expert id, routing weight; floats) -> sel, weights.
+__global__ void slot_headers_kernel(const float* head, int n, int num_experts, int32_t* sel, float* weights) {
+  cuda::detail::dependent_start();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float e = head[2 * i];
+  sel[i] = e >= 0.0f && e < float(num_experts) && e == floorf(e) ? int32_t(e) : -1;
+  weights[i] = head[2 * i + 1];
+}
+}  // namespace
+
+void unpack_slot_headers(const float* head, int n, int num_experts, int32_t* sel, float* weights) {
+  if (n <= 0) return;
+  cuda::detail::launch_dependent(slot_headers_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, head, n, num_experts,
+                                 sel, weights);
+}
+
 void moe_combine(const float* slots, const float* shared, int m, int topk, int d, bool round_out, float* out) {
   CEDAR_CUDA_REQUIRE(d % 4 == 0, "moe_combine: d a multiple of 4");
   if (m <= 0) return;

@@ -254,6 +254,10 @@ void shared_ffn(const float* y, int m, const cpu::shared_expert_weights& shared,
 /// moe_ffn's combine over slots [m * topk, d] in top-k order, + shared [m, d] (null: + 0), out
 /// rounded to bf16 when round_out: from moe_slots' outputs, moe_ffn's out bit for bit.
 void moe_combine(const float* slots, const float* shared, int m, int topk, int d, bool round_out, float* out);
+/// DEP's received slot headers [n, 2] (expert id, routing weight, as floats) -> sel [n] and
+/// weights [n] on the device; an id that is not an expert of [0, num_experts) becomes -1 (no
+/// expert: moe_slots leaves the slot zero, as it does for an expert this rank does not hold).
+void unpack_slot_headers(const float* head, int n, int num_experts, int32_t* sel, float* weights);
 
 namespace detail {
 /// W (FP8 or W4A8) -> bf16 [out, in], exact (scales >= 2^-124).
