@@ -46,6 +46,12 @@ class communicator {
   /// recv_counts[p] = the count rank p will send to this rank (p's send_counts[rank()]).
   virtual void exchange_counts(const std::size_t* send_counts /*[size] host*/,
                                std::size_t* recv_counts /*[size] host*/) = 0;
+  /// GPU groups: exchange_counts on device buffers of uint64 (recv[p] = rank p's send[rank()]),
+  /// enqueued like the other collectives (no wait). Host groups throw collective_error.
+  virtual void exchange_counts_device(const void* send /*[size] uint64*/, void* recv /*[size] uint64*/) {
+    (void)send, (void)recv;
+    throw collective_error("exchange_counts_device: this group's buffers are in host memory");
+  }
   /// Sends send_counts[p] values to rank p, taken consecutively from `send` in rank order,
   /// and receives recv_counts[p] values from each p into `recv`, consecutively in rank order.
   /// recv_counts must be what exchange_counts returned for these send_counts.

@@ -67,16 +67,21 @@ class nccl_communicator final : public communicator {
     uint64_t* recv_dev = send_dev + size_;
     check_cuda(cudaMemcpyAsync(send_dev, host.data(), sizeof(uint64_t) * size_, cudaMemcpyHostToDevice, on()),
                "counts upload");
+    exchange_counts_device(send_dev, recv_dev);
+    check_cuda(cudaMemcpyAsync(host.data(), recv_dev, sizeof(uint64_t) * size_, cudaMemcpyDeviceToHost, on()),
+               "counts download");
+    check_cuda(cudaStreamSynchronize(on()), "counts sync");
+    for (int p = 0; p < size_; ++p) recv_counts[p] = std::size_t(host[p]);
+  }
+  void exchange_counts_device(const void* send, void* recv) override {
+    const auto* send_dev = static_cast<const uint64_t*>(send);
+    auto* recv_dev = static_cast<uint64_t*>(recv);
     check_nccl(ncclGroupStart(), "group start");
     for (int p = 0; p < size_; ++p) {
       check_nccl(ncclSend(send_dev + p, 1, ncclUint64, p, comm_, on()), "send counts");
       check_nccl(ncclRecv(recv_dev + p, 1, ncclUint64, p, comm_, on()), "recv counts");
     }
     check_nccl(ncclGroupEnd(), "group end");
-    check_cuda(cudaMemcpyAsync(host.data(), recv_dev, sizeof(uint64_t) * size_, cudaMemcpyDeviceToHost, on()),
-               "counts download");
-    check_cuda(cudaStreamSynchronize(on()), "counts sync");
-    for (int p = 0; p < size_; ++p) recv_counts[p] = std::size_t(host[p]);
   }
   void all_to_all(const float* send, const std::size_t* send_counts, float* recv,
                   const std::size_t* recv_counts) override {

@@ -12,6 +12,7 @@
 // in it (a thread per step), so it stays off.
 #ifdef CEDAR_HAVE_CUDA
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -78,52 +79,41 @@ void tp_experts(const gpu_model::impl& m, const shard_view& s, const dev_layer& 
   cuda::fast::moe_combine(slots.get(), has_shared ? slots.get() + routed : nullptr, n, k, d, true, out);
 }
 
-/// DEP: the slots of this rank's rows go to their experts' owners and come back.
+/// DEP: the slots of this rank's rows go to their experts' owners and come back. The plan (which
+/// record goes where) is made on the device; the host waits once a layer, for the record counts
+/// that size the all-to-alls.
 void dep_experts(const gpu_model::impl& m, const shard_view& s, const dev_layer& w, const float* y, int n,
                  const int32_t* sel, const float* weights, float* out, const uint8_t* yq, const float* ys) {
   const model_args& a = m.args;
   const int k = a.num_experts_per_tok, d = a.hidden_size, E = int(w.experts.size()), N = s.size;
   const float limit = float(a.swiglu_limit);
-  std::vector<int32_t> h_sel(std::size_t(n) * k);
-  std::vector<float> h_w(std::size_t(n) * k);
-  if (n > 0) {
-    cuda::copy_to_host(h_sel.data(), sel, sizeof(int32_t) * h_sel.size());
-    cuda::copy_to_host(h_w.data(), weights, sizeof(float) * h_w.size());
-  }
-  // outgoing records in rank order, slot order within a rank: the row, then (expert, weight)
-  std::vector<std::vector<int>> to(N);
-  for (int slot = 0; slot < n * k; ++slot)
-    if (h_sel[slot] >= 0) to[s.expert_owner(h_sel[slot])].push_back(slot);
-  std::vector<int32_t> src_rows;
-  std::vector<float> head;
+  const std::size_t slots = std::size_t(n) * k;
+  dvec<int32_t> src_rows(std::max<std::size_t>(slots, 1)), from(std::max<std::size_t>(slots, 1));
+  dvec<float> send_head(std::max<std::size_t>(2 * slots, 1));
+  dvec<uint64_t> counts(2 * std::size_t(N));  // records to each rank, then from each
+  cuda::fast::dep_dispatch_plan(sel, weights, n, k, N, src_rows.get(), send_head.get(), from.get(), counts.get());
+  before_collective(s);
+  s.comm->exchange_counts_device(counts.get(), counts.get() + N);
+  std::vector<uint64_t> h_counts(2 * std::size_t(N));
+  cuda::copy_to_host(h_counts.data(), counts.get(), sizeof(uint64_t) * h_counts.size());
   std::vector<std::size_t> send_n(N), recv_n(N);
-  for (int p = 0; p < N; ++p) {
-    for (int slot : to[p]) {
-      src_rows.push_back(slot / k);
-      head.push_back(float(h_sel[slot]));
-      head.push_back(h_w[slot]);
-    }
-    send_n[p] = to[p].size();
-  }
-  s.comm->exchange_counts(send_n.data(), recv_n.data());
   std::size_t J = 0, R = 0;
-  for (int p = 0; p < N; ++p) J += send_n[p], R += recv_n[p];
+  for (int p = 0; p < N; ++p) {
+    send_n[p] = std::size_t(h_counts[p]), recv_n[p] = std::size_t(h_counts[N + p]);
+    J += send_n[p], R += recv_n[p];
+  }
   const auto scaled = [&](const std::vector<std::size_t>& c, std::size_t f) {
     std::vector<std::size_t> v(c);
     for (std::size_t& x : v) x *= f;
     return v;
   };
-  dvec<float> send_rows(J * d), send_head(head), recv_rows(R * d), recv_head(R * 2);
-  if (J > 0) {
-    dvec<int32_t> d_src(src_rows);
-    cuda::fast::gather_rows(y, d_src.get(), int(J), d, send_rows.get());
-  }
+  dvec<float> send_rows(J * d), recv_rows(R * d), recv_head(R * 2);
+  if (J > 0) cuda::fast::gather_rows(y, src_rows.get(), int(J), d, send_rows.get());
   before_collective(s);
   s.comm->all_to_all(send_rows.get(), scaled(send_n, d).data(), recv_rows.get(), scaled(recv_n, d).data());
   s.comm->all_to_all(send_head.get(), scaled(send_n, 2).data(), recv_head.get(), scaled(recv_n, 2).data());
 
-  // the received slots, each as a row of one slot (topk 1) of the expert it names (read on the
-  // device: the host does not wait for the headers)
+  // the received slots, each as a row of one slot (topk 1) of the expert it names
   dvec<float> results(R * d);
   if (R > 0) {
     dvec<int32_t> d_sel(R);
@@ -138,15 +128,10 @@ void dep_experts(const gpu_model::impl& m, const shard_view& s, const dev_layer&
   before_collective(s);
   s.comm->all_to_all(results.get(), scaled(recv_n, d).data(), mine.get(), scaled(send_n, d).data());
   if (n == 0) return;
-  std::vector<int32_t> from(std::size_t(n) * k, int32_t(J));
-  int32_t at = 0;
-  for (int p = 0; p < N; ++p)
-    for (int slot : to[p]) from[slot] = at++;
-  dvec<int32_t> d_from(from);
-  dvec<float> slots(std::size_t(n) * k * d), shared(a.n_shared_experts > 0 ? std::size_t(n) * d : 0);
-  cuda::fast::gather_rows(mine.get(), d_from.get(), n * k, d, slots.get());
+  dvec<float> routed(slots * d), shared(a.n_shared_experts > 0 ? std::size_t(n) * d : 0);
+  cuda::fast::gather_rows(mine.get(), from.get(), int(slots), d, routed.get());
   if (a.n_shared_experts > 0) cuda::fast::shared_ffn(y, n, w.shared, limit, shared.get(), yq, ys);
-  cuda::fast::moe_combine(slots.get(), a.n_shared_experts > 0 ? shared.get() : nullptr, n, k, d, true, out);
+  cuda::fast::moe_combine(routed.get(), a.n_shared_experts > 0 ? shared.get() : nullptr, n, k, d, true, out);
 }
 
 }  // namespace

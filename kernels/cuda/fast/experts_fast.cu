@@ -519,6 +519,65 @@ void shared_ffn(const float* y, int m, const cpu::shared_expert_weights& shared,
 }
 
 namespace {
+/// One warp: dep_dispatch_plan's records (fast_ops.hpp). Pass 1 counts each rank's records; pass 2
+/// gives each slot its record, 32 slots at a time in slot order (a ballot per rank: a slot's
+/// place among the chunk's slots of its rank).
+__global__ void dispatch_plan_kernel(const int32_t* sel, const float* weights, int slots, int topk, int ranks,
+                                     int32_t* src_rows, float* head, int32_t* from, unsigned long long* counts) {
+  extern __shared__ int cursor[];  // [ranks]: records so far, then each rank's next record
+  __shared__ int total;
+  cuda::detail::dependent_start();
+  const int lane = int(threadIdx.x);
+  for (int p = lane; p < ranks; p += 32) cursor[p] = 0;
+  __syncwarp();
+  const auto owner = [&](int s) {
+    const int e = s < slots ? sel[s] : -1;
+    return e >= 0 ? e % ranks : -1;
+  };
+  for (int s0 = 0; s0 < slots; s0 += 32)
+    if (const int o = owner(s0 + lane); o >= 0) atomicAdd(&cursor[o], 1);
+  __syncwarp();
+  if (lane == 0) {
+    int at = 0;
+    for (int p = 0; p < ranks; ++p) {
+      const int c = cursor[p];
+      counts[p] = (unsigned long long)c;
+      cursor[p] = at;
+      at += c;
+    }
+    total = at;
+  }
+  __syncwarp();
+  const unsigned below = (1u << lane) - 1u;
+  for (int s0 = 0; s0 < slots; s0 += 32) {
+    const int s = s0 + lane, o = owner(s);
+    int at = total;  // a slot that goes nowhere: the zero row past the records
+    for (int p = 0; p < ranks; ++p) {
+      const unsigned mask = __ballot_sync(0xffffffffu, o == p);
+      if (mask == 0u) continue;
+      if (o == p) at = cursor[p] + __popc(mask & below);
+      __syncwarp();
+      if (lane == 0) cursor[p] += __popc(mask);
+      __syncwarp();
+    }
+    if (s >= slots) continue;
+    from[s] = at;
+    if (o < 0) continue;
+    src_rows[at] = s / topk;
+    head[2 * at] = float(sel[s]);
+    head[2 * at + 1] = weights[s];
+  }
+}
+}  // namespace
+
+void dep_dispatch_plan(const int32_t* sel, const float* weights, int m, int topk, int ranks, int32_t* src_rows,
+                       float* head, int32_t* from, uint64_t* counts) {
+  CEDAR_CUDA_REQUIRE(ranks >= 1 && topk >= 1 && m >= 0, "dep_dispatch_plan: ranks and topk at least 1");
+  cuda::detail::launch_dependent(dispatch_plan_kernel, dim3(1), dim3(32), sizeof(int) * ranks, sel, weights, m * topk,
+                                 topk, ranks, src_rows, head, from, reinterpret_cast<unsigned long long*>(counts));
+}
+
+namespace {
 /// One thread per received slot: its header (expert id, routing weight; floats) -> sel, weights.
 __global__ void slot_headers_kernel(const float* head, int n, int num_experts, int32_t* sel, float* weights) {
   cuda::detail::dependent_start();

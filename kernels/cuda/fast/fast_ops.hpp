@@ -254,6 +254,13 @@ void shared_ffn(const float* y, int m, const cpu::shared_expert_weights& shared,
 /// moe_ffn's combine over slots [m * topk, d] in top-k order, + shared [m, d] (null: + 0), out
 /// rounded to bf16 when round_out: from moe_slots' outputs, moe_ffn's out bit for bit.
 void moe_combine(const float* slots, const float* shared, int m, int topk, int d, bool round_out, float* out);
+/// DEP's dispatch of m rows' slots [m * topk] (sel, weights) over `ranks` ranks (expert e on
+/// rank e mod ranks; a slot with sel < 0 goes nowhere), planned on the device: the outgoing
+/// records in rank order, slot order within a rank: src_rows [records] the slot's row, head
+/// [records, 2] its expert id and routing weight (floats); from [m * topk] each slot's record
+/// (the record count for a slot that goes nowhere); counts [ranks] (uint64) records a rank.
+void dep_dispatch_plan(const int32_t* sel, const float* weights, int m, int topk, int ranks, int32_t* src_rows,
+                       float* head, int32_t* from, uint64_t* counts);
 /// DEP's received slot headers [n, 2] (expert id, routing weight, as floats) -> sel [n] and
 /// weights [n] on the device; an id that is not an expert of [0, num_experts) becomes -1 (no
 /// expert: moe_slots leaves the slot zero, as it does for an expert this rank does not hold).
