@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,9 @@ struct model_args {
   int64_t engram_vocab_size = 16000000;
   int engram_compressed_vocab_size = 99092;
   int engram_pad_token_id = 2;
+  /// Token id -> Engram compressed id, built from the tokenizer when a model is loaded for
+  /// serving (net/engram_map.hpp); null: token ids hash as they are.
+  std::shared_ptr<const std::vector<int32_t>> engram_token_map;
   int num_nextn_predict_layers = 3;
   int dspark_block_size = 5;
   int dspark_noise_token_id = 128799;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kernels/weights.hpp"
@@ -172,22 +173,34 @@ struct engram_hash_params {
   int64_t primes[32] = {};           ///< [(max_ngram-1) * num_heads], (n, head) order
   int64_t offsets[32] = {};          ///< first row of each (n, head) range
   int32_t pad_id = 2;                ///< compressed id used for slots before the sequence start
+  /// Token id -> compressed id (the tokenizer-derived map, spec §2.8); null: the identity.
+  std::shared_ptr<const std::vector<int32_t>> token_map;
 };
 
-/// Hash parameters of each Engram layer, in layer_ids order: primes are the successive primes
-/// >= vocab_size, taken layer after layer in (n, head) order; offsets are the running sum of
-/// the layer's earlier primes. Multipliers are splitmix64(seed 10007 * layer) | 1, not the
-/// checkpoint's numpy draws (so real Engram tables need their own multipliers).
-std::vector<engram_hash_params> engram_default_params(const std::vector<int>& layer_ids,
-                                                      int max_ngram, int heads,
-                                                      int64_t vocab_size, int32_t pad_id);
+/// What fixes the Engram hashes of a model (its config plus the tokenizer-derived map).
+struct engram_hash_config {
+  std::vector<int> layer_ids;
+  int max_ngram = 4;
+  int heads = 8;
+  int64_t vocab_size = 16000000;    ///< engram_vocab_size: the first prime is the smallest >= it
+  int64_t compressed_vocab = 99092; ///< engram_compressed_vocab_size: bounds the multipliers
+  int32_t pad_token = 2;            ///< engram_pad_token_id, a token id (mapped like any other)
+  std::shared_ptr<const std::vector<int32_t>> token_map;  ///< null: identity
+};
+
+/// Hash parameters of each Engram layer, in layer_ids order, as the checkpoint's reference
+/// computes them: layer L's multipliers are 2r+1 for the first max_ngram draws r of numpy's
+/// default_rng(10007 * L).integers(0, (INT64_MAX / compressed_vocab) / 2); primes are the
+/// successive primes >= vocab_size, taken layer after layer in (n, head) order; offsets are the
+/// running sum of the layer's earlier primes; pad_id is the pad token's compressed id.
+std::vector<engram_hash_params> engram_default_params(const engram_hash_config& c);
 
 /// Rows of a layer's Engram table: the sum of its (max_ngram-1)*num_heads primes.
 int64_t engram_table_rows(const engram_hash_params& p);
 
 /// Row ids [m, (max_ngram-1)*num_heads] for tokens at positions [first, first+m) of a
-/// sequence whose compressed ids are cids[0..first+m) (look-back stops at position 0).
-void engram_rows(const int32_t* cids, int64_t first, int m, const engram_hash_params& p,
+/// sequence of token ids ids[0..first+m), mapped through p.token_map (look-back stops at 0).
+void engram_rows(const int32_t* ids, int64_t first, int m, const engram_hash_params& p,
                  int64_t* rows);
 
 struct engram_weights {

@@ -30,7 +30,12 @@ const byte_alphabet& alphabet() {
   return a;
 }
 
-// Byte-level string -> raw bytes; nullopt if a character is outside the alphabet.
+}  // namespace
+
+uint32_t byte_to_codepoint(uint8_t b) { return alphabet().to_cp[b]; }
+
+int byte_from_codepoint(uint32_t cp) { return cp < 512 ? alphabet().from_cp[cp] : -1; }
+
 std::optional<std::string> byte_level_to_bytes(std::string_view s) {
   std::string out;
   for (size_t pos = 0; pos < s.size();) {
@@ -43,12 +48,6 @@ std::optional<std::string> byte_level_to_bytes(std::string_view s) {
   }
   return out;
 }
-
-}  // namespace
-
-uint32_t byte_to_codepoint(uint8_t b) { return alphabet().to_cp[b]; }
-
-int byte_from_codepoint(uint32_t cp) { return cp < 512 ? alphabet().from_cp[cp] : -1; }
 
 std::string bytes_to_byte_level(std::string_view bytes) {
   std::string out;

@@ -19,6 +19,8 @@ uint32_t byte_to_codepoint(uint8_t b);
 int byte_from_codepoint(uint32_t cp);
 /// The byte-level form of raw bytes (what tokenizer.json's vocabulary keys look like).
 std::string bytes_to_byte_level(std::string_view bytes);
+/// Inverse of bytes_to_byte_level; nullopt if a character is outside the alphabet.
+std::optional<std::string> byte_level_to_bytes(std::string_view s);
 
 class bpe_model {
  public:

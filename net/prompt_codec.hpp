@@ -95,6 +95,8 @@ class prompt_codec {
   /// A token id whose text is a short word (the null engine's fixed token).
   int32_t filler_token_id() const;
   int32_t vocab_size() const;
+  /// The tokenizer everything above is built on.
+  const tokenizer& text_tokenizer() const { return *tok_; }
 
  private:
   explicit prompt_codec(std::unique_ptr<tokenizer> tok);

@@ -8,7 +8,7 @@ root="$(cd "$here/.." && pwd)"
 
 apt_pkgs=(build-essential cmake pkg-config git ca-certificates
   libcaf-dev libboost-dev libboost-system-dev libsimdjson-dev doctest-dev libpcre2-dev
-  nodejs npm chromium curl)
+  libicu-dev python3-numpy nodejs npm chromium curl)
 
 missing=()
 for p in "${apt_pkgs[@]}"; do

@@ -261,17 +261,17 @@ void gpu_model::impl::apply_engram(int l, gbatch& b) const {
   const int per_token = args.engram_rows_per_token();
   const int lookback = args.engram_max_ngram_size - 1;
   std::vector<int64_t> rows(std::size_t(b.num_rows) * per_token);
-  std::vector<int32_t> cids;
+  std::vector<int32_t> ids;  // the look-back, then the new tokens
   for (const gitem& it : b.items) {
     if (it.num_rows == 0) continue;
     const auto& hist = it.item->history;
     const std::size_t keep = std::min<std::size_t>(hist.size(), std::size_t(lookback));
     CEDAR_OP_CHECK(int64_t(hist.size()) >= std::min<int64_t>(it.first_pos, lookback),
                    "history lacks the Engram look-back");
-    cids.assign(hist.end() - keep, hist.end());
-    cids.insert(cids.end(), it.item->tokens.begin(), it.item->tokens.end());
+    ids.assign(hist.end() - keep, hist.end());
+    ids.insert(ids.end(), it.item->tokens.begin(), it.item->tokens.end());
     const int64_t dropped = it.first_pos - it.item->kv->num_tokens;  // truncated rows
-    cpu::engram_rows(cids.data(), int64_t(keep) + dropped, it.num_rows, engram_hash[l],
+    cpu::engram_rows(ids.data(), int64_t(keep) + dropped, it.num_rows, engram_hash[l],
                      rows.data() + std::size_t(it.row_begin) * per_token);
   }
   dvec<int64_t> d_rows(rows);

@@ -180,10 +180,21 @@ std::vector<cpu::rope_params> layer_rope_params(const model_args& a) {
   return out;
 }
 
+cpu::engram_hash_config engram_hash_config_of(const model_args& a) {
+  cpu::engram_hash_config c;
+  c.layer_ids = a.engram_layer_ids;
+  c.max_ngram = a.engram_max_ngram_size;
+  c.heads = a.engram_n_heads;
+  c.vocab_size = a.engram_vocab_size;
+  c.compressed_vocab = a.engram_compressed_vocab_size;
+  c.pad_token = a.engram_pad_token_id;
+  c.token_map = a.engram_token_map;
+  return c;
+}
+
 std::vector<cpu::engram_hash_params> layer_engram_params(const model_args& a) {
   std::vector<cpu::engram_hash_params> out(a.num_hidden_layers);
-  const auto params = cpu::engram_default_params(a.engram_layer_ids, a.engram_max_ngram_size, a.engram_n_heads,
-                                                 a.engram_vocab_size, a.engram_pad_token_id);
+  const auto params = cpu::engram_default_params(engram_hash_config_of(a));
   for (std::size_t i = 0; i < params.size(); ++i) out[a.engram_layer_ids[i]] = params[i];
   return out;
 }

@@ -77,6 +77,8 @@ model_weights bind_weights(const model_args& args, std::shared_ptr<const tensor_
 /// The per-layer constants both forward passes use: RoPE parameters by layer type (YaRN on
 /// the compressed layers), and Engram hash parameters (set on Engram layers only).
 std::vector<cpu::rope_params> layer_rope_params(const model_args& a);
+/// The model's Engram hash inputs: its config fields and its token map.
+cpu::engram_hash_config engram_hash_config_of(const model_args& a);
 std::vector<cpu::engram_hash_params> layer_engram_params(const model_args& a);
 
 }  // namespace cedar::model_detail

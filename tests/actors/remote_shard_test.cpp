@@ -18,6 +18,8 @@
 #include "actors/engine.hpp"
 #include "config/model_config.hpp"
 #include "kernels/model/random_weights.hpp"
+#include "net/engram_map.hpp"
+#include "net/tokenizer.hpp"
 
 extern char** environ;
 
@@ -72,8 +74,12 @@ TEST_CASE("remote shard: a second process serves the tp1 layout, and its death i
   const std::filesystem::path cedar_bin = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "cedar";
   REQUIRE_MESSAGE(std::filesystem::exists(cedar_bin), "build the cedar target next to this test: " << cedar_bin);
   std::string error;
-  const auto args = load_model_args("micro", &error);
+  auto args = load_model_args("micro", &error);
   REQUIRE(args.has_value());
+  // As `cedar serve` and `cedar shard` build it: Engram ids through the tokenizer's map.
+  const auto tok = net::tokenizer::load_dsv41(net::tokenizer::default_path(), &error);
+  REQUIRE_MESSAGE(tok, error);
+  REQUIRE_MESSAGE(net::attach_engram_token_map(*args, *tok, &error), error);
   engine_options o;
   o.page_tokens = 16;
   o.kv_budget_bytes = int64_t(32) << 20;

@@ -2,7 +2,9 @@
 # The model commands on the CPU backend: `cedar generate` is deterministic and chunking does not
 # change its tokens, and --prompt-ids runs (a..b) are the listed ids; `cedar logits` writes its header and every row, and its last row's argmax
 # is the token generate picks first; a checkpoint directory gives the same tokens as the preset
-# with the same seed, and a checkpoint that does not match its config is refused; kernel-lab
+# with the same seed, its Engram hash is the reference's (`cedar info`: the tokenizer's 99,092
+# classes, multipliers equal to numpy's draws), and a checkpoint that does not match its config
+# or a tokenizer that folds into another class count is refused; kernel-lab
 # refuses options it does not take with its usage (exit 2) before it looks for a device and takes
 # those it does (--tokens with moe, prefill and gemv, --tile with moe), and the GPU-only
 # --gpu-dense-bf16 and --gpu-batch-invariant off are refused on the CPU backend.
@@ -47,6 +49,24 @@ PY
 "$cedar" ckpt --preset micro --out "$tmp/ckpt" --seed 1 > /dev/null 2>&1
 d="$("$cedar" generate --model "$tmp/ckpt" --prompt-ids "$ids" --max-tokens 6 --ignore-eos --json | ids_of)"
 [[ "$a" == "$d" ]] || { echo "checkpoint directory and preset differ: $a vs $d"; exit 1; }
+"$cedar" info --model "$tmp/ckpt" --json > "$tmp/info.json"
+/usr/bin/python3 - "$tmp/info.json" <<'PY'
+import json, sys
+import numpy as np
+e = json.load(open(sys.argv[1]))["engram"]
+assert e["token_map_classes"] == 99092, e
+half = max(1, (np.iinfo(np.int64).max // 99092) // 2)
+for layer in e["layers"]:
+    want = np.random.default_rng(10007 * layer["layer"]).integers(0, half, size=4, dtype=np.int64) * 2 + 1
+    assert layer["multipliers"] == [int(v) for v in want], (layer, want)
+PY
+sed 's/"engram_compressed_vocab_size": 99092/"engram_compressed_vocab_size": 99091/' "$tmp/ckpt/config.json" > "$tmp/cfg"
+cp "$tmp/ckpt/config.json" "$tmp/config.good" && cp "$tmp/cfg" "$tmp/ckpt/config.json"
+if "$cedar" generate --model "$tmp/ckpt" --prompt-ids "$ids" --max-tokens 1 2> "$tmp/err" > /dev/null; then
+  echo "a tokenizer folding into 99,092 classes served a config of 99,091"; exit 1
+fi
+grep -q "99092 classes" "$tmp/err" || { cat "$tmp/err"; exit 1; }
+cp "$tmp/config.good" "$tmp/ckpt/config.json"
 sed -i 's/"moe_intermediate_size": 128/"moe_intermediate_size": 96/' "$tmp/ckpt/config.json"
 if "$cedar" generate --model "$tmp/ckpt" --prompt-ids "$ids" --max-tokens 2 2> "$tmp/err"; then
   echo "a checkpoint that does not match its config was accepted"; exit 1

@@ -40,9 +40,7 @@ class reference_model {
     }
     latents_.assign(a_.kv_source_layer_ids.size(), {});
     keys_.assign(a_.kv_source_layer_ids.size(), {});
-    const auto hash = cpu::engram_default_params(a_.engram_layer_ids, a_.engram_max_ngram_size,
-                                                 a_.engram_n_heads, a_.engram_vocab_size,
-                                                 a_.engram_pad_token_id);
+    const auto hash = cpu::engram_default_params(model_detail::engram_hash_config_of(a_));
     std::vector<float> apre(pre.size()), post(pre.size()), comb(std::size_t(T_) * hc * hc),
         x(std::size_t(T_) * D), f(std::size_t(T_) * D);
     for (int l = 0; l < a_.num_hidden_layers; ++l) {

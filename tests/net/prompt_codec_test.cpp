@@ -15,6 +15,7 @@
 #include "net/py_json.hpp"
 #include "net/tokenizer.hpp"
 #include "net/ws_coalesce.hpp"
+#include "tests/net/shared_tokenizers.hpp"
 
 using namespace cedar::net;
 
@@ -30,15 +31,7 @@ const prompt_codec& codec() {
   return *c;
 }
 
-const tokenizer& tok() {
-  static auto t = [] {
-    std::string error;
-    auto p = tokenizer::load_dsv41(tokenizer::default_path(), &error);
-    REQUIRE_MESSAGE(p, error);
-    return p;
-  }();
-  return *t;
-}
+const tokenizer& tok() { return testing::v41(); }
 
 /// Random text mixing words, punctuation, unicode and the literal text of control tokens.
 std::string random_text(std::mt19937& rng) {

@@ -11,30 +11,13 @@
 #include "net/pretokenizer.hpp"
 #include "net/tokenizer.hpp"
 #include "net/utf8.hpp"
+#include "tests/net/shared_tokenizers.hpp"
 
 using namespace cedar::net;
+using cedar::net::testing::v3;
+using cedar::net::testing::v41;
 
 namespace {
-
-const tokenizer& v3() {
-  static auto tok = [] {
-    std::string error;
-    auto t = tokenizer::load(tokenizer::default_path(), &error);
-    REQUIRE_MESSAGE(t, error);
-    return t;
-  }();
-  return *tok;
-}
-
-const tokenizer& v41() {
-  static auto tok = [] {
-    std::string error;
-    auto t = tokenizer::load_dsv41(tokenizer::default_path(), &error);
-    REQUIRE_MESSAGE(t, error);
-    return t;
-  }();
-  return *tok;
-}
 
 // The obvious BPE: merge the lowest-ranked adjacent pair (leftmost first) until none is left.
 std::vector<std::string> naive_bpe(std::string_view piece, const std::vector<std::pair<std::string, std::string>>& merges) {

@@ -20,6 +20,7 @@
 #include "config/model_config.hpp"
 #include "kernels/checkpoint/safetensors.hpp"
 #include "kernels/model/random_weights.hpp"
+#include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
 namespace {
@@ -83,7 +84,7 @@ std::vector<int32_t> run_alone(engine& eng, const request_spec& s, std::string* 
 /// page size; nullptr and *error on failure.
 std::shared_ptr<const model> open_paged_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype,
                                               int page_tokens, std::string* error) {
-  auto args = load_model_args(dir_or_preset, error);
+  auto args = cli::load_serving_args(dir_or_preset, error);
   if (!args) return nullptr;
   auto weights = std::make_shared<tensor_map>();
   if (std::filesystem::is_directory(dir_or_preset)) {

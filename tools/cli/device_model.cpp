@@ -175,7 +175,7 @@ std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint
     return nullptr;
   }
 #ifdef CEDAR_HAVE_CUDA
-  auto args = load_model_args(dir_or_preset, error);
+  auto args = load_serving_args(dir_or_preset, error);
   if (!args) return nullptr;
   auto weights = load_weights(dir_or_preset, *args, seed, verbose, error);
   if (!weights) return nullptr;

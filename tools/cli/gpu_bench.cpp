@@ -13,6 +13,7 @@
 #include "actors/layout.hpp"
 #include "config/model_config.hpp"
 #include "tools/cli/gpu_bench.hpp"
+#include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
 namespace cedar::cli::gpu_bench {
@@ -131,7 +132,7 @@ std::unique_ptr<step_model> open_step_model(const options& o, std::string* error
     auto m = open_model(o.model, o.seed, o.kv, error);
     return m ? wrap_model(std::shared_ptr<const model>(std::move(m))) : nullptr;
   }
-  const auto args = load_model_args(o.model, error);
+  const auto args = cli::load_serving_args(o.model, error);
   if (!args) return nullptr;
   auto weights = load_weights(o.model, *args, o.seed, o.progress, error);
   if (!weights) return nullptr;
@@ -193,7 +194,7 @@ int gpu_bench_main(int argc, char** argv) {
   }
   const options& o = r.opts;
   std::string error;
-  const auto args = load_model_args(o.model, &error);
+  const auto args = cli::load_serving_args(o.model, &error);
   if (!args) {
     std::fprintf(stderr, "gpu-bench: %s\n", error.c_str());
     return 1;

@@ -1,6 +1,8 @@
 // `cedar info`: what a model costs: parameters (total, backbone, Engram, active per prompt and
 // per generated token), KV bytes (global per token, SWA per request, page), checkpoint bytes.
-// For a checkpoint directory it also checks the tensors against the inventory.
+// For a checkpoint directory it also checks the tensors against the inventory and builds the
+// Engram token map from its tokenizer. The Engram hash inputs are printed either way.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -10,6 +12,8 @@
 #include "kernels/model/inventory.hpp"
 #include "kernels/model/kv_layout.hpp"
 #include "kernels/model/param_count.hpp"
+#include "kernels/model/weights.hpp"
+#include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
 namespace {
@@ -22,6 +26,8 @@ struct model_info {
   uint64_t checkpoint_bytes = 0;
   int checkpoint_tensors = -1;  ///< -1: not a checkpoint directory
   std::vector<std::string> problems;
+  std::vector<cpu::engram_hash_params> engram;  ///< one per Engram layer, in engram_layer_ids order
+  int engram_classes = 0;                        ///< compressed ids in the token map (0: none)
 };
 
 model_info gather(const model_args& a, const std::string& source) {
@@ -30,6 +36,9 @@ model_info gather(const model_args& a, const std::string& source) {
   m.kv_fp4 = kv_layout::make(a, kv_dtype::fp4);
   m.kv_fp8 = kv_layout::make(a, kv_dtype::fp8);
   for (const tensor_spec& s : model_inventory(a)) m.checkpoint_bytes += s.num_bytes();
+  if (!a.engram_layer_ids.empty()) m.engram = cpu::engram_default_params(model_detail::engram_hash_config_of(a));
+  if (a.engram_token_map && !a.engram_token_map->empty())
+    m.engram_classes = *std::max_element(a.engram_token_map->begin(), a.engram_token_map->end()) + 1;
   if (std::filesystem::is_directory(source)) {
     tensor_map weights;
     std::string error;
@@ -65,6 +74,19 @@ void print_text(const std::string& source, const model_args& a, const model_info
               "                 Engram adds %s per prompt token, %s per generated token (projection + %d rows)\n",
               a.num_experts_per_tok, billions(p.engram_active_per_prompt_token).c_str(),
               billions(p.engram_active_per_token).c_str(), a.engram_rows_per_token());
+  if (!m.engram.empty()) {
+    if (m.engram_classes)
+      std::printf("Engram hash      token map of %d classes from the tokenizer (pad token %d -> %d)\n",
+                  m.engram_classes, a.engram_pad_token_id, m.engram[0].pad_id);
+    else
+      std::printf("Engram hash      token ids as they are (a preset's identity map; pad %d)\n", m.engram[0].pad_id);
+    for (std::size_t i = 0; i < m.engram.size(); ++i) {
+      const auto& e = m.engram[i];
+      std::printf("                 layer %d: multipliers", a.engram_layer_ids[i]);
+      for (int k = 0; k < e.max_ngram; ++k) std::printf(" %lld", (long long)e.multipliers[k]);
+      std::printf(", %lld rows\n", (long long)cpu::engram_table_rows(e));
+    }
+  }
   std::printf("global KV        %.0f B/token (FP4), %.0f B/token (FP8); page of %d tokens = %zu B (FP4)\n",
               m.kv_fp4.bytes_per_token(), m.kv_fp8.bytes_per_token(), m.kv_fp4.page_tokens, m.kv_fp4.page_bytes);
   std::printf("SWA ring         %zu B per request (%d layers x %d x %zu B); compressor tails %zu B\n",
@@ -93,6 +115,20 @@ void print_json(const std::string& source, const model_args& a, const model_info
               m.kv_fp4.ring_bytes(), (unsigned long long)m.checkpoint_bytes);
   if (m.checkpoint_tensors >= 0)
     std::printf(", \"checkpoint_tensors\": %d, \"checkpoint_problems\": %zu", m.checkpoint_tensors, m.problems.size());
+  if (!m.engram.empty()) {
+    std::printf(", \"engram\": {\"token_map_classes\": ");
+    if (m.engram_classes) std::printf("%d", m.engram_classes);
+    else std::printf("null");
+    std::printf(", \"pad_compressed_id\": %d, \"layers\": [", m.engram[0].pad_id);
+    for (std::size_t i = 0; i < m.engram.size(); ++i) {
+      const auto& e = m.engram[i];
+      std::printf("%s{\"layer\": %d, \"rows\": %lld, \"multipliers\": [", i ? ", " : "", a.engram_layer_ids[i],
+                  (long long)cpu::engram_table_rows(e));
+      for (int k = 0; k < e.max_ngram; ++k) std::printf("%s%lld", k ? ", " : "", (long long)e.multipliers[k]);
+      std::printf("]}");
+    }
+    std::printf("]}");
+  }
   std::printf("}\n");
 }
 
@@ -111,7 +147,7 @@ int info_main(int argc, char** argv) {
     }
   }
   std::string error;
-  auto args = load_model_args(source, &error);
+  auto args = cli::load_serving_args(source, &error);
   if (!args) return std::fprintf(stderr, "cedar info: %s\n", error.c_str()), 1;
   const model_info m = gather(*args, source);
   json ? print_json(source, *args, m) : print_text(source, *args, m);

@@ -10,12 +10,28 @@
 #include "kernels/checkpoint/safetensors.hpp"
 #include "kernels/model/inventory.hpp"
 #include "kernels/model/random_weights.hpp"
+#include "net/engram_map.hpp"
+#include "net/tokenizer.hpp"
 
 namespace cedar::cli {
 
+std::optional<model_args> load_serving_args(const std::string& dir_or_preset, std::string* error) {
+  auto args = load_model_args(dir_or_preset, error);
+  if (!args || args->engram_layer_ids.empty()) return args;
+  std::string why;
+  auto tok = net::tokenizer::load_dsv41(net::tokenizer::path_for_model(dir_or_preset), &why);
+  if (!tok) {
+    if (!std::filesystem::is_directory(dir_or_preset)) return args;  // random weights: ids hash as they are
+    *error = "Engram token map: " + why;
+    return std::nullopt;
+  }
+  if (!net::attach_engram_token_map(*args, *tok, error)) return std::nullopt;
+  return args;
+}
+
 std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t seed,
                                   kv_dtype dtype, std::string* error) {
-  auto args = load_model_args(dir_or_preset, error);
+  auto args = load_serving_args(dir_or_preset, error);
   if (!args) return nullptr;
   auto weights = std::make_shared<tensor_map>();
   if (std::filesystem::is_directory(dir_or_preset)) {

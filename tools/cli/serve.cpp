@@ -18,6 +18,7 @@
 #include "kernels/model/random_weights.hpp"
 #include "net/server.hpp"
 #include "tools/cli/device_model.hpp"
+#include "net/engram_map.hpp"
 #include "net/tokenizer.hpp"
 #include "tools/cli/registry.hpp"
 
@@ -90,7 +91,8 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
   }
   std::string error;
   auto args = cedar::load_model_args(c.model, &error);
-  if (!args) throw std::runtime_error(error);
+  if (!args || !cedar::net::attach_engram_token_map(*args, codec.text_tokenizer(), &error))
+    throw std::runtime_error(error);
   auto started = [&] {
     if (c.device == cedar::cli::device_kind::cpu) return cedar::engine::start(*args, load_weights(c, *args), c.options);
     // GPU: one shard under one scheduler; its KV lives in device memory, sized from what the

@@ -11,6 +11,7 @@
 #include "config/model_config.hpp"
 #include "kernels/checkpoint/safetensors.hpp"
 #include "kernels/model/random_weights.hpp"
+#include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
 namespace {
@@ -62,7 +63,7 @@ int shard_main(int argc, char** argv) {
     return 2;
   }
   std::string error;
-  const auto args = cedar::load_model_args(model_name, &error);
+  const auto args = cedar::cli::load_serving_args(model_name, &error);
   if (!args) return std::fprintf(stderr, "cedar shard: %s\n", error.c_str()), 1;
   const auto weights = load_weights(model_name, seed, *args, &error);
   if (!weights) return std::fprintf(stderr, "cedar shard: %s\n", error.c_str()), 1;
