@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 
 namespace cedar {
 
@@ -10,11 +11,27 @@ std::string layout_spec::name() const {
   return (mode == parallel_mode::tp ? "tp" : "dep") + std::to_string(num_shards);
 }
 
+namespace {
+
+/// FNV-1a over the Engram token map ("ids" when token ids hash as they are).
+std::string engram_map_digest(const model_args& a) {
+  if (!a.engram_token_map) return "ids";
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int32_t v : *a.engram_token_map) {
+    for (int i = 0; i < 4; ++i) h = (h ^ ((uint32_t(v) >> (8 * i)) & 0xFF)) * 0x100000001b3ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
+  return buf;
+}
+
+}  // namespace
+
 std::string model_fingerprint(const model_args& a, const kv_layout& kv) {
   return "layers=" + std::to_string(a.num_hidden_layers) + " hidden=" + std::to_string(a.hidden_size) +
          " heads=" + std::to_string(a.num_attention_heads) + " experts=" + std::to_string(a.n_routed_experts) +
          " vocab=" + std::to_string(a.vocab_size) + " page_tokens=" + std::to_string(kv.page_tokens) +
-         " kv=" + (kv.dtype == kv_dtype::fp8 ? "fp8" : "fp4");
+         " kv=" + (kv.dtype == kv_dtype::fp8 ? "fp8" : "fp4") + " engram_map=" + engram_map_digest(a);
 }
 
 outcome<layout_spec> parse_layout_name(const std::string& text) {

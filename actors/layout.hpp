@@ -30,8 +30,8 @@ outcome<layout_spec> parse_layout_name(const std::string& text);
 /// parse_layout_name, then checked against the model (check_layout).
 outcome<layout_spec> parse_layout(const std::string& text, const model_args& args);
 
-/// What a shard process and the runtime compare before working together: the model's shape
-/// and KV format (the weights themselves are the operator's responsibility).
+/// What a shard process and the runtime compare before working together: the model's shape,
+/// KV format and Engram token map (the weights themselves are the operator's responsibility).
 std::string model_fingerprint(const model_args& args, const kv_layout& kv);
 
 }  // namespace cedar

@@ -1,7 +1,8 @@
 // A shard in a second process (`cedar shard --connect 127.0.0.1:PORT`, the `cedar` binary
 // next to this test) joined through CAF's middleman: the engine's tp1 layout moves onto it and
 // serves the tokens the local shard served; when the process is killed the engine rebuilds on
-// a local shard and serves them again.
+// a local shard and serves them again. A shard whose model (shape, KV format, Engram token map)
+// differs from the engine's is refused at join and exits.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -68,37 +69,62 @@ bool wait_layout(engine& e, Pred pred, int timeout_s) {
   return false;
 }
 
+/// The engine a shard process joins: micro with `seed`, room for a few requests, a shard port.
+struct shard_host {
+  std::unique_ptr<engine> e;
+  engine_options o;
+
+  explicit shard_host(const model_args& args) {
+    o.page_tokens = 16;
+    o.kv_budget_bytes = int64_t(32) << 20;
+    o.shard_port = 0;
+    auto started = engine::start(args, std::make_shared<tensor_map>(make_random_weights(args, seed)), o);
+    REQUIRE(started.ok());
+    e = std::move(started.value());
+    REQUIRE(e->shard_port() > 0);
+  }
+
+  /// Starts `cedar shard` against this engine; its pid.
+  pid_t spawn_shard() const {
+    const std::filesystem::path bin = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "cedar";
+    REQUIRE_MESSAGE(std::filesystem::exists(bin), "build the cedar target next to this test: " << bin);
+    const std::string connect = "127.0.0.1:" + std::to_string(e->shard_port());
+    std::vector<std::string> argv_s{bin.string(), "shard", "--connect", connect, "--model", "micro",
+                                    "--seed", std::to_string(seed), "--page-tokens", "16",
+                                    "--kv-budget-bytes", std::to_string(o.kv_budget_bytes)};
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t child = 0;
+    REQUIRE(posix_spawn(&child, argv[0], nullptr, nullptr, argv.data(), environ) == 0);
+    return child;
+  }
+};
+
+model_args micro_args() {
+  std::string error;
+  auto args = load_model_args("micro", &error);
+  REQUIRE_MESSAGE(args, error);
+  return *args;
+}
+
+/// micro as `cedar serve` and `cedar shard` build it: Engram ids through the tokenizer's map.
+model_args served_micro_args() {
+  model_args args = micro_args();
+  std::string error;
+  const auto tok = net::tokenizer::load_dsv41(net::tokenizer::default_path(), &error);
+  REQUIRE_MESSAGE(tok, error);
+  REQUIRE_MESSAGE(net::attach_engram_token_map(args, *tok, &error), error);
+  return args;
+}
+
 }  // namespace
 
 TEST_CASE("remote shard: a second process serves the tp1 layout, and its death is survived") {
-  const std::filesystem::path cedar_bin = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "cedar";
-  REQUIRE_MESSAGE(std::filesystem::exists(cedar_bin), "build the cedar target next to this test: " << cedar_bin);
-  std::string error;
-  auto args = load_model_args("micro", &error);
-  REQUIRE(args.has_value());
-  // As `cedar serve` and `cedar shard` build it: Engram ids through the tokenizer's map.
-  const auto tok = net::tokenizer::load_dsv41(net::tokenizer::default_path(), &error);
-  REQUIRE_MESSAGE(tok, error);
-  REQUIRE_MESSAGE(net::attach_engram_token_map(*args, *tok, &error), error);
-  engine_options o;
-  o.page_tokens = 16;
-  o.kv_budget_bytes = int64_t(32) << 20;
-  o.shard_port = 0;
-  auto started = engine::start(*args, std::make_shared<tensor_map>(make_random_weights(*args, seed)), o);
-  REQUIRE(started.ok());
-  engine& e = *started.value();
-  REQUIRE(e.shard_port() > 0);
+  shard_host host(served_micro_args());
+  engine& e = *host.e;
   const auto local = generate(e, 4);
-
-  const std::string connect = "127.0.0.1:" + std::to_string(e.shard_port());
-  std::vector<std::string> argv_s{cedar_bin.string(), "shard", "--connect", connect, "--model", "micro",
-                                  "--seed", std::to_string(seed), "--page-tokens", "16",
-                                  "--kv-budget-bytes", std::to_string(o.kv_budget_bytes)};
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t child = 0;
-  REQUIRE(posix_spawn(&child, argv[0], nullptr, nullptr, argv.data(), environ) == 0);
+  const pid_t child = host.spawn_shard();
 
   const bool joined = wait_layout(e, [](const layout_status& s) { return s.shards.size() == 1 && s.shards[0].remote; }, 60);
   CHECK(joined);
@@ -115,4 +141,24 @@ TEST_CASE("remote shard: a second process serves the tp1 layout, and its death i
   CHECK(wait_layout(e, [](const layout_status& s) { return s.shards.size() == 1 && !s.shards[0].remote; }, 20));
   CHECK(e.healthy());
   CHECK(generate(e, 4) == local);
+}
+
+TEST_CASE("remote shard: a shard whose Engram hash differs is refused at join, the engine goes on") {
+  shard_host host(micro_args());  // hashes token ids; the shard process hashes the tokenizer's classes
+  engine& e = *host.e;
+  const auto local = generate(e, 2);
+  const pid_t child = host.spawn_shard();
+  int wstatus = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  pid_t done = 0;
+  while ((done = waitpid(child, &wstatus, WNOHANG)) == 0 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (done == 0) kill(child, SIGKILL), waitpid(child, &wstatus, 0);
+  CHECK(done == child);  // it gave up by itself
+  CHECK(WIFEXITED(wstatus));
+  CHECK(WEXITSTATUS(wstatus) != 0);
+  const layout_status st = e.layout_info().value();
+  REQUIRE(st.shards.size() == 1);
+  CHECK_FALSE(st.shards[0].remote);
+  CHECK(generate(e, 2) == local);
 }

@@ -15,13 +15,16 @@
 
 namespace cedar::cli {
 
-std::optional<model_args> load_serving_args(const std::string& dir_or_preset, std::string* error) {
+std::optional<model_args> load_serving_args(const std::string& dir_or_preset, std::string* error,
+                                            const std::string& tokenizer_path) {
   auto args = load_model_args(dir_or_preset, error);
   if (!args || args->engram_layer_ids.empty()) return args;
   std::string why;
-  auto tok = net::tokenizer::load_dsv41(net::tokenizer::path_for_model(dir_or_preset), &why);
+  const std::string path = tokenizer_path.empty() ? net::tokenizer::path_for_model(dir_or_preset) : tokenizer_path;
+  auto tok = net::tokenizer::load_dsv41(path, &why);
   if (!tok) {
-    if (!std::filesystem::is_directory(dir_or_preset)) return args;  // random weights: ids hash as they are
+    // random weights without a tokenizer at hand: ids hash as they are
+    if (tokenizer_path.empty() && !std::filesystem::is_directory(dir_or_preset)) return args;
     *error = "Engram token map: " + why;
     return std::nullopt;
   }

@@ -18,9 +18,10 @@ constexpr const char* default_model = "tiny";
 constexpr uint64_t default_seed = 1;
 
 /// load_model_args, plus the Engram token map built from the tokenizer that serves the model
-/// (tokenizer::path_for_model; a preset without one hashes token ids). nullopt and *error on
-/// failure.
-std::optional<model_args> load_serving_args(const std::string& dir_or_preset, std::string* error);
+/// (tokenizer_path, else tokenizer::path_for_model; a preset without one hashes token ids).
+/// nullopt and *error on failure.
+std::optional<model_args> load_serving_args(const std::string& dir_or_preset, std::string* error,
+                                            const std::string& tokenizer_path = "");
 
 /// Opens DIR (config.json + safetensors, checked against the inventory) or PRESET (random
 /// weights from `seed`). On failure returns nullptr and sets *error.

@@ -18,11 +18,14 @@ namespace {
 
 void print_help() {
   std::fprintf(stderr,
-               "usage: cedar shard --connect HOST:PORT [--model NAME] [--seed N] [engine options]\n\n"
+               "usage: cedar shard --connect HOST:PORT [--model NAME] [--seed N] [--tokenizer PATH]\n"
+               "                   [engine options]\n\n"
                "Runs one shard of the model for an engine started with --shard-port; the engine's\n"
                "one-shard layout (tp1) then runs its steps here. --model and --seed must match the\n"
-               "engine's (default tiny, 1234); engine options size the KV (--page-tokens, --kv-budget-bytes,\n"
-               "--max-num-seqs, --kv-dtype) and must match too.\n");
+               "engine's (default tiny, 1234), and --tokenizer the server's when it names one (its\n"
+               "Engram token map goes into the model; a shard whose map differs is refused at join);\n"
+               "engine options size the KV (--page-tokens, --kv-budget-bytes, --max-num-seqs,\n"
+               "--kv-dtype) and must match too.\n");
 }
 
 std::shared_ptr<const cedar::tensor_map> load_weights(const std::string& model, uint64_t seed,
@@ -39,16 +42,19 @@ std::shared_ptr<const cedar::tensor_map> load_weights(const std::string& model, 
 }
 
 int shard_main(int argc, char** argv) {
-  std::string connect, model_name = "tiny";
+  std::string connect, model_name = "tiny", tokenizer_path;
   uint64_t seed = 1234;
   std::vector<std::string> rest;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") return print_help(), 0;
-    if ((a == "--connect" || a == "--model" || a == "--seed") && i + 1 < argc) {
+    if ((a == "--connect" || a == "--model" || a == "--seed" || a == "--tokenizer") && i + 1 < argc) {
       const std::string v = argv[++i];
       if (a == "--connect") connect = v;
       else if (a == "--model") model_name = v;
+      else if (a == "--tokenizer") tokenizer_path = v;
+      else if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || v.size() > 19)
+        return std::fprintf(stderr, "cedar shard: --seed %s is not a non-negative integer\n", v.c_str()), 2;
       else seed = std::stoull(v);
     } else {
       rest.push_back(a);
@@ -62,8 +68,13 @@ int shard_main(int argc, char** argv) {
     print_help();
     return 2;
   }
+  const std::string port_text = connect.substr(colon + 1);
+  if (port_text.empty() || port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port_text) == 0 || std::stoi(port_text) > 65535)
+    return std::fprintf(stderr, "cedar shard: --connect %s: the port is not 1-65535\n", connect.c_str()), 2;
+  const auto port = uint16_t(std::stoi(port_text));
   std::string error;
-  const auto args = cedar::cli::load_serving_args(model_name, &error);
+  const auto args = cedar::cli::load_serving_args(model_name, &error, tokenizer_path);
   if (!args) return std::fprintf(stderr, "cedar shard: %s\n", error.c_str()), 1;
   const auto weights = load_weights(model_name, seed, *args, &error);
   if (!weights) return std::fprintf(stderr, "cedar shard: %s\n", error.c_str()), 1;
@@ -75,7 +86,7 @@ int shard_main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return std::fprintf(stderr, "cedar shard: model: %s\n", e.what()), 1;
   }
-  return cedar::serve_remote_shard(m, o, connect.substr(0, colon), uint16_t(std::stoi(connect.substr(colon + 1))));
+  return cedar::serve_remote_shard(m, o, connect.substr(0, colon), port);
 }
 
 }  // namespace
