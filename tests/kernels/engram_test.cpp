@@ -190,7 +190,12 @@ TEST_CASE("numpy_pcg64 draws what numpy's default_rng draws (python3-numpy in th
 TEST_CASE("Engram multipliers: 2r+1 of numpy default_rng(10007 * layer) below INT64_MAX / compressed / 2") {
   auto c = hash_config({1, 14}, 8, 16000000, 2);
   c.compressed_vocab = 99092;
+  auto identity = std::make_shared<std::vector<int32_t>>(16);
+  for (int32_t i = 0; i < 16; ++i) (*identity)[i] = i;
+  c.token_map = identity;  // a served model's hash: the checkpoint's multipliers
   const auto p = cpu::engram_default_params(c);
+  c.token_map = nullptr;   // a bare config keeps its own constants
+  CHECK(cpu::engram_default_params(c)[0].multipliers[0] != p[0].multipliers[0]);
   std::string program = "import numpy as np\nhb = max(1, (np.iinfo(np.int64).max // 99092) // 2)\n";
   std::string expect;
   for (std::size_t l = 0; l < p.size(); ++l) {
@@ -204,13 +209,11 @@ TEST_CASE("Engram multipliers: 2r+1 of numpy default_rng(10007 * layer) below IN
 }
 
 TEST_CASE("engram_rows hashes compressed ids: the token map applies to tokens and to the pad") {
-  auto plain = hash_config({14}, 2, 509, 7);
-  auto mapped = plain;
+  auto mapped = hash_config({14}, 2, 509, 7);
   auto map = std::make_shared<std::vector<int32_t>>(64);
   std::mt19937_64 rng(63);
   for (auto& v : *map) v = int32_t(rng() % 40);  // a many-to-one map, as the normalizer makes
   mapped.token_map = map;
-  const auto p = cpu::engram_default_params(plain)[0];
   const auto q = cpu::engram_default_params(mapped)[0];
   CHECK(q.pad_id == (*map)[7]);
   const int T = 11, per = 6;
@@ -218,9 +221,9 @@ TEST_CASE("engram_rows hashes compressed ids: the token map applies to tokens an
   for (int t = 0; t < T; ++t) cids[t] = (*map)[ids[t] = int32_t(rng() % 64)];
   std::vector<int64_t> via_map(size_t(T) * per), direct(size_t(T) * per);
   cpu::engram_rows(ids.data(), 0, T, q, via_map.data());
-  auto p_pad = p;
-  p_pad.pad_id = q.pad_id;
-  cpu::engram_rows(cids.data(), 0, T, p_pad, direct.data());
+  auto on_ids = q;  // the same constants, fed the compressed ids directly
+  on_ids.token_map = nullptr;
+  cpu::engram_rows(cids.data(), 0, T, on_ids, direct.data());
   CHECK(via_map == direct);
   // Two token sequences the map folds together hash alike.
   std::vector<int32_t> other = ids;
