@@ -43,6 +43,11 @@ if [[ -z ${CEDAR_TOKENIZER:-} ]]; then
   xz -dc "$node_bundle/tokenizer.json.xz" > "$tmp/tokenizer.json" || exit 1
   export CEDAR_TOKENIZER="$tmp/tokenizer.json"
 fi
+# libraries carried xz-compressed to fit the carry limit (ICU's data is 30 MB, 8 MB as .xz:
+# `xz -9 .gpu-gpucheck/lib/libicudata.so.*` after gpu-bundle) are unpacked in place first
+for f in "$bundle"/lib/*.xz; do
+  [[ -e $f ]] && { xz -dc "$f" > "${f%.xz}" && rm -f "$f" || exit 1; }
+done
 printf '#!/bin/bash\nexec bash %q cedar "$@"\n' "$bundle/run" > "$tmp/cedar"
 chmod +x "$tmp/cedar"
 echo "node $(node --version), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" | tee -a "$log"
