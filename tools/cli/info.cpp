@@ -142,7 +142,8 @@ int info_main(int argc, char** argv) {
     else {
       std::fprintf(a == "--help" || a == "-h" ? stdout : stderr,
                    "usage: cedar info [--model DIR|PRESET|CONFIG.json] [--json]\n"
-                   "  parameter counts, KV bytes and checkpoint size (default model: deepseek-v4.1-flash)\n");
+                   "  parameter counts, KV bytes, checkpoint size and the Engram hash (token map, multipliers)\n"
+                   "  (default model: deepseek-v4.1-flash)\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
