@@ -79,7 +79,7 @@ void print_text(const std::string& source, const model_args& a, const model_info
       std::printf("Engram hash      token map of %d classes from the tokenizer (pad token %d -> %d)\n",
                   m.engram_classes, a.engram_pad_token_id, m.engram[0].pad_id);
     else
-      std::printf("Engram hash      token ids as they are (a preset's identity map; pad %d)\n", m.engram[0].pad_id);
+      std::printf("Engram hash      token ids as they are (no token map: random weights only; pad %d)\n", m.engram[0].pad_id);
     for (std::size_t i = 0; i < m.engram.size(); ++i) {
       const auto& e = m.engram[i];
       std::printf("                 layer %d: multipliers", a.engram_layer_ids[i]);

@@ -19,17 +19,17 @@ std::optional<model_args> load_serving_args(const std::string& dir_or_preset, st
                                             const std::string& tokenizer_path) {
   auto args = load_model_args(dir_or_preset, error);
   if (!args || args->engram_layer_ids.empty()) return args;
+  // A checkpoint must hash as it was trained; random weights (a preset or a bare config.json)
+  // may hash token ids as they are when no tokenizer fits them.
+  const bool checkpoint = std::filesystem::is_directory(dir_or_preset);
   std::string why;
   const std::string path = tokenizer_path.empty() ? net::tokenizer::path_for_model(dir_or_preset) : tokenizer_path;
   auto tok = net::tokenizer::load_dsv41(path, &why);
-  if (!tok) {
-    // random weights without a tokenizer at hand: ids hash as they are
-    if (tokenizer_path.empty() && !std::filesystem::is_directory(dir_or_preset)) return args;
-    *error = "Engram token map: " + why;
-    return std::nullopt;
-  }
-  if (!net::attach_engram_token_map(*args, *tok, error)) return std::nullopt;
-  return args;
+  if (!tok) why = "Engram token map: " + why;
+  else if (net::attach_engram_token_map(*args, *tok, &why)) return args;
+  if (!checkpoint && tokenizer_path.empty()) return args;
+  *error = why;
+  return std::nullopt;
 }
 
 std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t seed,

@@ -91,7 +91,10 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
   }
   std::string error;
   auto args = cedar::load_model_args(c.model, &error);
-  if (!args || !cedar::net::attach_engram_token_map(*args, codec.text_tokenizer(), &error))
+  if (!args) throw std::runtime_error(error);
+  // a checkpoint must hash Engram n-grams as it was trained; random weights may keep token ids
+  if (!cedar::net::attach_engram_token_map(*args, codec.text_tokenizer(), &error) &&
+      std::filesystem::is_directory(c.model))
     throw std::runtime_error(error);
   auto started = [&] {
     if (c.device == cedar::cli::device_kind::cpu) return cedar::engine::start(*args, load_weights(c, *args), c.options);
