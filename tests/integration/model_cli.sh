@@ -60,7 +60,7 @@ for layer in e["layers"]:
     want = np.random.default_rng(10007 * layer["layer"]).integers(0, half, size=4, dtype=np.int64) * 2 + 1
     assert layer["multipliers"] == [int(v) for v in want], (layer, want)
 PY
-sed 's/"engram_compressed_vocab_size": 99092/"engram_compressed_vocab_size": 99091/' "$tmp/ckpt/config.json" > "$tmp/cfg"
+sed 's/"engram_compressed_vocab_size": 99092/&X/; s/99092X/99091/' "$tmp/ckpt/config.json" > "$tmp/cfg"
 cp "$tmp/ckpt/config.json" "$tmp/config.good" && cp "$tmp/cfg" "$tmp/ckpt/config.json"
 if "$cedar" generate --model "$tmp/ckpt" --prompt-ids "$ids" --max-tokens 1 2> "$tmp/err" > /dev/null; then
   echo "a tokenizer folding into 99,092 classes served a config of 99,091"; exit 1
