@@ -131,7 +131,10 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
                        "KV " + (c.options.kv_fp8 ? "fp8" : "fp4") + ", " +
                        std::to_string(c.options.max_batched_tokens) + "-token steps, " +
                        std::to_string(args->num_hidden_layers) + " layers, hidden " +
-                       std::to_string(args->hidden_size);
+                       std::to_string(args->hidden_size) +
+                       (args->engram_token_map ? ", Engram over the tokenizer's " +
+                                                     std::to_string(args->engram_compressed_vocab_size) + " classes"
+                                               : std::string());
   return cedar::net::make_runtime_bridge(std::move(started.value()), name, layout, c.options.page_tokens);
 }
 
