@@ -65,11 +65,12 @@ void describe_traces(const std::vector<session_trace>& traces, run_meta& meta) {
   meta.trace_prefix_reuse = num_blocks > 0 ? num_reused / num_blocks : 0;
   std::fprintf(stderr,
                "cedar bench: %d sessions, turns median %.0f, input tokens median %.0f, "
-               "%.0f%% with subagents, theoretical prefix reuse %.1f%%\n",
+               "%.0f%% with subagents, theoretical prefix reuse %.1f%% (of whole %d-token blocks; a server "
+               "caching larger pages reaches less on short prompts)\n",
                meta.num_sessions, percentile(turns, 50).value_or(0),
                percentile(inputs, 50).value_or(0),
                100.0 * num_with_subagents / double(traces.size()),
-               100 * meta.trace_prefix_reuse);
+               100 * meta.trace_prefix_reuse, traces.front().block_size);
 }
 
 /// The server's first model (GET /v1/models), for runs without --model; "default" if it has none.
