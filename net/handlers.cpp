@@ -2,7 +2,10 @@
 // starting generations with the right writer.
 #include "net/handlers.hpp"
 
+#include <algorithm>
+
 #include "net/api_writers.hpp"
+#include "net/dsv41_tokens.hpp"
 #include "net/json_writer.hpp"
 
 namespace cedar::net {
@@ -142,6 +145,11 @@ started start_completion(const std::shared_ptr<server_state>& state,
         return {nullptr, bad_request("token id " + std::to_string(id) + " is outside the vocabulary",
                                      "prompt")};
   }
+  // The image token stands for an image's features, which a text prompt cannot carry.
+  if (std::find(ids.begin(), ids.end(), dsv41::image_id) != ids.end())
+    return {nullptr, bad_request("the prompt holds the image token (id " + std::to_string(dsv41::image_id) +
+                                     "); this server takes text only",
+                                 "prompt")};
   std::string echo = req.echo ? (req.prompt_is_ids ? std::string() : req.prompt_text) : std::string();
   auto writer = make_completion_writer(context(*state, state->new_id("cmpl-"), req.gen), echo);
   return launch(state, std::move(strand), state->codec->text_output(), std::move(writer), req.gen,

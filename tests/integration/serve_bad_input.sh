@@ -2,7 +2,7 @@
 # The bad-input table: each row sends one kind of bad input and expects its documented answer,
 # while a healthy client streams from the same servers the whole time and must see no failure.
 # Rows: malformed JSON, wrong field types, unknown fields (ignored), empty messages, invalid
-# UTF-8, a 100 MB body, oversized headers, unknown model / response id, a wrong key, overload
+# UTF-8, prompt token ids outside the vocabulary or naming the image token, a 100 MB body, oversized headers, unknown model / response id, a wrong key, overload
 # (429), 10,000 concurrent idle connections, a WebSocket frame announcing 1 GB, and a client
 # that never reads its stream.
 # usage: tests/integration/serve_bad_input.sh path/to/cedar
