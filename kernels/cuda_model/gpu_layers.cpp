@@ -15,6 +15,7 @@
 #include "kernels/cuda_model/gpu_forward.hpp"
 #include "kernels/model/kv_io.hpp"
 #include "kernels/model/shard_forward.hpp"
+#include "kernels/model/weights.hpp"
 
 namespace cedar {
 
@@ -259,20 +260,11 @@ void gpu_model::impl::moe(int l, const float* y, int n, float* out, const uint8_
 
 void gpu_model::impl::apply_engram(int l, gbatch& b) const {
   const int per_token = args.engram_rows_per_token();
-  const int lookback = args.engram_max_ngram_size - 1;
   std::vector<int64_t> rows(std::size_t(b.num_rows) * per_token);
-  std::vector<int32_t> ids;  // the look-back, then the new tokens
   for (const gitem& it : b.items) {
     if (it.num_rows == 0) continue;
-    const auto& hist = it.item->history;
-    const std::size_t keep = std::min<std::size_t>(hist.size(), std::size_t(lookback));
-    CEDAR_OP_CHECK(int64_t(hist.size()) >= std::min<int64_t>(it.first_pos, lookback),
-                   "history lacks the Engram look-back");
-    ids.assign(hist.end() - keep, hist.end());
-    ids.insert(ids.end(), it.item->tokens.begin(), it.item->tokens.end());
-    const int64_t dropped = it.first_pos - it.item->kv->num_tokens;  // truncated rows
-    cpu::engram_rows(ids.data(), int64_t(keep) + dropped, it.num_rows, engram_hash[l],
-                     rows.data() + std::size_t(it.row_begin) * per_token);
+    model_detail::engram_item_rows(engram_hash[l], it.item->history, it.item->tokens, it.item->kv->num_tokens,
+                                   it.first_pos, it.num_rows, rows.data() + std::size_t(it.row_begin) * per_token);
   }
   dvec<int64_t> d_rows(rows);
   const auto op = kernels == gpu_kernels::fast ? &cuda::fast::engram : &cuda::engram;

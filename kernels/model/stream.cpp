@@ -42,19 +42,10 @@ void init_batch(const model_args& args, const bf16_weight& embed, std::span<forw
 void apply_engram(const model_args& args, const cpu::engram_hash_params& hash,
                   const cpu::engram_weights& w, batch_state& b) {
   const int per_token = args.engram_rows_per_token();
-  const int lookback = args.engram_max_ngram_size - 1;
   std::vector<int64_t> rows(std::size_t(b.num_rows) * per_token);  // [n, rows per token]
-  std::vector<int32_t> ids;  // the look-back, then the new tokens
   for (const item_state& it : b.items) {
     if (it.num_rows == 0) continue;
-    const auto& hist = it.item->history;
-    const std::size_t keep = std::min<std::size_t>(hist.size(), std::size_t(lookback));
-    CEDAR_OP_CHECK(int64_t(hist.size()) >= std::min<int64_t>(it.first_pos, lookback),
-                   "history lacks the Engram look-back");
-    ids.assign(hist.end() - keep, hist.end());
-    ids.insert(ids.end(), it.item->tokens.begin(), it.item->tokens.end());
-    const int64_t dropped = it.first_pos - it.item->kv->num_tokens;  // truncated rows
-    cpu::engram_rows(ids.data(), int64_t(keep) + dropped, it.num_rows, hash,
+    engram_item_rows(hash, it.item->history, it.item->tokens, it.item->kv->num_tokens, it.first_pos, it.num_rows,
                      rows.data() + std::size_t(it.row_begin) * per_token);
   }
   cpu::engram(b.X.data(), b.num_rows, args.hc_mult, args.hidden_size, rows.data(), per_token, w,

@@ -3,6 +3,7 @@
 // check_tensors first.
 #include "kernels/model/weights.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -190,6 +191,19 @@ cpu::engram_hash_config engram_hash_config_of(const model_args& a) {
   c.pad_token = a.engram_pad_token_id;
   c.token_map = a.engram_token_map;
   return c;
+}
+
+void engram_item_rows(const cpu::engram_hash_params& hash, std::span<const int32_t> history,
+                      std::span<const int32_t> tokens, int64_t kv_tokens, int64_t first_pos, int num_rows,
+                      int64_t* rows) {
+  const int lookback = hash.max_ngram - 1;
+  const std::size_t keep = std::min<std::size_t>(history.size(), std::size_t(lookback));
+  CEDAR_OP_CHECK(int64_t(history.size()) >= std::min<int64_t>(first_pos, lookback),
+                 "history lacks the Engram look-back");
+  std::vector<int32_t> ids(history.end() - keep, history.end());  // the look-back, then the new tokens
+  ids.insert(ids.end(), tokens.begin(), tokens.end());
+  const int64_t dropped = first_pos - kv_tokens;  // rows truncation dropped before the active ones
+  cpu::engram_rows(ids.data(), int64_t(keep) + dropped, num_rows, hash, rows);
 }
 
 std::vector<cpu::engram_hash_params> layer_engram_params(const model_args& a) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "config/model_args.hpp"
@@ -80,5 +81,11 @@ std::vector<cpu::rope_params> layer_rope_params(const model_args& a);
 /// The model's Engram hash inputs: its config fields and its token map.
 cpu::engram_hash_config engram_hash_config_of(const model_args& a);
 std::vector<cpu::engram_hash_params> layer_engram_params(const model_args& a);
+/// Engram row ids [num_rows, rows per token] of one item's active rows, positions first_pos..:
+/// the call's tokens start at position kv_tokens, `history` holds every token before them (only
+/// its last max_ngram-1 are read). Both forward passes hash this way.
+void engram_item_rows(const cpu::engram_hash_params& hash, std::span<const int32_t> history,
+                      std::span<const int32_t> tokens, int64_t kv_tokens, int64_t first_pos, int num_rows,
+                      int64_t* rows);
 
 }  // namespace cedar::model_detail

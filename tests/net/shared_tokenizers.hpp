@@ -4,27 +4,28 @@
 
 #include <doctest/doctest.h>
 
+#include <memory>
+#include <string>
+
 #include "net/tokenizer.hpp"
 
 namespace cedar::net::testing {
 
+inline std::unique_ptr<tokenizer> load_bundled(bool v41_table) {
+  std::string error;
+  const std::string path = tokenizer::default_path();
+  auto t = v41_table ? tokenizer::load_dsv41(path, &error) : tokenizer::load(path, &error);
+  REQUIRE_MESSAGE(t, error);
+  return t;
+}
+
 inline const tokenizer& v3() {
-  static auto tok = [] {
-    std::string error;
-    auto t = tokenizer::load(tokenizer::default_path(), &error);
-    REQUIRE_MESSAGE(t, error);
-    return t;
-  }();
+  static const auto tok = load_bundled(false);
   return *tok;
 }
 
 inline const tokenizer& v41() {
-  static auto tok = [] {
-    std::string error;
-    auto t = tokenizer::load_dsv41(tokenizer::default_path(), &error);
-    REQUIRE_MESSAGE(t, error);
-    return t;
-  }();
+  static const auto tok = load_bundled(true);
   return *tok;
 }
 
