@@ -448,8 +448,8 @@ void run_prefill_linear(const linear_shape& s, int m, bool fp4, lab_rng& r, std:
 /// "fast" is the path the thresholds pick; up to 1024 tokens the grouped narrow stream
 /// ("narrow"), the grouped skinny tile ("skinny") and the bf16 path ("bf16": the wgmma experts
 /// where the device has them) are also forced, to place expert_gemv_max_rows and
-/// expert_tiled_max_rows, with the wgmma experts' token tiles forced too ("wg64", "wg128",
-/// "wg256"); "cublas" is the bf16 path with a dequantized copy and a cuBLAS product per expert
+/// expert_tiled_max_rows, with the wgmma experts' token tiles forced too ("wg16" to "wg256");
+/// "cublas" is the bf16 path with a dequantized copy and a cuBLAS product per expert
 /// (tuning::expert_wgmma off), at every count.
 void run_moe_prefill(int tokens, lab_rng& r, std::vector<lab_case>& out) {
   constexpr int experts = moe_experts, topk = 6, d = 5120, inter = 2304;
@@ -551,10 +551,10 @@ void run_moe_prefill(int tokens, lab_rng& r, std::vector<lab_case>& out) {
   measure("skinny", skinny);
   measure("bf16", bf16);
   if (bf16.expert_wgmma)
-    for (int tile : {64, 128, 256}) {
+    for (int tile : {16, 32, 64, 128, 256}) {
       fast::tuning wg = bf16;
       wg.expert_wg_tile = tile;
-      measure(tile == 64 ? "wg64" : tile == 128 ? "wg128" : "wg256", wg);
+      measure(("wg" + std::to_string(tile)).c_str(), wg);
     }
   bf16.expert_wgmma = false;
   measure("cublas", bf16);

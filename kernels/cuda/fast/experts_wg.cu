@@ -3,11 +3,11 @@
 // to the tensor cores, instead of a dequantized bf16 copy of each expert per call and one cuBLAS
 // product per expert.
 //
-// A block computes 128 outputs (weight rows) for BM of one expert's sorted rows (tokens: 64, 128
-// or 256, by the rows an expert has on average), K in steps of 64: two warpgroups, each wgmma
-// m64nBMk16 with 64 weight rows as A, from registers, and the tokens as B, from shared memory
-// (BM / 2 fp32 accumulators a thread; BM <= 128 runs two blocks a SM). Per step, a tensor copy
-// (tma.cuh) brings the tokens' bf16 activations (K-major, 128-byte rows in the 128-byte swizzle)
+// A block computes 128 outputs (weight rows) for BM of one expert's sorted rows (tokens: 16, 32,
+// 64, 128 or 256, by the rows an expert has on average), K in steps of 64: two warpgroups, each
+// wgmma m64nBMk16 with 64 weight rows as A, from registers, and the tokens as B, from shared
+// memory (BM / 2 fp32 accumulators a thread; BM <= 128 runs two blocks a SM). Per step, a tensor
+// copy (tma.cuh) brings the tokens' bf16 activations (K-major, 128-byte rows in the 128-byte swizzle)
 // and cp.async the weight's packed E2M1 codes into one of `stages` slots, `ahead` steps before
 // use. Each thread turns the 32 codes of its A fragments (two rows, 16 columns: 8 bytes of each
 // row, the activations' columns stored in the matching order, wg_column) into bf16 by byte-permute
@@ -37,11 +37,12 @@ constexpr int bn = 128, bk = 64, stages = 5, threads = 256;
 [[maybe_unused]] constexpr int ahead = stages - 2;  // steps loaded before their use
 constexpr int r_bytes = bn * bk / 2;                // a slot's weight codes, E2M1
 
-/// The shapes of a block of BM tokens (64, 128 or 256).
+/// The shapes of a block of BM tokens (16, 32, 64, 128 or 256).
 template <int BM>
 struct tiles {
   static constexpr int a_bytes = BM * bk * 2;  // a slot's activations, bf16
   static constexpr int slot_bytes = a_bytes + r_bytes;
+  static_assert(slot_bytes % 1024 == 0, "slots on the swizzle's 1024-byte alignment");
   static constexpr int smem_bytes = stages * slot_bytes + 1024;  // + alignment
   static constexpr int min_blocks = BM <= 128 ? 2 : 1;         // blocks a SM (registers, memory)
 };
@@ -293,11 +294,14 @@ void experts_wg(const uint16_t* a, const int* counts, const cpu::expert_weights*
   CEDAR_CUDA_REQUIRE(n % bn == 0 && k % (2 * bk) == 0 && ldy % 2 == 0 && aligned16(a) && aligned16(y),
                      "experts_wg: n % 128 == 0, k % 128 == 0, aligned rows");
   if (slots <= 0) return;
-  CEDAR_CUDA_REQUIRE(tile_tokens == 0 || tile_tokens == 64 || tile_tokens == 128 || tile_tokens == 256,
-                     "experts_wg: tiles of 64, 128 or 256 tokens");
+  CEDAR_CUDA_REQUIRE(tile_tokens == 0 || tile_tokens == 16 || tile_tokens == 32 || tile_tokens == 64 ||
+                         tile_tokens == 128 || tile_tokens == 256,
+                     "experts_wg: tiles of 16, 32, 64, 128 or 256 tokens");
   // the token tile by the rows an expert has on average: every block multiplies its whole tile
   const int per_expert = tile_tokens ? tile_tokens : slots / std::max(num_experts, 1);
-  if (per_expert <= 64) launch_wg<64>(a, counts, table, num_experts, which, n, k, slots, y, ldy);
+  if (per_expert <= 16) launch_wg<16>(a, counts, table, num_experts, which, n, k, slots, y, ldy);
+  else if (per_expert <= 32) launch_wg<32>(a, counts, table, num_experts, which, n, k, slots, y, ldy);
+  else if (per_expert <= 64) launch_wg<64>(a, counts, table, num_experts, which, n, k, slots, y, ldy);
   else if (per_expert <= 160) launch_wg<128>(a, counts, table, num_experts, which, n, k, slots, y, ldy);
   else launch_wg<256>(a, counts, table, num_experts, which, n, k, slots, y, ldy);
 }

@@ -41,7 +41,8 @@ bool experts_wg_supports(const cpu::expert_weights* experts, int num_experts, in
 /// y[r, :n] = a[r, :k] W^T, W the expert's [w1; w3]
 /// (which 0: n = 2 inter, k = d) or w2 (which 1: n = d, k = inter) from the device table, bf16
 /// operands, fp32 sums. Counts are read on the device. A block takes tile_tokens of an expert's
-/// rows (64, 128 or 256; 0: by the rows an expert has on average, slots / num_experts).
+/// rows (16, 32, 64, 128 or 256; 0: by the rows an expert has on average, slots / num_experts).
+/// A row's sums do not depend on the tile.
 void experts_wg(const uint16_t* a, const int* counts, const cpu::expert_weights* table, int num_experts, int which,
                 int n, int k, int slots, float* y, int ldy, int tile_tokens = 0);
 

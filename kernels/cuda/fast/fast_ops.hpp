@@ -187,7 +187,8 @@ struct tuning {
   /// all experts, FP4 turned into bf16 in shared memory (experts_wg.cu), instead of a bf16 copy
   /// of each expert's weights and a cuBLAS product per expert.
   bool expert_wgmma = true;
-  /// Tokens a block of those takes (64, 128 or 256; 0: by the rows an expert has on average).
+  /// Tokens a block of those takes (16, 32, 64, 128 or 256; 0: by the rows an expert has on
+  /// average; $CEDAR_GPU_EXPERT_WG_TILE). A row's bits do not depend on it.
   int expert_wg_tile = 0;
   /// The wgmma experts (where they run) from this many tokens on, in place of the grouped tiles.
   /// `--op prefill`, ms a layer, narrow / wgmma (64-token tiles): 128 tokens 0.94 / 0.86, 256

@@ -87,6 +87,8 @@ __device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v)::"memo
 
 // The accumulator operands of the wgmma wrappers below: CEDAR_WG_D<N> the register list of N
 // fp32 accumulators (%0 .. %N-1) in the instruction text, CEDAR_WG_OUT<N>(d) their operands.
+#define CEDAR_WG_D8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define CEDAR_WG_D16 CEDAR_WG_D8 ", %8, %9, %10, %11, %12, %13, %14, %15"
 #define CEDAR_WG_D32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
                      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define CEDAR_WG_D64 CEDAR_WG_D32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
@@ -99,6 +101,7 @@ __device__ __forceinline__ void pin(float& v) { asm volatile("" : "+f"(v)::"memo
 #define CEDAR_WG_OUT8(d, i)                                                                                 \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
       "+f"(d[i + 7])
+#define CEDAR_WG_OUT16(d) CEDAR_WG_OUT8(d, 0), CEDAR_WG_OUT8(d, 8)
 #define CEDAR_WG_OUT32(d) CEDAR_WG_OUT8(d, 0), CEDAR_WG_OUT8(d, 8), CEDAR_WG_OUT8(d, 16), CEDAR_WG_OUT8(d, 24)
 #define CEDAR_WG_OUT64(d) \
   CEDAR_WG_OUT32(d), CEDAR_WG_OUT8(d, 32), CEDAR_WG_OUT8(d, 40), CEDAR_WG_OUT8(d, 48), CEDAR_WG_OUT8(d, 56)
@@ -137,13 +140,43 @@ __device__ __forceinline__ void mma_m64n256(float (&d)[128], uint64_t a, uint64_
 }
 
 /// D (64 x N, fp32) += A (64 x 16, bf16 from registers) B (16 x N, K-major, from shared memory),
-/// N = 64, 128 or 256. A's registers as mma.sync m16n8k16's per warp (warp w of the warpgroup:
+/// N = 16, 32, 64, 128 or 256. A's registers as mma.sync m16n8k16's per warp (warp w of the warpgroup:
 /// rows 16 w .. 16 w + 15): a0 row g, columns 2 l, 2 l + 1; a1 row g + 8; a2 and a3 the same at
 /// columns + 8 (g = lane / 4, l = lane % 4; the lower column in the low half). D as in
 /// mma_m64n64 (columns 8 j + 2 l + {0, 1} in d[4 j + {0, 1}], row g + 8 in d[4 j + {2, 3}]).
 /// The registers must stay as they are until the wgmma is done (wait for its group).
 template <int N>
 __device__ void mma_rs(float (&d)[N / 2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b);
+
+template <>
+__device__ __forceinline__ void mma_rs<16>(float (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {" CEDAR_WG_D8 "}, {%8, %9, %10, %11}, %12, p, "
+      "1, 1, 0;\n}\n"
+      : CEDAR_WG_OUT8(d, 0)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+#else
+  __trap();
+#endif
+}
+
+template <>
+__device__ __forceinline__ void mma_rs<32>(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                           uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" CEDAR_WG_D16 "}, {%16, %17, %18, %19}, %20, p, "
+      "1, 1, 0;\n}\n"
+      : CEDAR_WG_OUT16(d)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+#else
+  __trap();
+#endif
+}
 
 template <>
 __device__ __forceinline__ void mma_rs<64>(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
