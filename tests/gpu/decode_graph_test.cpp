@@ -2,7 +2,8 @@
 // bit for bit, as the same model with graphs off ($CEDAR_GPU_GRAPHS=0), over enough steps that
 // every layer's graph is run eagerly, captured and replayed, for two batch sizes; a prefill
 // between decode steps leaves the replays correct; and so do three prefills with decoder
-// truncation, whose truncated layers run the window's row count under graphs.
+// truncation, whose truncated layers run the window's row count under graphs; all of it again
+// with the routed experts on the wgmma kernel.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "config/model_config.hpp"
+#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
 #include "kernels/model/random_weights.hpp"
 #include "tests/gpu/gpu_test_util.hpp"
@@ -82,10 +84,20 @@ TEST_CASE("gpu model: decode steps and truncated layers under CUDA graphs give t
   const gpu_model eager(*args, weights, kv_dtype::fp4, {}, gpu_kernels::fast);
   ::unsetenv("CEDAR_GPU_GRAPHS");
   const gpu_model graphed(*args, weights, kv_dtype::fp4, {}, gpu_kernels::fast);
-  const auto a = run(eager, 4), b = run(graphed, 4);
-  REQUIRE(a.size() == b.size());
-  size_t same = 0;
-  for (size_t i = 0; i < a.size(); ++i) same += std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
-  std::printf("  decode graphs: %zu of %zu logits bit-identical to eager steps\n", same, a.size());
-  CHECK(same == a.size());
+  const auto compare = [&](const char* what) {
+    const auto a = run(eager, 4), b = run(graphed, 4);
+    REQUIRE(a.size() == b.size());
+    size_t same = 0;
+    for (size_t i = 0; i < a.size(); ++i) same += std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
+    std::printf("  decode graphs%s: %zu of %zu logits bit-identical to eager steps\n", what, same, a.size());
+    CHECK_MESSAGE(same == a.size(), what);
+  };
+  compare("");
+  // the routed experts on the wgmma kernel at every row count (where the device runs it), so
+  // that its launches are captured and replayed too
+  cuda::fast::tuning& tune = cuda::fast::tuning_now();
+  const cuda::fast::tuning saved = tune;
+  tune.expert_wg_min_rows = 1;
+  compare(" (wgmma experts)");
+  tune = saved;
 }

@@ -191,10 +191,13 @@ struct tuning {
   /// average; $CEDAR_GPU_EXPERT_WG_TILE). A row's bits do not depend on it.
   int expert_wg_tile = 0;
   /// The wgmma experts (where they run) from this many tokens on, in place of the grouped tiles.
-  /// `--op prefill`, ms a layer, narrow / wgmma (64-token tiles): 128 tokens 0.94 / 0.86, 256
-  /// tokens 1.19 / 0.91, 512 tokens 2.18 / 1.00. 129: a window's 128 rows (the truncated layers,
-  /// a prefix hit's replay) keep the grouped tiles, which their CUDA graphs hold.
-  int expert_wg_min_rows = 129;
+  /// `--op prefill`, µs a layer, narrow / best wgmma tile: 64 tokens 551 / 716, 96 748 / 719,
+  /// 112 822 / 725, 128 879 / 753, 256 1,062 / 806. 97: the grouped tiles keep up to 96 tokens,
+  /// so a decode batch of up to 96 rows keeps its bits whatever its size (the tiles sum in other
+  /// orders). Decode of bench-40L-E64 (ms a step, 129 / 97): batch 112 54.13 / 50.62, 128 56.28 /
+  /// 52.50; a window's 128 rows (the truncated layers, a prefix hit's replay) take it too, under
+  /// the same CUDA graphs.
+  int expert_wg_min_rows = 97;
   /// Routed experts from this many tokens on: the narrow tiles read x's and h's pairs
   /// (fp4_x_pairs, one launch each). `--op moe`, up / down, codes -> pairs (us): 1 token 36.19 /
   /// 19.12 -> 36.50 / 18.57, 2 tokens 59.15 / 32.94 -> 51.80 / 29.42; decode at batch 1 8.61

@@ -597,6 +597,7 @@ tuning& tuning_now() {
     };
     rows_from("CEDAR_GPU_GEMV_STAGED_FROM", d.gemv_staged_min_rows);    // the bf16 GEMV's staged mode
     rows_from("CEDAR_GPU_EXPERT_PAIRS_FROM", d.expert_pairs_min_rows);  // routed experts on x's pairs
+    rows_from("CEDAR_GPU_EXPERT_WG_FROM", d.expert_wg_min_rows);        // routed experts on wgmma
     // CEDAR_GPU_EXPERT_WG_TILE=16|32|64|128|256: the wgmma experts' token tile (A/B runs)
     if (const char* env = std::getenv("CEDAR_GPU_EXPERT_WG_TILE"); env && *env) {
       const int v = std::atoi(env);
