@@ -148,79 +148,29 @@ __device__ __forceinline__ void mma_m64n256(float (&d)[128], uint64_t a, uint64_
 template <int N>
 __device__ void mma_rs(float (&d)[N / 2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t b);
 
-template <>
-__device__ __forceinline__ void mma_rs<16>(float (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                           uint64_t b) {
+// One specialization of mma_rs: its accumulators' register list D and operands OUT, and the
+// operand numbers of a0 .. a3 (A), b (B) and the accumulate flag (P) in the instruction text.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {" CEDAR_WG_D8 "}, {%8, %9, %10, %11}, %12, p, "
-      "1, 1, 0;\n}\n"
-      : CEDAR_WG_OUT8(d, 0)
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
+#define CEDAR_WG_MMA_RS_BODY(N, D, OUT, A, B, P)                                                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                                                   \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" D "}, {" A "}, %" B ", p, 1, 1, 0;\n}\n" \
+               : OUT(d)                                                                                              \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
 #else
-  __trap();
+#define CEDAR_WG_MMA_RS_BODY(N, D, OUT, A, B, P) __trap();
 #endif
-}
+#define CEDAR_WG_MMA_RS(N, D, OUT, A, B, P)                                                                   \
+  template <>                                                                                                 \
+  __device__ __forceinline__ void mma_rs<N>(float (&d)[N / 2], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, \
+                                            uint64_t b) {                                                     \
+    CEDAR_WG_MMA_RS_BODY(N, D, OUT, A, B, P)                                                                  \
+  }
 
-template <>
-__device__ __forceinline__ void mma_rs<32>(float (&d)[16], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                           uint64_t b) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" CEDAR_WG_D16 "}, {%16, %17, %18, %19}, %20, p, "
-      "1, 1, 0;\n}\n"
-      : CEDAR_WG_OUT16(d)
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-#else
-  __trap();
-#endif
-}
-
-template <>
-__device__ __forceinline__ void mma_rs<64>(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint64_t b) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" CEDAR_WG_D32 "}, {%32, %33, %34, %35}, %36, p, "
-      "1, 1, 0;\n}\n"
-      : CEDAR_WG_OUT32(d)
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-#else
-  __trap();
-#endif
-}
-
-template <>
-__device__ __forceinline__ void mma_rs<128>(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint64_t b) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" CEDAR_WG_D64 "}, {%64, %65, %66, %67}, %68, p, "
-      "1, 1, 0;\n}\n"
-      : CEDAR_WG_OUT64(d)
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-#else
-  __trap();
-#endif
-}
-
-template <>
-__device__ __forceinline__ void mma_rs<256>(float (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint64_t b) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" CEDAR_WG_D128 "}, {%128, %129, %130, %131}, %132, p, "
-      "1, 1, 0;\n}\n"
-      : CEDAR_WG_OUT128(d)
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b), "r"(1));
-#else
-  __trap();
-#endif
-}
+#define CEDAR_WG_OUT8_0(d) CEDAR_WG_OUT8(d, 0)
+CEDAR_WG_MMA_RS(16, CEDAR_WG_D8, CEDAR_WG_OUT8_0, "%8, %9, %10, %11", "12", "13")
+CEDAR_WG_MMA_RS(32, CEDAR_WG_D16, CEDAR_WG_OUT16, "%16, %17, %18, %19", "20", "21")
+CEDAR_WG_MMA_RS(64, CEDAR_WG_D32, CEDAR_WG_OUT32, "%32, %33, %34, %35", "36", "37")
+CEDAR_WG_MMA_RS(128, CEDAR_WG_D64, CEDAR_WG_OUT64, "%64, %65, %66, %67", "68", "69")
+CEDAR_WG_MMA_RS(256, CEDAR_WG_D128, CEDAR_WG_OUT128, "%128, %129, %130, %131", "132", "133")
 
 }  // namespace cedar::cuda::fast::wg
