@@ -24,7 +24,7 @@ namespace cedar {
 
 gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv,
                      const upload_progress_fn& progress, gpu_kernels kernels, bool dense_bf16,
-                     gpu_placement placement)
+                     gpu_placement placement, int page_tokens)
     : impl_(std::make_unique<impl>()) {
   if (!cuda::available()) throw std::runtime_error("gpu_model: " + cuda::status());
   if (placement.size < 1 || placement.rank < 0 || placement.rank >= placement.size)
@@ -40,7 +40,7 @@ gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights,
   const std::vector<std::string> problems = check_tensors(args, *weights);
   if (!problems.empty()) throw std::runtime_error("checkpoint does not match config: " + problems[0]);
   impl_->args = args;
-  impl_->layout = kv_layout::make(args, kv);
+  impl_->layout = kv_layout::make(args, kv, page_tokens);
   impl_->kernels = kernels;
   const char* graphs = std::getenv("CEDAR_GPU_GRAPHS");
   impl_->graphs_enabled = kernels == gpu_kernels::fast && !(graphs && std::string(graphs) == "0");

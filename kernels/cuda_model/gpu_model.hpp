@@ -65,10 +65,11 @@ class gpu_model {
   /// take the narrow32 tile up to 64 rows: results within the same bounds, other bits).
   /// The model lives on the calling thread's current device (cuda::set_device first); every
   /// call later makes that device current on its thread. placement.size > 1 (fast kernels only):
-  /// one rank's experts; forward then needs a shard_view of that rank and size.
+  /// one rank's experts; forward then needs a shard_view of that rank and size. page_tokens: the
+  /// KV pages' positions (kv_layout::make; even, >= 2).
   gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv = kv_dtype::fp4,
             const upload_progress_fn& progress = {}, gpu_kernels kernels = gpu_kernels::exact,
-            bool dense_bf16 = false, gpu_placement placement = {});
+            bool dense_bf16 = false, gpu_placement placement = {}, int page_tokens = kv_layout::default_page_tokens);
   ~gpu_model();
 
   const model_args& args() const;

@@ -3,7 +3,8 @@
 // every logit within 1e-3 of the largest |logit|. The ops reproduce the CPU's bits (including
 // exp and log1p, expf_port.hpp), so the printed figures are expected to be exact; the bound is
 // there for a device libm or toolkit change. Also: prefill logits of every row, and a batch of
-// requests gives each request the logits it gets alone (batch invariance on the device).
+// requests gives each request the logits it gets alone (batch invariance on the device); pages of
+// 4 tokens give the CPU's logits too, and the fast kernels' logits do not depend on the page size.
 // On a failure the first layer whose largest |residual| differs is printed.
 #include <doctest/doctest.h>
 
@@ -14,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <tuple>
 
 #include "config/model_config.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
@@ -36,17 +38,19 @@ struct pair_of_models {
   std::unique_ptr<gpu_kv_arena> arena;
 };
 
-pair_of_models& load(const std::string& preset, kv_dtype dtype = kv_dtype::fp4) {
-  static std::map<std::pair<std::string, int>, pair_of_models> cache;
-  pair_of_models& p = cache[{preset, int(dtype)}];
+pair_of_models& load(const std::string& preset, kv_dtype dtype = kv_dtype::fp4,
+                     int page_tokens = kv_layout::default_page_tokens) {
+  static std::map<std::tuple<std::string, int, int>, pair_of_models> cache;
+  pair_of_models& p = cache[{preset, int(dtype), page_tokens}];
   if (!p.cpu) {
     std::string error;
     const auto args = load_model_args(preset, &error);
     REQUIRE_MESSAGE(args.has_value(), error);
     p.weights = std::make_shared<tensor_map>(make_random_weights(*args, 1234));
-    p.cpu = std::make_unique<model>(*args, p.weights, dtype);
+    p.cpu = std::make_unique<model>(*args, p.weights, dtype, page_tokens);
     const auto t0 = std::chrono::steady_clock::now();
-    p.gpu = std::make_unique<gpu_model>(*args, p.weights, dtype);
+    p.gpu = std::make_unique<gpu_model>(*args, p.weights, dtype, upload_progress_fn{}, gpu_kernels::exact, false,
+                                        gpu_placement{}, page_tokens);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("  %s: %.1f MiB of weights on the device in %.2f s\n", preset.c_str(),
                 double(p.gpu->weight_bytes()) / (1 << 20), s);
@@ -101,8 +105,9 @@ struct diff_stats {
   }
 };
 
-void greedy_prompts(const std::string& preset, kv_dtype dtype, int prompts, int decode_steps) {
-  pair_of_models& p = load(preset, dtype);
+void greedy_prompts(const std::string& preset, kv_dtype dtype, int prompts, int decode_steps,
+                    int page_tokens = kv_layout::default_page_tokens) {
+  pair_of_models& p = load(preset, dtype, page_tokens);
   const int vocab = p.cpu->args().vocab_size;
   int identical = 0;
   diff_stats d;
@@ -145,9 +150,9 @@ void greedy_prompts(const std::string& preset, kv_dtype dtype, int prompts, int 
     }
     identical += ct == gt;
   }
-  std::printf("  model %-5s kv %s: greedy tokens identical for %d/%d prompts (%d decode steps each); "
-              "logits rel err %.3e (bound %.0e), bit-identical %.2f%%\n",
-              preset.c_str(), dtype == kv_dtype::fp4 ? "fp4" : "fp8", identical, prompts, decode_steps,
+  std::printf("  model %-5s kv %s, pages of %d: greedy tokens identical for %d/%d prompts (%d decode steps "
+              "each); logits rel err %.3e (bound %.0e), bit-identical %.2f%%\n",
+              preset.c_str(), dtype == kv_dtype::fp4 ? "fp4" : "fp8", page_tokens, identical, prompts, decode_steps,
               d.max_rel, logit_bound, 100.0 * double(d.same) / double(d.total));
   CHECK(identical == prompts);
   CHECK(d.max_rel <= logit_bound);
@@ -160,6 +165,39 @@ TEST_CASE("gpu model: greedy tokens and logits equal the CPU model's (micro, tin
   greedy_prompts("micro", kv_dtype::fp4, 20, 8);
   greedy_prompts("micro", kv_dtype::fp8, 5, 4);
   greedy_prompts("tiny", kv_dtype::fp4, 20, 6);
+  greedy_prompts("micro", kv_dtype::fp4, 5, 4, 4);  // pages of 4 tokens: a prompt spans up to 11
+}
+
+TEST_CASE("gpu model, fast kernels: the logits do not depend on the KV page size") {
+  if (!have_gpu()) return;
+  std::string error;
+  const auto args = load_model_args("micro", &error);
+  REQUIRE_MESSAGE(args.has_value(), error);
+  const auto weights = std::make_shared<tensor_map>(make_random_weights(*args, 4321));
+  const auto logits_with_pages = [&](int page_tokens) {
+    const gpu_model m(*args, weights, kv_dtype::fp4, upload_progress_fn{}, gpu_kernels::fast, false, gpu_placement{},
+                      page_tokens);
+    REQUIRE(m.layout().page_tokens == page_tokens);
+    gpu_kv_arena arena(m.layout(), 0.02);
+    std::vector<float> all;
+    for (int i = 0; i < 4; ++i) {
+      const int len = 5 + 11 * i;  // 5 .. 38 tokens, past the window of 8
+      gpu_request r(arena, len + 6);
+      std::vector<int32_t> tokens = test::random_tokens(len, m.args().vocab_size, 900 + i);
+      for (int s = 0; s <= 6; ++s) {
+        const std::vector<float> l = run_gpu(m, r, tokens);
+        all.insert(all.end(), l.begin(), l.end());
+        tokens = {int32_t(test::argmax(l))};
+      }
+    }
+    return all;
+  };
+  const std::vector<float> big = logits_with_pages(256), small = logits_with_pages(4);
+  REQUIRE(big.size() == small.size());
+  std::size_t same = 0;
+  for (std::size_t i = 0; i < big.size(); ++i) same += std::memcmp(&big[i], &small[i], sizeof(float)) == 0;
+  std::printf("  fast kernels, pages of 4 against 256: %zu of %zu logits bit-identical\n", same, big.size());
+  CHECK(same == big.size());
 }
 
 TEST_CASE("gpu model: prefill logits of every row, and a batch equals each request alone") {

@@ -66,7 +66,8 @@ class cpu_cli_model final : public cli_model {
 #ifdef CEDAR_HAVE_CUDA
 
 std::unique_ptr<gpu_model> upload(const model_args& args, std::shared_ptr<const tensor_map> weights, kv_dtype dtype,
-                                  gpu_kernels kernels, bool dense_bf16, bool verbose, gpu_placement placement = {}) {
+                                  int page_tokens, gpu_kernels kernels, bool dense_bf16, bool verbose,
+                                  gpu_placement placement = {}) {
   const auto t0 = clock_type::now();
   tenths_printer print{"upload to the device"};
   std::optional<clock_type::time_point> first_copy;  // the host-side binding is done by then
@@ -74,7 +75,8 @@ std::unique_ptr<gpu_model> upload(const model_args& args, std::shared_ptr<const 
     if (!first_copy) first_copy = clock_type::now();
     if (verbose) print(done, total);
   };
-  auto m = std::make_unique<gpu_model>(args, std::move(weights), dtype, progress, kernels, dense_bf16, placement);
+  auto m = std::make_unique<gpu_model>(args, std::move(weights), dtype, progress, kernels, dense_bf16, placement,
+                                       page_tokens);
   const double s = seconds_since(t0);
   const double prepare_s = first_copy ? std::chrono::duration<double>(*first_copy - t0).count() : 0.0;
   const double copy_s = std::max(s - prepare_s, 1e-9);
@@ -180,7 +182,8 @@ std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint
   auto weights = load_weights(dir_or_preset, *args, seed, verbose, error);
   if (!weights) return nullptr;
   try {
-    return std::make_unique<gpu_cli_model>(upload(*args, std::move(weights), dtype, kernels, dense_bf16, verbose));
+    return std::make_unique<gpu_cli_model>(
+        upload(*args, std::move(weights), dtype, kv_layout::default_page_tokens, kernels, dense_bf16, verbose));
   } catch (const std::exception& e) {
     *error = e.what();
     return nullptr;
@@ -192,29 +195,29 @@ std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint
 }
 
 std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::shared_ptr<const tensor_map> weights,
-                                                kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, bool verbose,
-                                                std::string* error) {
+                                                kv_dtype dtype, int page_tokens, gpu_kernels kernels, bool dense_bf16,
+                                                bool verbose, std::string* error) {
   if (std::string why = device_unavailable(device_kind::cuda); !why.empty()) {
     *error = why;
     return nullptr;
   }
 #ifdef CEDAR_HAVE_CUDA
   try {
-    return std::make_unique<gpu_step_model>(upload(args, std::move(weights), dtype, kernels, dense_bf16, verbose),
-                                            verbose);
+    return std::make_unique<gpu_step_model>(
+        upload(args, std::move(weights), dtype, page_tokens, kernels, dense_bf16, verbose), verbose);
   } catch (const std::exception& e) {
     *error = e.what();
     return nullptr;
   }
 #else
-  (void)args, (void)weights, (void)dtype, (void)kernels, (void)dense_bf16, (void)verbose;
+  (void)args, (void)weights, (void)dtype, (void)page_tokens, (void)kernels, (void)dense_bf16, (void)verbose;
   return nullptr;
 #endif
 }
 
 std::shared_ptr<rank_source> make_gpu_layout_source(const model_args& args, std::shared_ptr<const tensor_map> weights,
-                                                    kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, int size,
-                                                    bool verbose, std::string* error) {
+                                                    kv_dtype dtype, int page_tokens, gpu_kernels kernels,
+                                                    bool dense_bf16, int size, bool verbose, std::string* error) {
   if (std::string why = device_unavailable(device_kind::cuda); !why.empty()) {
     *error = why;
     return nullptr;
@@ -234,7 +237,8 @@ std::shared_ptr<rank_source> make_gpu_layout_source(const model_args& args, std:
   std::vector<std::shared_ptr<const gpu_model>> models(size);
   const std::vector<std::string> errors = on_rank_threads(size, [&](int r) {
     cuda::set_device(r);
-    models[r] = upload(args, weights, dtype, kernels, dense_bf16, verbose && r == 0, gpu_placement{r, size});
+    models[r] =
+        upload(args, weights, dtype, page_tokens, kernels, dense_bf16, verbose && r == 0, gpu_placement{r, size});
   });
   for (int r = 0; r < size; ++r)
     if (!errors[r].empty()) {
@@ -243,7 +247,8 @@ std::shared_ptr<rank_source> make_gpu_layout_source(const model_args& args, std:
     }
   return make_gpu_rank_source(std::move(models), verbose);
 #else
-  (void)args, (void)weights, (void)dtype, (void)kernels, (void)dense_bf16, (void)size, (void)verbose;
+  (void)args, (void)weights, (void)dtype, (void)page_tokens, (void)kernels, (void)dense_bf16, (void)size,
+      (void)verbose;
   return nullptr;
 #endif
 }

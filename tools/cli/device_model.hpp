@@ -60,20 +60,20 @@ std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint
                                           std::string* error);
 
 /// The GPU model as a shard's step_model (actors/gpu_shard.hpp): weights uploaded from `weights`
-/// (progress, time and GB/s on stderr when verbose); the shard's KV is in device memory and each
-/// step runs gpu_model::forward on it. nullptr and *error when built without CUDA, with no
-/// device, or on bad weights.
+/// (progress, time and GB/s on stderr when verbose); the shard's KV is in device memory, in pages
+/// of `page_tokens` positions, and each step runs gpu_model::forward on it. nullptr and *error
+/// when built without CUDA, with no device, or on bad weights.
 std::unique_ptr<step_model> make_gpu_step_model(const model_args& args, std::shared_ptr<const tensor_map> weights,
-                                                kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, bool verbose,
-                                                std::string* error);
+                                                kv_dtype dtype, int page_tokens, gpu_kernels kernels, bool dense_bf16,
+                                                bool verbose, std::string* error);
 
 /// The layouts of `size` devices (tpN and depN; tp1 for one) as a runtime's rank source: rank r's
 /// weights (its experts, gpu_placement) uploaded to CUDA device r, all ranks at once (progress
 /// of rank 0 on stderr when verbose). Null and *error without `size` devices, with the exact
 /// kernel set and size > 1, or on failure.
 std::shared_ptr<rank_source> make_gpu_layout_source(const model_args& args, std::shared_ptr<const tensor_map> weights,
-                                                    kv_dtype dtype, gpu_kernels kernels, bool dense_bf16, int size,
-                                                    bool verbose, std::string* error);
+                                                    kv_dtype dtype, int page_tokens, gpu_kernels kernels,
+                                                    bool dense_bf16, int size, bool verbose, std::string* error);
 
 /// Makes CUDA device `device` the calling thread's (nothing without CUDA).
 void select_gpu(int device);

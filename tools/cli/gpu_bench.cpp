@@ -26,7 +26,8 @@ void usage() {
       stderr,
       "usage: cedar gpu-bench [--model PRESET|DIR] [--seed S] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
       "                       [--gpu-dense-bf16] [--gpu-batch-invariant on|off]\n"
-      "                       [--kv-dtype fp4|fp8] [--phases floor,decode,prefill,truncation,prefix,generate]\n"
+      "                       [--kv-dtype fp4|fp8] [--page-tokens 256]\n"
+      "                       [--phases floor,decode,prefill,truncation,prefix,generate]\n"
       "                       [--batch 1,64,256] [--context 8192] [--steps 16] [--warmup-steps 2]\n"
       "                       [--prefill 8192,32768] [--chunk N] [--prefix-tokens 32768] [--new-tokens 200]\n"
       "                       [--gen-prompt 32768] [--gen-tokens 256] [--truncate on|off] [--out FILE.json]\n"
@@ -34,7 +35,7 @@ void usage() {
       "  --gpu-kernels: the kernel set of --device cuda (default fast, as serving). --gpu-dense-bf16:\n"
       "    keep bf16 copies of the dense linears on the device (as cedar serve --gpu-dense-bf16).\n"
       "  --gpu-batch-invariant off: faster decode tiles at 1-2 rows whose bits depend on the batch\n"
-      "    (as cedar serve).\n"
+      "    (as cedar serve). --page-tokens: positions per KV page (even; as cedar serve, default 256).\n"
       "  decode: --steps timed calls per batch size on synthetic KV (random well-formed records,\n"
       "    --context tokens per request), against the step's HBM floor at the measured copy rate.\n"
       "  prefill: each --prefill prompt in --chunk calls (default: serving's --max-prefill-chunk on the\n"
@@ -95,6 +96,7 @@ bool parse(int argc, char** argv, options& o) {
     else if (k == "--device" && parse_device(v)) o.device = *parse_device(v);
     else if (k == "--gpu-kernels" && parse_gpu_kernels(v)) o.kernels = *parse_gpu_kernels(v);
     else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8")) o.kv = v == "fp4" ? kv_dtype::fp4 : kv_dtype::fp8;
+    else if (k == "--page-tokens") o.page_tokens = int(n), ok = n >= 2 && n % 2 == 0 && n <= (1 << 20);
     else if (k == "--phases") ok = parse_phases(v, o.phases);
     else if (k == "--batch") ok = parse_list(v, o.batches);
     else if (k == "--prefill") ok = parse_list(v, o.prefills);
@@ -129,7 +131,7 @@ bool parse(int argc, char** argv, options& o) {
 /// model with its KV arena on the device.
 std::unique_ptr<step_model> open_step_model(const options& o, std::string* error) {
   if (o.device == device_kind::cpu) {
-    auto m = open_model(o.model, o.seed, o.kv, error);
+    auto m = open_model(o.model, o.seed, o.kv, error, o.page_tokens);
     return m ? wrap_model(std::shared_ptr<const model>(std::move(m))) : nullptr;
   }
   const auto args = cli::load_serving_args(o.model, error);
@@ -137,7 +139,8 @@ std::unique_ptr<step_model> open_step_model(const options& o, std::string* error
   auto weights = load_weights(o.model, *args, o.seed, o.progress, error);
   if (!weights) return nullptr;
   if (o.batch_invariant) set_gpu_batch_invariant(*o.batch_invariant);
-  return make_gpu_step_model(*args, std::move(weights), o.kv, o.kernels, o.dense_bf16, o.progress, error);
+  return make_gpu_step_model(*args, std::move(weights), o.kv, o.page_tokens, o.kernels, o.dense_bf16, o.progress,
+                             error);
 }
 
 bool wants(const options& o, const char* phase) {
@@ -146,7 +149,7 @@ bool wants(const options& o, const char* phase) {
 
 /// The floor phase: bytes per decode step for each batch size, from the inventory alone.
 void add_floor(report& r, const model_args& args) {
-  const kv_layout layout = kv_layout::make(args, r.opts.kv);
+  const kv_layout layout = kv_layout::make(args, r.opts.kv, r.opts.page_tokens);
   for (int batch : r.opts.batches) {
     decode_result d;
     d.batch = batch, d.context = r.opts.context;

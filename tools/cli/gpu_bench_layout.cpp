@@ -102,7 +102,8 @@ std::string run_layout_decode(report& rep, const model_args& args) {
   if (!weights) return error;
   if (o.batch_invariant) set_gpu_batch_invariant(*o.batch_invariant);
   if (const std::string why = check_layout(args, o.layout_mode, N); !why.empty()) return why;
-  auto src = make_gpu_layout_source(args, std::move(weights), o.kv, o.kernels, o.dense_bf16, N, o.progress, &error);
+  auto src = make_gpu_layout_source(args, std::move(weights), o.kv, o.page_tokens, o.kernels, o.dense_bf16, N,
+                                    o.progress, &error);
   if (!src) return error;
   layout_spec spec;
   spec.mode = o.layout_mode, spec.num_shards = N;

@@ -43,7 +43,7 @@ bool write_json(const report& r, const std::string& path) {
   const options& o = r.opts;
   net::json_writer w;
   w.obj().kv("model", o.model).kv("seed", int64_t(o.seed)).kv("device", r.device)
-      .kv("gpu_kernels", kernels_name(o)).kv("kv_dtype", kv_name(o.kv)).kv("layout", layout_name(o))
+      .kv("gpu_kernels", kernels_name(o)).kv("kv_dtype", kv_name(o.kv)).kv("page_tokens", o.page_tokens).kv("layout", layout_name(o))
       .kv("load_s", r.load_s);
   w.key("ceilings").obj().kv("device", r.ceil.device).kv("copy_gbps", r.ceil.copy_gbps)
       .kv("blas_tflops", r.ceil.blas_tflops).kv("blas_dtype", r.ceil.blas_dtype).kv("blas_shape", "8192x8192x8192")
@@ -86,9 +86,9 @@ bool write_json(const report& r, const std::string& path) {
 void print_table(const report& r) {
   const options& o = r.opts;
   if (r.decode.empty() && r.prefill.empty() && r.truncation.empty() && r.prefix.empty() && r.generate.empty()) return;
-  std::printf("model %s (seed %llu) on %s, layout %s, kernels %s, KV %s, load %.1f s\n", o.model.c_str(),
-              (unsigned long long)o.seed, r.device.c_str(), layout_name(o).c_str(), kernels_name(o), kv_name(o.kv),
-              r.load_s);
+  std::printf("model %s (seed %llu) on %s, layout %s, kernels %s, KV %s in pages of %d tokens, load %.1f s\n",
+              o.model.c_str(), (unsigned long long)o.seed, r.device.c_str(), layout_name(o).c_str(), kernels_name(o),
+              kv_name(o.kv), o.page_tokens, r.load_s);
   if (r.ceil.copy_gbps > 0)
     std::printf("ceilings: copy %.0f GB/s (1 GiB device to device), cuBLASLt %s 8192^3 %.0f TFLOP/s\n",
                 r.ceil.copy_gbps, r.ceil.blas_dtype.c_str(), r.ceil.blas_tflops);

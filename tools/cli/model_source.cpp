@@ -32,8 +32,8 @@ std::optional<model_args> load_serving_args(const std::string& dir_or_preset, st
   return std::nullopt;
 }
 
-std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t seed,
-                                  kv_dtype dtype, std::string* error) {
+std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype, std::string* error,
+                                  int page_tokens) {
   auto args = load_serving_args(dir_or_preset, error);
   if (!args) return nullptr;
   auto weights = std::make_shared<tensor_map>();
@@ -52,7 +52,7 @@ std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t see
     *weights = make_random_weights(*args, seed);
   }
   try {
-    return std::make_unique<model>(*args, std::move(weights), dtype);
+    return std::make_unique<model>(*args, std::move(weights), dtype, page_tokens);
   } catch (const std::exception& e) {
     *error = e.what();
     return nullptr;

@@ -63,7 +63,8 @@ cedar::outcome<std::unique_ptr<cedar::engine>> start_gpu_layout(const model_choi
   if (!spec) return spec.error();
   auto src = cedar::cli::make_gpu_layout_source(args, std::move(weights),
                                                 c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4,
-                                                c.kernels, c.dense_bf16, spec.value().num_shards, true, &error);
+                                                c.options.page_tokens, c.kernels, c.dense_bf16,
+                                                spec.value().num_shards, true, &error);
   if (!src) throw std::runtime_error(error);
   cedar::engine_options options = c.options;
   const int64_t reserve = cedar::gpu_step_reserve_bytes(args, options.max_batched_tokens);
@@ -105,8 +106,8 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
     if (!weights) throw std::runtime_error(error);
     if (c.options.layout != "tp1") return start_gpu_layout(c, *args, std::move(weights));
     auto gpu = cedar::cli::make_gpu_step_model(*args, std::move(weights),
-                                               c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4, c.kernels,
-                                               c.dense_bf16, true, &error);
+                                               c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4,
+                                               c.options.page_tokens, c.kernels, c.dense_bf16, true, &error);
     if (!gpu) throw std::runtime_error(error);
     cedar::engine_options options = c.options;
     const int64_t reserve = cedar::gpu_step_reserve_bytes(*args, options.max_batched_tokens);
