@@ -67,7 +67,7 @@ std::string engine_options::help() {
          "  --max-prefill-chunk N          prefill tokens of one request per step (default 512; 8192\n"
          "                                 with --device cuda)\n"
          "  --kv-budget-bytes N            memory for KV pages, SWA rings and tails (default 1 GiB)\n"
-         "  --page-tokens N                token positions per KV page (default 256)\n"
+         "  --page-tokens N                token positions per KV page (default 64)\n"
          "  --step-timeout-ms N            fail a step whose shard reply is later (default 60000)\n"
          "  --layout tpN|depN              shards: TP-N splits heads and experts, DEP-N runs N\n"
          "                                 schedulers with experts split (default tp1; switchable live).\n"

@@ -26,7 +26,7 @@ struct kv_source_layout {
 };
 
 struct kv_layout {
-  static constexpr int default_page_tokens = 256;
+  static constexpr int default_page_tokens = 64;
 
   int page_tokens = default_page_tokens;
   kv_dtype dtype = kv_dtype::fp4;

@@ -16,7 +16,7 @@ trap 'show_logs_on_failure; cleanup_servers' EXIT
 # LAYOUT_START (default tp4), LAYOUT_PLAN (default dep2,tp4,tp1), LAYOUT_KILL (default 1; 0 skips
 # the killed shard) and LAYOUT_PAGE_TOKENS (default 16) let the same run drive GPU layouts, e.g. on
 # two GPUs: CEDAR_SERVE_MODEL_ARGS="--device cuda" LAYOUT_START=tp2 LAYOUT_PLAN=dep2,tp2,dep2
-# LAYOUT_KILL=0 LAYOUT_PAGE_TOKENS=256 (the GPU model's pages)
+# LAYOUT_KILL=0 LAYOUT_PAGE_TOKENS=64
 opts=(--model micro --layout "${LAYOUT_START:-tp4}" --page-tokens "${LAYOUT_PAGE_TOKENS:-16}" --swa-replay full
       --admin-key adm-layout "${model_args[@]}")
 start_server ref "${opts[@]}"

@@ -87,7 +87,7 @@ await check("20 turns on one socket: each sends only the new input and continues
 });
 
 await check("a conversation survives a reconnect: previous_response_id continues its engine session", async () => {
-  const page = 256;
+  const page = 64;  // the server's --page-tokens (default)
   const extended0 = await metric(process.env.URL_TINY, "cedar_session_turns_extended_total");
   let ws = await open(wsUrl(process.env.URL_TINY), { Authorization: "Bearer sk-ws" });
   ws.send(JSON.stringify({ type: "response.create", model: "tiny", max_output_tokens: 8, reasoning: { effort: "none" },

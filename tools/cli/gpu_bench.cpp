@@ -26,7 +26,7 @@ void usage() {
       stderr,
       "usage: cedar gpu-bench [--model PRESET|DIR] [--seed S] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
       "                       [--gpu-dense-bf16] [--gpu-batch-invariant on|off]\n"
-      "                       [--kv-dtype fp4|fp8] [--page-tokens 256]\n"
+      "                       [--kv-dtype fp4|fp8] [--page-tokens 64]\n"
       "                       [--phases floor,decode,prefill,truncation,prefix,generate]\n"
       "                       [--batch 1,64,256] [--context 8192] [--steps 16] [--warmup-steps 2]\n"
       "                       [--prefill 8192,32768] [--chunk N] [--prefix-tokens 32768] [--new-tokens 200]\n"
@@ -35,7 +35,7 @@ void usage() {
       "  --gpu-kernels: the kernel set of --device cuda (default fast, as serving). --gpu-dense-bf16:\n"
       "    keep bf16 copies of the dense linears on the device (as cedar serve --gpu-dense-bf16).\n"
       "  --gpu-batch-invariant off: faster decode tiles at 1-2 rows whose bits depend on the batch\n"
-      "    (as cedar serve). --page-tokens: positions per KV page (even; as cedar serve, default 256).\n"
+      "    (as cedar serve). --page-tokens: positions per KV page (even; as cedar serve, default 64).\n"
       "  decode: --steps timed calls per batch size on synthetic KV (random well-formed records,\n"
       "    --context tokens per request), against the step's HBM floor at the measured copy rate.\n"
       "  prefill: each --prefill prompt in --chunk calls (default: serving's --max-prefill-chunk on the\n"
