@@ -101,7 +101,8 @@ TEST_CASE("runtime on tiny: churn with 20% cancelled and KV pressure leaks nothi
   o.swa_replay = swa_replay_mode::full;  // resumed requests rebuild their rings exactly
   const kv_layout& layout = tiny_model()->layout();
   const int64_t slot = int64_t(layout.ring_bytes() + layout.tail_floats() * sizeof(float));
-  o.kv_budget_bytes = 8 * slot + 6 * int64_t(layout.page_bytes);  // 6 pages for 8 running requests
+  // 1,536 token positions of pages for 8 running requests (a request takes up to 612)
+  o.kv_budget_bytes = 8 * slot + (1536 / layout.page_tokens) * int64_t(layout.page_bytes);
   auto eng = engine::start(wrap_model(tiny_model()), o).value();
   std::mt19937 g(23);
   const int num_requests = 120;
