@@ -83,7 +83,7 @@ answer run_one(engine& e, const request_spec& spec) {
 }
 
 /// The greedy prompts: a 300-token prompt, a short one, then the first one's 280 tokens and a
-/// new tail (its first page, 256 tokens, comes from the prefix cache).
+/// new tail (its first 256 tokens, whole pages of 64 or 256, come from the prefix cache).
 std::vector<request_spec> prompts() {
   std::vector<request_spec> out;
   const auto long_prompt = random_prompt(300, 1);
@@ -124,7 +124,7 @@ TEST_CASE("gpu serve: the engine on the GPU shard with device KV gives the CPU e
     CHECK(on_gpu[i].finish_reason == "length");
     CHECK(on_gpu[i].cached_tokens == on_cpu[i].cached_tokens);
   }
-  CHECK(on_gpu[2].cached_tokens == 256);  // the third prompt's first page came from the cache
+  CHECK(on_gpu[2].cached_tokens == 256);  // the third prompt's first 256 tokens came from the cache
 
   // Cancelled mid-stream: the tokens it got are the first ones the CPU engine gives.
   request_spec long_spec = specs[1];
