@@ -43,8 +43,8 @@ bool write_json(const report& r, const std::string& path) {
   const options& o = r.opts;
   net::json_writer w;
   w.obj().kv("model", o.model).kv("seed", int64_t(o.seed)).kv("device", r.device)
-      .kv("gpu_kernels", kernels_name(o)).kv("kv_dtype", kv_name(o.kv)).kv("page_tokens", o.page_tokens).kv("layout", layout_name(o))
-      .kv("load_s", r.load_s);
+      .kv("gpu_kernels", kernels_name(o)).kv("kv_dtype", kv_name(o.kv)).kv("page_tokens", o.page_tokens)
+      .kv("layout", layout_name(o)).kv("load_s", r.load_s);
   w.key("ceilings").obj().kv("device", r.ceil.device).kv("copy_gbps", r.ceil.copy_gbps)
       .kv("blas_tflops", r.ceil.blas_tflops).kv("blas_dtype", r.ceil.blas_dtype).kv("blas_shape", "8192x8192x8192")
       .end_obj();
