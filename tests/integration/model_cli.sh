@@ -7,7 +7,8 @@
 # or a tokenizer that folds into another class count is refused; kernel-lab
 # refuses options it does not take with its usage (exit 2) before it looks for a device and takes
 # those it does (--tokens with moe, prefill and gemv, --tile with moe), and the GPU-only
-# --gpu-dense-bf16 and --gpu-batch-invariant off are refused on the CPU backend.
+# --gpu-dense-bf16 and --gpu-batch-invariant off are refused on the CPU backend; prefix-bench
+# takes --page-tokens.
 # usage: tests/integration/model_cli.sh path/to/cedar
 set -euo pipefail
 cedar="${1:?usage: model_cli.sh path/to/cedar}"
@@ -114,5 +115,14 @@ for value in off maybe; do
   "$cedar" serve --model micro --port 0 --gpu-batch-invariant $value > /dev/null 2> "$tmp/err" || rc=$?
   [[ $rc == 2 ]] && grep -q -- "--gpu-batch-invariant" "$tmp/err" ||
     { echo "serve --gpu-batch-invariant $value on the CPU: exit $rc"; cat "$tmp/err"; exit 1; }
+done
+# prefix-bench builds its model with the pages it is given: a turn's hit is the whole pages of
+# what the turn before left (320 tokens: 320 with pages of 16, 256 with pages of 256)
+for pages in 16:320 256:256; do
+  out="$("$cedar" prefix-bench --model micro --turns 2 --prefix 300 --turn-tokens 20 --gen 2 \
+         --page-tokens "${pages%%:*}" 2> "$tmp/err")" || { echo "prefix-bench --page-tokens ${pages%%:*}"; cat "$tmp/err"; exit 1; }
+  cached="$(awk '$1 == 2 { print $3 }' <<< "$out")"
+  [[ "$cached" == "${pages##*:}" ]] ||
+    { echo "prefix-bench --page-tokens ${pages%%:*}: turn 2 cached '$cached', not ${pages##*:}"; echo "$out"; exit 1; }
 done
 echo "model_cli: ok"

@@ -34,7 +34,7 @@ struct turn_result {
 
 /// Runs the conversation on a fresh engine; one result per turn.
 std::vector<turn_result> run_conversation(const bench_args& a, engine_options o, std::string* error) {
-  auto m = cli::open_model(a.model, a.seed, o.kv_fp8 ? kv_dtype::fp8 : kv_dtype::fp4, error);
+  auto m = cli::open_model(a.model, a.seed, o.kv_fp8 ? kv_dtype::fp8 : kv_dtype::fp4, error, o.page_tokens);
   if (!m) return {};
   auto started = engine::start(wrap_model(std::shared_ptr<const model>(std::move(m))), o);
   if (!started) return *error = started.error().message, std::vector<turn_result>{};
