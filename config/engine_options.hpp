@@ -22,6 +22,9 @@ enum class swa_replay_mode : uint8_t {
   full,
 };
 
+/// Token positions per KV page unless --page-tokens says otherwise (kv_layout's default too).
+constexpr int default_page_tokens = 64;
+
 struct engine_options {
   bool prefix_cache = true;                        ///< --prefix-cache on|off
   swa_replay_mode swa_replay = swa_replay_mode::bounded;  ///< --swa-replay bounded|full
@@ -31,7 +34,7 @@ struct engine_options {
   int max_batched_tokens = 2048;                   ///< --max-batched-tokens: tokens per step
   int max_prefill_tokens_per_request = 512;        ///< --max-prefill-chunk: one request's prefill per step
   int64_t kv_budget_bytes = int64_t(1) << 30;      ///< --kv-budget-bytes: pages + rings + tails
-  int page_tokens = 64;                            ///< --page-tokens: positions per KV page
+  int page_tokens = default_page_tokens;           ///< --page-tokens: positions per KV page
   int64_t step_timeout_ms = 60000;                 ///< --step-timeout-ms: a shard reply later than this fails the step
   std::string layout = "tp1";                      ///< --layout tpN|depN: shards and how they split the model
   int shard_port = -1;                             ///< --shard-port N: accept `cedar shard --connect` (0 = any free port, -1 = off)

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "config/engine_options.hpp"
 #include "config/model_args.hpp"
 
 namespace cedar {
@@ -26,7 +27,7 @@ struct kv_source_layout {
 };
 
 struct kv_layout {
-  static constexpr int default_page_tokens = 64;
+  static constexpr int default_page_tokens = cedar::default_page_tokens;
 
   int page_tokens = default_page_tokens;
   kv_dtype dtype = kv_dtype::fp4;

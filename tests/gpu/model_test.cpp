@@ -22,6 +22,7 @@
 #include "kernels/model/model.hpp"
 #include "kernels/model/random_weights.hpp"
 #include "tests/gpu/gpu_test_util.hpp"
+#include "tests/gpu/preset_weights.hpp"
 #include "tests/kernels/model_test_util.hpp"
 
 using namespace cedar;
@@ -170,13 +171,10 @@ TEST_CASE("gpu model: greedy tokens and logits equal the CPU model's (micro, tin
 
 TEST_CASE("gpu model, fast kernels: the logits do not depend on the KV page size") {
   if (!have_gpu()) return;
-  std::string error;
-  const auto args = load_model_args("micro", &error);
-  REQUIRE_MESSAGE(args.has_value(), error);
-  const auto weights = std::make_shared<tensor_map>(make_random_weights(*args, 4321));
+  const gpu_test::preset_weights& micro = gpu_test::random_preset("micro", 4321);
   const auto logits_with_pages = [&](int page_tokens) {
-    const gpu_model m(*args, weights, kv_dtype::fp4, upload_progress_fn{}, gpu_kernels::fast, false, gpu_placement{},
-                      page_tokens);
+    const gpu_model m(micro.args, micro.weights, kv_dtype::fp4, upload_progress_fn{}, gpu_kernels::fast, false,
+                      gpu_placement{}, page_tokens);
     REQUIRE(m.layout().page_tokens == page_tokens);
     gpu_kv_arena arena(m.layout(), 0.02);
     std::vector<float> all;

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "kernels/cuda/cuda_ops.hpp"
+#include "kernels/cuda/fast/experts_wg.hpp"
 #include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/formats.hpp"
 #include "kernels/ops.hpp"
@@ -551,7 +552,7 @@ void run_moe_prefill(int tokens, lab_rng& r, std::vector<lab_case>& out) {
   measure("skinny", skinny);
   measure("bf16", bf16);
   if (bf16.expert_wgmma)
-    for (int tile : {16, 32, 64, 128, 256}) {
+    for (int tile : fast::detail::wg_tile_tokens) {
       fast::tuning wg = bf16;
       wg.expert_wg_tile = tile;
       measure(("wg" + std::to_string(tile)).c_str(), wg);

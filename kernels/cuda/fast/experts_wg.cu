@@ -294,9 +294,7 @@ void experts_wg(const uint16_t* a, const int* counts, const cpu::expert_weights*
   CEDAR_CUDA_REQUIRE(n % bn == 0 && k % (2 * bk) == 0 && ldy % 2 == 0 && aligned16(a) && aligned16(y),
                      "experts_wg: n % 128 == 0, k % 128 == 0, aligned rows");
   if (slots <= 0) return;
-  CEDAR_CUDA_REQUIRE(tile_tokens == 0 || tile_tokens == 16 || tile_tokens == 32 || tile_tokens == 64 ||
-                         tile_tokens == 128 || tile_tokens == 256,
-                     "experts_wg: tiles of 16, 32, 64, 128 or 256 tokens");
+  CEDAR_CUDA_REQUIRE(tile_tokens == 0 || is_wg_tile(tile_tokens), "experts_wg: tiles of 16, 32, 64, 128 or 256 tokens");
   // the token tile by the rows an expert has on average: every block multiplies its whole tile.
   // 16 rows up to 11 an expert: past that, an expert's spread over two 16-row pieces costs more
   // than the 32-row tile's padding (bench-40L-E64 decode, ms a step, 16 / 32: batch 112 (10.5 an

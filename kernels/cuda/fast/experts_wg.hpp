@@ -36,6 +36,14 @@ __device__ __forceinline__ void store8(uint16_t* row, int c8, uint4 q, bool wg_o
 /// 128, every weight's codes 16-byte and its scales 4-byte aligned.
 bool experts_wg_supports(const cpu::expert_weights* experts, int num_experts, int d, int inter);
 
+/// The token tiles experts_wg takes (tile_tokens, tuning::expert_wg_tile).
+constexpr int wg_tile_tokens[] = {16, 32, 64, 128, 256};
+constexpr bool is_wg_tile(int tokens) {
+  for (int t : wg_tile_tokens)
+    if (t == tokens) return true;
+  return false;
+}
+
 /// For every expert e and each of its counts[e] rows r of a (sorted by expert; expert e's rows
 /// follow those of the experts before it; columns in wg_column's order, `slots` rows allocated):
 /// y[r, :n] = a[r, :k] W^T, W the expert's [w1; w3]

@@ -601,7 +601,7 @@ tuning& tuning_now() {
     // CEDAR_GPU_EXPERT_WG_TILE=16|32|64|128|256: the wgmma experts' token tile (A/B runs)
     if (const char* env = std::getenv("CEDAR_GPU_EXPERT_WG_TILE"); env && *env) {
       const int v = std::atoi(env);
-      if (v == 16 || v == 32 || v == 64 || v == 128 || v == 256) d.expert_wg_tile = v;
+      if (is_wg_tile(v)) d.expert_wg_tile = v;
       else std::fprintf(stderr, "cedar: CEDAR_GPU_EXPERT_WG_TILE='%s' is not 16, 32, 64, 128 or 256; ignored\n", env);
     }
     return d;
