@@ -33,9 +33,8 @@ namespace {
 
 using cuda::detail::aligned16;
 
-constexpr int bn = 128, bk = 64, stages = 5, threads = 256;
-[[maybe_unused]] constexpr int ahead = stages - 2;  // steps loaded before their use
-constexpr int r_bytes = bn * bk / 2;                // a slot's weight codes, E2M1
+constexpr int bn = 128, bk = 64, threads = 256;
+constexpr int r_bytes = bn * bk / 2;  // a slot's weight codes, E2M1
 
 /// The shapes of a block of BM tokens (16, 32, 64, 128 or 256).
 template <int BM>
@@ -43,6 +42,10 @@ struct tiles {
   static constexpr int a_bytes = BM * bk * 2;  // a slot's activations, bf16
   static constexpr int slot_bytes = a_bytes + r_bytes;
   static_assert(slot_bytes % 1024 == 0, "slots on the swizzle's 1024-byte alignment");
+  // slots: 8 where they fit beside the blocks a SM (a power of two: a step's slot and phase
+  // are a mask and a shift, not a division in every step), else 5
+  static constexpr int stages = BM <= 64 ? 8 : 5;
+  static constexpr int ahead = stages - 2;                       // steps loaded before their use
   static constexpr int smem_bytes = stages * slot_bytes + 1024;  // + alignment
   static constexpr int min_blocks = BM <= 128 ? 2 : 1;         // blocks a SM (registers, memory)
 };
@@ -87,20 +90,38 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
+/// The low words of decode8's two byte tables (see there), as registers: the high words go into
+/// the permutes as immediates, and a permute takes one. Read from shared memory by an asm load
+/// (load_tables), so that no compiler pass knows their values: as constants they were copied
+/// into a fresh register before every permute (16 moves a step).
+struct decode_tables {
+  uint32_t lo, hi;
+};
+
+__device__ __forceinline__ decode_tables load_tables(const decode_tables* shared) {
+  decode_tables t;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+               : "=r"(t.lo), "=r"(t.hi)
+               : "r"(wg::smem_address(shared))
+               : "memory");
+  return t;
+}
+
 /// Eight E2M1 codes (low nibble first) as four bf16 pairs, each times the bf16 pair `scale`.
 /// Byte permutes do the table lookups: the codes' magnitudes (3 bits) select the low and the high
-/// bytes of the bf16 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 from two 8-byte tables, the sign bits are
-/// gathered into bit 7 of the high bytes, and two more permutes interleave low and high bytes.
-[[maybe_unused]] __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale) {
+/// bytes of the bf16 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 from two 8-byte tables (t.lo = 0xC0800000
+/// beside 0xC0804000, t.hi = 0x3F3F3F00 beside 0x40404040), the sign bits are gathered into bit 7
+/// of the high bytes, and two more permutes interleave low and high bytes.
+[[maybe_unused]] __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale, decode_tables t) {
   const uint32_t mags = w & 0x77777777u, w4 = w << 4;
   uint32_t o[4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // codes 4h .. 4h + 3
     const uint32_t sel = h ? mags >> 16 : mags;
-    const uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel);
+    const uint32_t lo = __byte_perm(t.lo, 0xC0804000u, sel);
     // a code's sign is bit 7 of byte i of w (odd codes) or of w << 4 (even codes)
     const uint32_t sign = __byte_perm(w, w4, h ? 0x3726u : 0x1504u);
-    const uint32_t hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel) | (sign & 0x80808080u);
+    const uint32_t hi = __byte_perm(t.hi, 0x40404040u, sel) | (sign & 0x80808080u);
     o[2 * h] = mul_bf16x2(__byte_perm(lo, hi, 0x5140u), scale);
     o[2 * h + 1] = mul_bf16x2(__byte_perm(lo, hi, 0x7362u), scale);
   }
@@ -120,14 +141,17 @@ __global__ void __launch_bounds__(threads, tiles<BM>::min_blocks)
     experts_wg_kernel(const __grid_constant__ CUtensorMap a_map, wg_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int a_bytes = tiles<BM>::a_bytes, slot_bytes = tiles<BM>::slot_bytes;
+  constexpr int stages = tiles<BM>::stages, ahead = tiles<BM>::ahead;
   extern __shared__ __align__(128) uint8_t smem_raw[];  // (1024-byte aligned below: the swizzle)
   uint8_t* smem = smem_raw + ((1024 - wg::smem_address(smem_raw) % 1024) % 1024);
   __shared__ tile_place place;
+  __shared__ __align__(8) decode_tables tables;
   __shared__ __align__(8) uint64_t full[stages];  // a slot's activations have landed
   const int tid = threadIdx.x, n0 = blockIdx.x * bn;
   if (tid == 0) {
     for (int i = 0; i < stages; ++i) tma::init(&full[i], 1);
     tma::fence_init();
+    tables = {0xC0800000u, 0x3F3F3F00u};
   }
   cuda::detail::grid_dependency_wait();  // the counts and rows come from the kernels before
   if (tid < 32) {
@@ -137,6 +161,7 @@ __global__ void __launch_bounds__(threads, tiles<BM>::min_blocks)
   __syncthreads();
   const tile_place t = place;
   if (t.expert < 0) return;
+  const decode_tables tab = load_tables(&tables);
   const cpu::expert_weights& ew = p.table[t.expert];
   const bool up = p.which == 0, second = up && n0 >= p.n / 2;
   const fp4_weight& w = up ? (second ? ew.w3 : ew.w1) : ew.w2;
@@ -148,6 +173,7 @@ __global__ void __launch_bounds__(threads, tiles<BM>::min_blocks)
   // cp.async reads it, not right after, where the write would wait for the copy to take its
   // address), then copies into the step's slot.
   const uint32_t smem_base = wg::smem_address(smem);
+  const uint64_t desc0 = wg::desc_swizzled(smem_base);
   const auto load = [&](int step, bool advance) {
     r_src += advance ? bk / 2 : 0;
     const uint32_t slot = smem_base + (step % stages) * slot_bytes;
@@ -190,29 +216,30 @@ __global__ void __launch_bounds__(threads, tiles<BM>::min_blocks)
     if (s + ahead < steps) load(s + ahead, true);
     cp_async_commit();
     // the scale block of columns 16 l .. 16 l + 15 of step s: byte 2 (s % 2) + l / 2 of the two
-    // steps' four; 2^(e - 127) as a bf16 pair (e = 0: the subnormal 2^-127)
+    // steps' four; 2^(e - 127) as a bf16 pair, e << 7 in each half (e = 0: the subnormal 2^-127)
     const int byte = 2 * (s & 1) + (l >> 1);
     uint32_t scale[2];
     for (int r = 0; r < 2; ++r) {
-      const uint32_t e = (scales2[r] >> (8 * byte)) & 0xFF;
-      const uint32_t bits = e ? e << 7 : 0x0040u;
-      scale[r] = bits | bits << 16;
+      const uint32_t e = __byte_perm(scales2[r], 0u, 0x4440u | uint32_t(byte));  // bytes 1-3: zeros
+      scale[r] = e ? e * 0x00800080u : 0x00400040u;
     }
     // byte i of a row's 8 holds columns 16 l + 2 i, + 1: the pair that k16 step i / 2 takes at
     // a0 (row g) / a1 (row g + 8) for even i, a2 / a3 for odd i (wg_column's order)
-    const uint4 r0[2] = {decode8(c0.x, scale[0]), decode8(c0.y, scale[0])};
-    const uint4 r1[2] = {decode8(c1.x, scale[1]), decode8(c1.y, scale[1])};
+    const uint4 r0[2] = {decode8(c0.x, scale[0], tab), decode8(c0.y, scale[0], tab)};
+    const uint4 r1[2] = {decode8(c1.x, scale[1], tab), decode8(c1.y, scale[1], tab)};
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       a[8 * h + 0] = r0[h].x, a[8 * h + 1] = r1[h].x, a[8 * h + 2] = r0[h].y, a[8 * h + 3] = r1[h].y;
       a[8 * h + 4] = r0[h].z, a[8 * h + 5] = r1[h].z, a[8 * h + 6] = r0[h].w, a[8 * h + 7] = r1[h].w;
     }
-    const uint32_t tile = smem_base + (s % stages) * slot_bytes;
+    // the tile's descriptor: the first slot's plus the slot's offset, then 32 bytes (2 units of
+    // the 14-bit address field, which no slot overflows) a k16 step
+    const uint64_t tile = desc0 + uint64_t((s % stages) * (slot_bytes >> 4));
     tma::wait(&full[s % stages], uint32_t(s / stages) & 1);
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < bk / 16; ++kk)
-      wg::mma_rs<BM>(acc, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], wg::desc_swizzled(tile + 32 * kk));
+      wg::mma_rs<BM>(acc, a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3], tile + uint64_t(2 * kk));
     wg::commit_and_wait_for<1>();
   };
   for (int s = 0; s < steps; s += 2) {  // steps % 2 == 0; the fragment sets alternate
