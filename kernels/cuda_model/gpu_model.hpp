@@ -69,7 +69,7 @@ class gpu_model {
   /// KV pages' positions (kv_layout::make; even, >= 2).
   gpu_model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv = kv_dtype::fp4,
             const upload_progress_fn& progress = {}, gpu_kernels kernels = gpu_kernels::exact,
-            bool dense_bf16 = false, gpu_placement placement = {}, int page_tokens = kv_layout::default_page_tokens);
+            bool dense_bf16 = false, gpu_placement placement = {}, int page_tokens = default_page_tokens);
   ~gpu_model();
 
   const model_args& args() const;

@@ -27,8 +27,6 @@ struct kv_source_layout {
 };
 
 struct kv_layout {
-  static constexpr int default_page_tokens = cedar::default_page_tokens;
-
   int page_tokens = default_page_tokens;
   kv_dtype dtype = kv_dtype::fp4;
   int latent_dim = 0;

@@ -51,7 +51,7 @@ class model {
   /// std::runtime_error naming the first missing / mis-shaped / wrongly-typed tensor.
   /// page_tokens: positions per global-KV page (the engine's --page-tokens).
   model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtype kv = kv_dtype::fp4,
-        int page_tokens = kv_layout::default_page_tokens);
+        int page_tokens = default_page_tokens);
   ~model();
 
   const model_args& args() const;

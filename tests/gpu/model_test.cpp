@@ -40,7 +40,7 @@ struct pair_of_models {
 };
 
 pair_of_models& load(const std::string& preset, kv_dtype dtype = kv_dtype::fp4,
-                     int page_tokens = kv_layout::default_page_tokens) {
+                     int page_tokens = default_page_tokens) {
   static std::map<std::tuple<std::string, int, int>, pair_of_models> cache;
   pair_of_models& p = cache[{preset, int(dtype), page_tokens}];
   if (!p.cpu) {
@@ -107,7 +107,7 @@ struct diff_stats {
 };
 
 void greedy_prompts(const std::string& preset, kv_dtype dtype, int prompts, int decode_steps,
-                    int page_tokens = kv_layout::default_page_tokens) {
+                    int page_tokens = default_page_tokens) {
   pair_of_models& p = load(preset, dtype, page_tokens);
   const int vocab = p.cpu->args().vocab_size;
   int identical = 0;

@@ -183,7 +183,7 @@ std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint
   if (!weights) return nullptr;
   try {
     return std::make_unique<gpu_cli_model>(
-        upload(*args, std::move(weights), dtype, kv_layout::default_page_tokens, kernels, dense_bf16, verbose));
+        upload(*args, std::move(weights), dtype, default_page_tokens, kernels, dense_bf16, verbose));
   } catch (const std::exception& e) {
     *error = e.what();
     return nullptr;

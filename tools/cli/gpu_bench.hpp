@@ -31,7 +31,7 @@ struct options {
   bool dense_bf16 = false;  ///< --gpu-dense-bf16: the GPU model keeps bf16 copies of its dense linears
   std::optional<bool> batch_invariant;  ///< --gpu-batch-invariant (absent: the process default)
   kv_dtype kv = kv_dtype::fp4;
-  int page_tokens = kv_layout::default_page_tokens;  ///< --page-tokens: positions per KV page
+  int page_tokens = default_page_tokens;  ///< --page-tokens: positions per KV page
   /// Any of floor (the decode floor and FLOPs from the inventory alone: no model is loaded),
   /// decode, prefill, truncation, prefix, generate; they run in that order.
   std::vector<std::string> phases = {"decode", "prefill", "truncation", "prefix", "generate"};

@@ -27,7 +27,7 @@ std::optional<model_args> load_serving_args(const std::string& dir_or_preset, st
 /// weights from `seed`), its KV in pages of `page_tokens` positions. On failure returns nullptr
 /// and sets *error.
 std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype, std::string* error,
-                                  int page_tokens = kv_layout::default_page_tokens);
+                                  int page_tokens = default_page_tokens);
 
 /// "1,2,3" -> ids, and "a..b" (inclusive) for a run of ids, as in "5,1000..1999"; nullopt on
 /// anything else (negative ids, a descending or over-long run, stray characters).
