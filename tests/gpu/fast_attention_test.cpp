@@ -19,6 +19,7 @@
 
 #include "config/model_config.hpp"
 #include "kernels/cuda/fast/attention.hpp"
+#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda_model/gpu_model.hpp"
 #include "kernels/formats.hpp"
@@ -237,6 +238,16 @@ void attention_case(const std::string& base, int dh, int heads, int W, int K, in
     fast::sparse_attention(p, s.view());
     const auto got = d_out.host();
     check_close(name, got.data(), ref.data(), got.size(), 1e-4);
+    // within the batch-invariant rows, the first item alone gets the bits it gets in the batch
+    if (rows > items[0].num_rows && rows <= fast::tuning_now().attention_split_rows) {
+      dev<float> d_alone(std::size_t(items[0].num_rows) * heads * dh);
+      fast::sparse_attention_params alone = p;
+      alone.rows = items[0].num_rows, alone.out = d_alone.get();
+      fast::sparse_attention(alone, s.view());
+      const std::size_t n0 = std::size_t(alone.rows) * heads * dh;
+      CHECK_MESSAGE(op_reference::same_bits(d_alone.host().data(), got.data(), n0), name,
+                    ": the first item alone gets its bits in the batch of ", rows, " rows");
+    }
     // the window's fresh rows as the ring's FP8 records (as the model passes them): the same values,
     // so the same bits
     dev<uint8_t> d_rec(std::size_t(rows) * s.ring_record);
@@ -285,6 +296,11 @@ TEST_CASE("fast attention: fused sparse attention equals the CPU op within 1e-4 
   attention_case("attention 64x512 window only", 512, 64, 128, 0, 2, fast::kv_format::fp4, real, 14);
   // one item alone: a single block row, so the kernel splits the candidates over blocks
   attention_case("attention 64x512 one decode row", 512, 64, 128, 512, 1, fast::kv_format::fp4, {{8191, 1, 0}}, 15);
+  // a decode batch of 8 rows (each split as a row alone: its bits whatever the batch)
+  attention_case("attention 64x512 decode batch of 8", 512, 64, 128, 512, 2, fast::kv_format::fp4,
+                 {{3000, 1, 0}, {200, 1, 0}, {8191, 1, 0}, {700, 1, 650}, {50, 1, 0}, {5000, 1, 0}, {9000, 1, 0},
+                  {128, 1, 0}},
+                 18);
   // enough rows for one split (each block row its own output, no combine)
   attention_case("attention 64x512 prefill of 80 rows", 512, 64, 128, 512, 2, fast::kv_format::fp4, {{100, 80, 0}}, 16);
   // past attention_rows_min: the automatic choice takes the all-heads kernel where it runs

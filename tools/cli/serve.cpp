@@ -164,7 +164,7 @@ void print_help(FILE* out) {
       "                                 bf16 on the device (twice their bytes again, taken from the KV),\n"
       "                                 so steps of more than 64 rows skip dequantizing them each call\n"
       "  --gpu-batch-invariant on|off   --device cuda, fast kernels: on (default), a request gets the\n"
-      "                                 same bits in any batch of up to 96 rows; off trades that for\n"
+      "                                 same bits in any step of up to 8 rows; off trades that for\n"
       "                                 faster decode at 1-2 rows ($CEDAR_GPU_BATCH_INVARIANT=0 too)\n"
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
       "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"

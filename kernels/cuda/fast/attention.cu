@@ -20,6 +20,7 @@
 #include "kernels/cuda/fast/attention.hpp"
 #include "kernels/cuda/fast/attention_records.cuh"
 #include "kernels/cuda/fast/attention_wg.hpp"
+#include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/mma.cuh"
 
 namespace cedar::cuda::fast {
@@ -415,7 +416,10 @@ void launch_attention(const sparse_attention_params& p, const kv_items& items, c
                          (p.variant == attention_auto && p.rows >= attention_rows_min() && attention_wg_supports(p));
   const int groups = (p.heads + heads_per_block - 1) / heads_per_block;
   const int max_chunks = (p.window + p.topk_k + chunk - 1) / chunk;
-  const long long blocks = (long long)p.rows * groups;
+  // up to attention_split_rows rows, a row's candidates split as for the row alone (its bits
+  // then do not depend on its batch); past it, the splits fill the device with the batch's blocks
+  const long long split_rows = p.rows <= tuning_now().attention_split_rows ? 1 : p.rows;
+  const long long blocks = split_rows * groups;
   const int want = int(std::min<long long>(max_splits, (2LL * num_sms() + blocks - 1) / blocks));
   const int splits = all_heads ? 1 : std::max(1, std::min(want, max_chunks));
   scratch<float> part_o(splits > 1 ? std::size_t(p.rows) * splits * p.heads * DIM : 0);

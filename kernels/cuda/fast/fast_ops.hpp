@@ -178,6 +178,11 @@ struct tuning {
   /// never depend on m. With $CEDAR_GPU_BATCH_INVARIANT=0, 2 (one column pass; narrow's 17.39
   /// against the stream's 20.67 us at 8 rows).
   int stream_max_rows = stream_max_slots;
+  /// Rows up to which the fused attention (per-16-heads kernel) splits a row's candidates over
+  /// blocks as it does for a row alone, so that a row's bits do not depend on the rows beside it
+  /// (past it the split count follows the batch: fewer, longer splits once the blocks fill the
+  /// device). With $CEDAR_GPU_BATCH_INVARIANT=0, 0.
+  int attention_split_rows = stream_max_slots;
   /// Routed experts: tokens up to which the grouped stream tile runs in place of narrow. Off by
   /// default (its own summation order: a token's bits would change between 2 and 3 tokens);
   /// with $CEDAR_GPU_BATCH_INVARIANT=0, 2: `--op moe --tile narrow|stream` (us, up / down) 39.3 /
@@ -193,8 +198,8 @@ struct tuning {
   /// The wgmma experts (where they run) from this many tokens on, in place of the grouped tiles.
   /// `--op prefill`, µs a layer, narrow / best wgmma tile: 64 tokens 551 / 716, 96 748 / 719,
   /// 112 822 / 725, 128 879 / 753, 256 1,062 / 806. 97: the grouped tiles keep up to 96 tokens,
-  /// so a decode batch of up to 96 rows keeps its bits whatever its size (the tiles sum in other
-  /// orders). Decode of bench-40L-E64 (ms a step, 129 / 97): batch 112 54.13 / 50.62, 128 56.28 /
+  /// so the routed experts give a row its bits in any decode batch of up to 96 rows (the tiles
+  /// sum in other orders; the rest of the step is batch-invariant up to 8 rows). Decode of bench-40L-E64 (ms a step, 129 / 97): batch 112 54.13 / 50.62, 128 56.28 /
   /// 52.50; a window's 128 rows (the truncated layers, a prefix hit's replay) take it too, under
   /// the same CUDA graphs.
   int expert_wg_min_rows = 97;

@@ -573,6 +573,7 @@ namespace {
 
 void batch_invariance(tuning& t, bool on) {
   t.stream_max_rows = on ? stream_max_slots : 2;
+  t.attention_split_rows = on ? stream_max_slots : 0;
   t.expert_stream_max_rows = on ? 0 : 2;
 }
 
