@@ -36,6 +36,19 @@ struct fast_attention_state {
   dvec<int32_t> topk;        // [rows, index_topk] of the latest index source
   dvec<uint8_t> candidates;  // [rows, num_candidate_blocks] of the candidate source
   int num_candidate_blocks = 0;
+  /// Counts the reallocations of the device arrays: a state kept in a graph workspace is
+  /// rewritten in place each step, and graphs captured before a reallocation read stale addresses.
+  int generation = 0;
+
+  /// v into d: in place where d holds it, else in a new array (twice d's, for a table that grows).
+  template <class T>
+  void put(dvec<T>& d, const std::vector<T>& v) {
+    if (d.size() < v.size()) {
+      d = dvec<T>(std::max(v.size(), 2 * d.size()));
+      ++generation;
+    }
+    cuda::copy_to_device_async(d.get(), v.data(), v.size() * sizeof(T));
+  }
 
   fast::kv_items items(bool truncated) const {
     return {d_row_item.get(),  d_row_begin.get(), d_row_end.get(), d_first_pos.get(),
@@ -55,10 +68,36 @@ struct fast_attention_state {
       std::fill(row_item.begin() + it.row_begin, row_item.begin() + it.row_begin + it.num_rows, int32_t(i));
     }
     num_rows = b.num_rows;
-    d_row_item = dvec<int32_t>(row_item);
-    d_row_begin = dvec<int32_t>(row_begin);
-    d_row_end = dvec<int32_t>(row_end);
-    d_first_pos = dvec<int64_t>(first_pos);
+    put(d_row_item, row_item);
+    put(d_row_begin, row_begin);
+    put(d_row_end, row_end);
+    put(d_first_pos, first_pos);
+  }
+
+  /// Writes the per-item arrays (window floors, rings, page tables) and points each item at
+  /// its page table, then describes the rows.
+  void describe_items(gbatch& b) {
+    const std::size_t n = b.items.size();
+    std::vector<int64_t> floor(n), floor_truncated(n);
+    std::vector<uint8_t*> rings(n), pages;
+    page_begin.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      const gitem& it = b.items[i];
+      floor[i] = it.ring_valid_from;  // window_floor of the CPU model, before and after truncation
+      floor_truncated[i] = it.item->truncate_below >= 0 ? std::max(it.ring_valid_from, it.item->truncate_below)
+                                                        : it.ring_valid_from;
+      rings[i] = it.kv->swa_ring;
+      page_begin.push_back(int32_t(pages.size()));
+      pages.insert(pages.end(), it.kv->pages.begin(), it.kv->pages.end());
+    }
+    if (pages.empty()) pages.push_back(nullptr);
+    put(d_floor, floor);
+    put(d_floor_truncated, floor_truncated);
+    put(d_rings, rings);
+    put(d_pages, pages);
+    put(d_page_begin, page_begin);
+    for (std::size_t i = 0; i < n; ++i) b.items[i].d_pages = d_pages.get() + page_begin[i];
+    describe_rows(b);
   }
 
   bool rows_changed(const gbatch& b) const {
@@ -122,32 +161,28 @@ int attention_kernel_choice() {
 
 fast_attention_state& gpu_model::impl::fast_state(gbatch& b) const {
   if (!b.fast) {
-    auto st = std::make_shared<fast_attention_state>();
-    const std::size_t n = b.items.size();
-    std::vector<int64_t> floor(n), floor_truncated(n);
-    std::vector<uint8_t*> rings(n), pages;
-    for (std::size_t i = 0; i < n; ++i) {
-      const gitem& it = b.items[i];
-      floor[i] = it.ring_valid_from;  // window_floor of the CPU model, before and after truncation
-      floor_truncated[i] = it.item->truncate_below >= 0 ? std::max(it.ring_valid_from, it.item->truncate_below)
-                                                        : it.ring_valid_from;
-      rings[i] = it.kv->swa_ring;
-      st->page_begin.push_back(int32_t(pages.size()));
-      pages.insert(pages.end(), it.kv->pages.begin(), it.kv->pages.end());
-    }
-    if (pages.empty()) pages.push_back(nullptr);
-    st->d_floor = dvec<int64_t>(floor);
-    st->d_floor_truncated = dvec<int64_t>(floor_truncated);
-    st->d_rings = dvec<uint8_t*>(rings);
-    st->d_pages = dvec<uint8_t*>(pages);
-    st->d_page_begin = dvec<int32_t>(st->page_begin);
-    for (std::size_t i = 0; i < n; ++i) b.items[i].d_pages = st->d_pages.get() + st->page_begin[i];
-    st->describe_rows(b);
-    b.fast = std::move(st);
+    // whole-layer graphs read the workspace's state, rewritten in place
+    if (!b.whole_layers) b.fast = std::make_shared<fast_attention_state>();
+    else if (b.ws->attention) b.fast = b.ws->attention;
+    else b.fast = b.ws->attention = std::make_shared<fast_attention_state>();
+    b.fast->describe_items(b);
   } else if (b.fast->rows_changed(b)) {
     b.fast->drop_rows(b, args.index_topk);
   }
   return *b.fast;
+}
+
+void gpu_model::impl::upload_positions(gbatch& b) const {
+  if (!b.whole_layers) {
+    b.d_positions = dvec<int32_t>(b.positions);
+    return;
+  }
+  graph_workspace& w = *b.ws;
+  const std::size_t n = b.positions.size();
+  if (w.positions.size() != n) w.positions = dvec<int32_t>(n);  // once: a workspace has one row count
+  cuda::copy_to_device_async(w.positions.get(), b.positions.data(), n * sizeof(int32_t));
+  b.d_positions = dvec<int32_t>::borrow(w.positions.get(), n);
+  b.generation = fast_state(b).generation;
 }
 
 namespace {

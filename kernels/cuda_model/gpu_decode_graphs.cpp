@@ -4,8 +4,14 @@
 // (HCPost and HCMix of the FFN sublayer, router, experts, HCPost) as one graph per (rows,
 // layer), over buffers that live as long as the model, so the captured addresses stay valid.
 // The half depends on the row count only, so decode and prefill calls of one count share its
-// graphs. The forward call's thread.
+// graphs. A decode step's layers that neither compress nor index also run their attention half
+// in the graph (one graph a layer, key (rows, -1 - layer)): the positions, page tables and top-k
+// they read are the workspace's, rewritten in place before the first layer; when a table
+// outgrows its array the new array's generation has those graphs captured again.
+// $CEDAR_GPU_LAYER_GRAPHS=0 keeps the attention halves eager. The forward call's thread.
 #ifdef CEDAR_HAVE_CUDA
+
+#include <algorithm>
 
 #include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda_model/gpu_forward.hpp"
@@ -31,17 +37,36 @@ graph_workspace* gpu_model::impl::graph_workspace_for(int rows, const forward_st
   return &it->second;
 }
 
-// The first call of a (rows, layer) runs eagerly, so that the ops' one-time set-up (device
-// copies of weight tables) is not captured; the second captures, later ones replay.
-void gpu_model::impl::run_graphed(int rows, int layer, const std::function<void()>& enqueue) const {
-  graph_entry& g = graphs[{rows, layer}];
+// The first call of a key runs eagerly, so that the ops' one-time set-up (device copies of
+// weight tables) is not captured; the second captures, later ones replay.
+void gpu_model::impl::run_graphed(std::pair<int, int> key, const std::function<void()>& enqueue,
+                                  int generation) const {
+  graph_entry& g = graphs[key];
+  if (g.exec != nullptr && g.generation != generation) {
+    cuda::graph_destroy(g.exec);
+    g.exec = nullptr;
+  }
   if (g.exec == nullptr && g.eager_runs++ == 0) return enqueue();
   if (g.exec == nullptr) {
     cuda::graph_capture_begin();
     enqueue();
     g.exec = cuda::graph_capture_end();
+    g.generation = generation;
   }
   cuda::graph_launch(g.exec);
+}
+
+bool gpu_model::impl::whole_layers_graphable(const gbatch& b) const {
+  if (b.ws == nullptr || !layer_graphs_enabled || sharded() || !fast_attention()) return false;
+  // (decoder truncation drops none of a decode row: its position is past the prompt's)
+  return std::all_of(b.items.begin(), b.items.end(), [](const gitem& it) {
+    return it.num_rows == 1 && !it.item->replay && it.item->truncate_below <= it.first_pos;
+  });
+}
+
+bool gpu_model::impl::layer_graphed(int l, const gbatch& b) const {
+  const layer_info& li = args.layers[l];
+  return b.whole_layers && !li.is_kv_source && !li.is_index_source;
 }
 
 }  // namespace cedar

@@ -56,13 +56,19 @@ class dvec {
   bool owned_ = true;
 };
 
+struct fast_attention_state;  // fast kernel set (gpu_attention_fast.cpp)
+
 /// Forward calls of the fast kernel set with few rows (decode steps, the truncated decoder
 /// layers' rows at prefill, a replayed window) run each layer's MoE half (HCPost + HCMix of the
 /// FFN sublayer, router, experts, HCPost) as one CUDA graph per (rows, layer), captured at
 /// first use; the residual and the sublayer buffers they touch live here, one set per row count,
-/// so the captured addresses stay valid.
+/// so the captured addresses stay valid. A decode step's layers that neither compress nor index
+/// run whole (both halves) as one graph: their positions and the attention's page tables and
+/// top-k live here too, rewritten in place each step.
 struct graph_workspace {
   dvec<float> X, pre, a_pre, post, comb, x, f;  // [n, hc, dim], [n, hc] x 3, [n, hc, hc], [n, dim] x 2
+  dvec<int32_t> positions;                      // [n]: whole-layer graphs
+  std::shared_ptr<fast_attention_state> attention;
 };
 
 /// Wall time per phase of the forward pass when $CEDAR_GPU_PROFILE is set (to anything but 0):
@@ -142,8 +148,6 @@ struct gitem {
   uint8_t* const* d_pages = nullptr;  // fast kernel set: the item's device page table
 };
 
-struct fast_attention_state;  // fast kernel set (gpu_attention_fast.cpp)
-
 /// What the attention sublayer's fast steps read ([rows, width] device arrays): the normalized
 /// q latent qr (with its FP8 codes and scales when a decode linear takes them, else null), the
 /// sublayer input x, the rotated queries q, the window rows kv (with their ring records, or
@@ -169,6 +173,10 @@ struct gbatch {
   /// Under CUDA graphs (a row count graph_workspace_for takes): the buffers X, pre and the
   /// layer's sublayer buffers.
   graph_workspace* ws = nullptr;
+  /// A decode step under graphs (every item one row, nothing truncated, one rank): the layers
+  /// layer_graphed says run whole as one graph each.
+  bool whole_layers = false;
+  int generation = 0;  ///< of the workspace's attention state, for whole-layer graphs
   /// Fast kernel set: the last MoE sublayer's output with its HCPost weights, not yet added
   /// into X: the next layer's first boundary applies it (flush_post where X is read before).
   bool pending = false;
@@ -199,6 +207,8 @@ struct gpu_model::impl {
   /// CUDA graphs of the MoE halves (fast kernel set; $CEDAR_GPU_GRAPHS=0 turns them off):
   /// workspaces by row count, executable graphs by (rows, layer).
   bool graphs_enabled = false;
+  /// Whole-layer graphs of decode steps ($CEDAR_GPU_LAYER_GRAPHS=0 turns them off).
+  bool layer_graphs_enabled = true;
   /// Fast kernel set, gpu_model's dense_bf16: every dense FP8 linear also kept as bf16
   /// (fp8_weight::bf16), filled by keep_dense_bf16 after the upload.
   bool dense_bf16 = false;
@@ -206,11 +216,23 @@ struct gpu_model::impl {
   mutable std::map<int, graph_workspace> workspaces;
   struct graph_entry {
     int eager_runs = 0;
+    int generation = 0;  ///< of the workspace's attention state it was captured with
     void* exec = nullptr;
   };
+  /// Keys (rows, layer) for MoE halves, (rows, -1 - layer) for whole layers.
   mutable std::map<std::pair<int, int>, graph_entry> graphs;
   graph_workspace* graph_workspace_for(int rows, const forward_stats* stats) const;
-  void run_graphed(int rows, int layer, const std::function<void()>& enqueue) const;
+  /// Replays the graph of `key`, capturing it first (after one eager run); a graph captured
+  /// with another `generation` of the buffers it reads is captured again.
+  void run_graphed(std::pair<int, int> key, const std::function<void()>& enqueue, int generation = 0) const;
+  /// Whether a forward call of these items may run layers whole under graphs (gbatch::whole_layers).
+  bool whole_layers_graphable(const gbatch& b) const;
+  /// Whether layer l of b runs whole as one graph: neither a KV nor an index source (those
+  /// size their work by the context on the host).
+  bool layer_graphed(int l, const gbatch& b) const;
+  /// Sets b's device positions (the workspace's, in place, for whole-layer graphs) and, for those,
+  /// the attention state, before any layer is captured.
+  void upload_positions(gbatch& b) const;
   std::vector<void*> allocations;
   uint64_t bytes = 0;
   bf16_weight embed, head;

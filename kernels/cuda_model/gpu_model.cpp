@@ -44,6 +44,8 @@ gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights,
   impl_->kernels = kernels;
   const char* graphs = std::getenv("CEDAR_GPU_GRAPHS");
   impl_->graphs_enabled = kernels == gpu_kernels::fast && !(graphs && std::string(graphs) == "0");
+  const char* layer_graphs = std::getenv("CEDAR_GPU_LAYER_GRAPHS");  // "0": attention halves eager (A/B)
+  impl_->layer_graphs_enabled = !(layer_graphs && std::string(layer_graphs) == "0");
   if (dense_bf16 && kernels != gpu_kernels::fast) throw std::runtime_error("gpu_model: dense bf16 copies need the fast kernels");
   impl_->dense_bf16 = dense_bf16;
   impl_->progress = &progress;
@@ -148,13 +150,16 @@ void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
     cuda::fast::hc_boundary(b.X.get(), n, hc, D, f_prev, post.get(), comb.get(), p, pre_out, collapse_pre, norm_w,
                             x.get(), cuda::fast::hc_launches::automatic, xq.get(), xs.get());
   };
-  dvec<uint8_t> xq;
-  dvec<float> xs;
-  {
-    phase_profile::scope t(profile, phase_profile::mhc);
-    boundary(pending ? f.get() : nullptr, lw.hc_attn, a_pre.get(), b.pre.get(), lw.attn_norm, xq, xs);
-  }
-  attention(l, b, x.get(), f.get(), xq.get(), xs.get());
+  // each half's scratch is freed within it (a graph's allocations must be)
+  const auto attention_half = [&] {
+    dvec<uint8_t> xq;
+    dvec<float> xs;
+    {
+      phase_profile::scope t(profile, phase_profile::mhc);
+      boundary(pending ? f.get() : nullptr, lw.hc_attn, a_pre.get(), b.pre.get(), lw.attn_norm, xq, xs);
+    }
+    attention(l, b, x.get(), f.get(), xq.get(), xs.get());
+  };
   const auto moe_half = [&] {
     dvec<uint8_t> yq;
     dvec<float> ys;
@@ -164,8 +169,13 @@ void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
     }
     moe(l, x.get(), n, f.get(), yq.get(), ys.get());
   };
-  if (b.ws) run_graphed(n, l, moe_half);
-  else moe_half();
+  if (layer_graphed(l, b)) {
+    run_graphed({n, -1 - l}, [&] { attention_half(), moe_half(); }, b.generation);
+  } else {
+    attention_half();
+    if (b.ws) run_graphed({n, l}, moe_half);
+    else moe_half();
+  }
   b.pending = true;
   b.pending_f = std::move(f), b.pending_post = std::move(post), b.pending_comb = std::move(comb);
 }
@@ -260,18 +270,22 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
     b.items.push_back(std::move(it));
   }
   const int n = b.num_rows = int(tokens.size());
-  const bool truncates = std::any_of(batch.begin(), batch.end(), [](const forward_item& i) { return i.truncate_below >= 0; });
+  // truncation that drops a row (a decode row's position is past its prompt's: none)
+  const bool truncates = std::any_of(b.items.begin(), b.items.end(), [](const gitem& it) {
+    return it.item->truncate_below > it.first_pos && it.num_rows > 0;
+  });
   profile.begin_call(std::all_of(batch.begin(), batch.end(), [](const forward_item& i) { return i.tokens.size() == 1; }),
                      n);
   int rows = 0;
   if (n > 0) {
     {
       phase_profile::scope t(profile, phase_profile::embed);
-      b.d_positions = dvec<int32_t>(b.positions);
       dvec<int32_t> d_tokens(tokens);
       dvec<float> e(std::size_t(n) * D);
       cuda::embed(d_tokens.get(), n, embed, e.get());
       b.ws = graphable() ? graph_workspace_for(n, stats) : nullptr;
+      b.whole_layers = whole_layers_graphable(b);
+      upload_positions(b);
       b.X = b.ws ? dvec<float>::borrow(b.ws->X.get(), std::size_t(n) * hc * D) : dvec<float>(std::size_t(n) * hc * D);
       b.pre = b.ws ? dvec<float>::borrow(b.ws->pre.get(), std::size_t(n) * hc) : dvec<float>(std::size_t(n) * hc);
       cuda::hc_expand(e.get(), n, hc, D, b.X.get(), b.pre.get());

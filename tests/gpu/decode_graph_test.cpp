@@ -1,9 +1,11 @@
-// MoE halves under CUDA graphs (fast kernel set): a model with graphs gives the same logits,
-// bit for bit, as the same model with graphs off ($CEDAR_GPU_GRAPHS=0), over enough steps that
-// every layer's graph is run eagerly, captured and replayed, for two batch sizes; a prefill
-// between decode steps leaves the replays correct; and so do three prefills with decoder
-// truncation, whose truncated layers run the window's row count under graphs; all of it again
-// with the routed experts on the wgmma kernel.
+// Decode steps under CUDA graphs (fast kernel set: MoE halves, and whole layers that neither
+// compress nor index): a model with graphs gives the same logits, bit for bit, as the same model
+// with graphs off ($CEDAR_GPU_GRAPHS=0), over enough steps that every layer's graph is run
+// eagerly, captured and replayed, for two batch sizes; a prefill between decode steps leaves the
+// replays correct, and so does a page table that outgrows its array; and so do three prefills
+// with decoder truncation, whose truncated layers run the window's row count under graphs; all
+// of it again with the routed experts on the wgmma kernel, and with the MoE halves alone graphed
+// ($CEDAR_GPU_LAYER_GRAPHS=0).
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -21,13 +23,14 @@ using namespace cedar::gpu_test;
 
 namespace {
 
-/// Runs prompts then `steps` greedy decode steps (batch = all requests), with one extra
-/// request prefilled midway; returns every logit row of every call, in order.
+/// Runs prompts then `steps` greedy decode steps (batch = all requests), with two more
+/// requests prefilled midway; returns every logit row of every call, in order.
 std::vector<float> run(const gpu_model& m, int steps) {
   gpu_kv_arena arena(m.layout(), 0.02);
   std::vector<std::vector<int32_t>> seqs = {{5, 9, 13, 200, 7}, {42, 43}, {1000, 3, 3, 3, 9}};
   std::vector<request_kv> kvs;
   for (size_t i = 0; i < seqs.size(); ++i) kvs.push_back(*arena.allocate(128));
+  std::vector<int64_t> truncate_below(seqs.size(), -1);  // a request's, on each of its calls
   std::vector<float> all, logits;
   const int vocab = m.args().vocab_size;
   const auto step = [&](std::vector<size_t> which, bool prefill) {
@@ -38,6 +41,7 @@ std::vector<float> run(const gpu_model& m, int steps) {
       const size_t done = size_t(kvs[which[j]].num_tokens);
       batch[j].history = std::span<const int32_t>(s).first(done);
       batch[j].tokens = prefill ? std::span<const int32_t>(s).subspan(done) : std::span<const int32_t>(s).last(1);
+      batch[j].truncate_below = truncate_below[which[j]];
     }
     logits.clear();
     m.forward(batch, logits);
@@ -53,6 +57,17 @@ std::vector<float> run(const gpu_model& m, int steps) {
   for (int t = 0; t < steps; ++t) step({0, 1}, false);
   step({2}, true);
   for (int t = 0; t < steps; ++t) step({0, 1, 2}, false);
+  // two rows again, one of them a request of many more pages: the workspace's page table grows
+  // into a new array, and the whole-layer graphs of two rows are captured again over it; its
+  // prompt, past the window, is prefilled with decoder truncation, and its decode rows carry
+  // the truncation point as the scheduler's do
+  std::vector<int32_t> long_prompt;
+  for (int t = 0; t < 3 * m.args().sliding_window; ++t) long_prompt.push_back(int32_t(11 + 17 * t % 3000));
+  seqs.push_back(long_prompt);
+  truncate_below.push_back(int64_t(long_prompt.size()) - m.args().sliding_window);
+  kvs.push_back(*arena.allocate(2000));
+  step({3}, true);
+  for (int t = 0; t < steps; ++t) step({0, 3}, false);
   for (auto& kv : kvs) arena.release(kv);
   // a prompt past the sliding window with decoder truncation, three times (eager, captured,
   // replayed): the truncated layers' window rows run the window's row count's graphs
@@ -83,21 +98,25 @@ TEST_CASE("gpu model: decode steps and truncated layers under CUDA graphs give t
   ::setenv("CEDAR_GPU_GRAPHS", "0", 1);
   const gpu_model eager(*args, weights, kv_dtype::fp4, {}, gpu_kernels::fast);
   ::unsetenv("CEDAR_GPU_GRAPHS");
+  ::setenv("CEDAR_GPU_LAYER_GRAPHS", "0", 1);
+  const gpu_model moe_graphed(*args, weights, kv_dtype::fp4, {}, gpu_kernels::fast);
+  ::unsetenv("CEDAR_GPU_LAYER_GRAPHS");
   const gpu_model graphed(*args, weights, kv_dtype::fp4, {}, gpu_kernels::fast);
-  const auto compare = [&](const char* what) {
-    const auto a = run(eager, 4), b = run(graphed, 4);
+  const auto compare = [&](const char* what, const gpu_model& m) {
+    const auto a = run(eager, 4), b = run(m, 4);
     REQUIRE(a.size() == b.size());
     size_t same = 0;
     for (size_t i = 0; i < a.size(); ++i) same += std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
     std::printf("  decode graphs%s: %zu of %zu logits bit-identical to eager steps\n", what, same, a.size());
     CHECK_MESSAGE(same == a.size(), what);
   };
-  compare("");
+  compare("", graphed);
+  compare(" (MoE halves only)", moe_graphed);
   // the routed experts on the wgmma kernel at every row count (where the device runs it), so
   // that its launches are captured and replayed too
   cuda::fast::tuning& tune = cuda::fast::tuning_now();
   const cuda::fast::tuning saved = tune;
   tune.expert_wg_min_rows = 1;
-  compare(" (wgmma experts)");
+  compare(" (wgmma experts)", graphed);
   tune = saved;
 }
