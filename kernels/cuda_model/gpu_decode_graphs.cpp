@@ -58,9 +58,8 @@ void gpu_model::impl::run_graphed(std::pair<int, int> key, const std::function<v
 
 bool gpu_model::impl::whole_layers_graphable(const gbatch& b) const {
   if (b.ws == nullptr || !layer_graphs_enabled || sharded() || !fast_attention()) return false;
-  // (decoder truncation drops none of a decode row: its position is past the prompt's)
   return std::all_of(b.items.begin(), b.items.end(), [](const gitem& it) {
-    return it.num_rows == 1 && !it.item->replay && it.item->truncate_below <= it.first_pos;
+    return it.num_rows == 1 && !it.item->replay && it.truncated_rows() == 0;
   });
 }
 

@@ -6,6 +6,7 @@
 
 #ifdef CEDAR_HAVE_CUDA
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -146,6 +147,13 @@ struct gitem {
   dvec<uint8_t> candidates;  // [num_rows, num_candidate_blocks]
   int num_candidate_blocks = 0;
   uint8_t* const* d_pages = nullptr;  // fast kernel set: the item's device page table
+
+  /// Its first rows that decoder truncation drops (those below item->truncate_below; none of a
+  /// decode row, whose position is past its prompt's).
+  int truncated_rows() const {
+    const int64_t tb = item->truncate_below;
+    return tb < 0 ? 0 : int(std::clamp<int64_t>(tb - first_pos, 0, num_rows));
+  }
 };
 
 /// What the attention sublayer's fast steps read ([rows, width] device arrays): the normalized

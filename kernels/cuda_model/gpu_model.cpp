@@ -170,7 +170,10 @@ void gpu_model::impl::run_layer_fast(int l, gbatch& b) const {
     moe(l, x.get(), n, f.get(), yq.get(), ys.get());
   };
   if (layer_graphed(l, b)) {
-    run_graphed({n, -1 - l}, [&] { attention_half(), moe_half(); }, b.generation);
+    run_graphed({n, -1 - l}, [&] {
+      attention_half();
+      moe_half();
+    }, b.generation);
   } else {
     attention_half();
     if (b.ws) run_graphed({n, l}, moe_half);
@@ -189,8 +192,7 @@ void gpu_model::impl::drop_truncated_rows(gbatch& b, const forward_stats* stats)
   std::vector<int32_t> positions;
   int out = 0;
   for (gitem& it : b.items) {
-    const int64_t tb = it.item->truncate_below;
-    const int drop = tb < 0 ? 0 : int(std::clamp<int64_t>(tb - it.first_pos, 0, it.num_rows));
+    const int drop = it.truncated_rows();
     const int src = it.row_begin + drop, keep = it.num_rows - drop;
     cuda::copy_device(X.get() + std::size_t(out) * x_row, b.X.get() + std::size_t(src) * x_row,
                       sizeof(float) * keep * x_row);
@@ -270,10 +272,8 @@ int gpu_model::impl::forward_device(std::span<forward_item> batch, forward_stats
     b.items.push_back(std::move(it));
   }
   const int n = b.num_rows = int(tokens.size());
-  // truncation that drops a row (a decode row's position is past its prompt's: none)
-  const bool truncates = std::any_of(b.items.begin(), b.items.end(), [](const gitem& it) {
-    return it.item->truncate_below > it.first_pos && it.num_rows > 0;
-  });
+  const bool truncates =
+      std::any_of(b.items.begin(), b.items.end(), [](const gitem& it) { return it.truncated_rows() > 0; });
   profile.begin_call(std::all_of(batch.begin(), batch.end(), [](const forward_item& i) { return i.tokens.size() == 1; }),
                      n);
   int rows = 0;
