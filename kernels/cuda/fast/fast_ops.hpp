@@ -214,6 +214,13 @@ struct tuning {
   /// decode at batch 8 18.09 against 20.88 ms. $CEDAR_GPU_GEMV_STAGED_FROM sets it (A/B runs;
   /// 0: never).
   int gemv_staged_min_rows = 2;
+  /// The bf16 GEMV's column and split modes (one row: wo_a, the router gate, the head) load a
+  /// lane's first pieces of the weight before the dependency wait, so that the weight starts
+  /// streaming while the kernels before it end. $CEDAR_GPU_GEMV_EARLY=0 turns it off (A/B runs).
+  bool gemv_weight_early = true;
+  /// The one-launch mHC boundary (one row) loads its block's HCMix weights before the dependency
+  /// wait. $CEDAR_GPU_BOUNDARY_EARLY=0 turns it off (A/B runs).
+  bool boundary_weight_early = true;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

@@ -381,10 +381,13 @@ template <int HC>
 __global__ void __launch_bounds__(slice)
     boundary_fused(float* X, int m, int d, const float* f, float* post, float* comb, const float* fn,
                    const float* collapse_pre, float* x_out, float* partials, const float* scale, const float* base,
-                   int iters, float hc_eps, float norm_eps, float* pre, const float* norm_w, unsigned* arrivals) {
+                   int iters, float hc_eps, float norm_eps, float* pre, const float* norm_w, unsigned* arrivals,
+                   bool early) {
   constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
-  // the finish's constants are weights (no kernel writes them): loaded before the wait, so the
-  // last block's serial chain does not wait on them
+  if (!early) cuda::detail::grid_dependency_wait();  // (A/B runs: tuning::boundary_weight_early)
+  // the weights (no kernel writes them) before the wait: the finish's constants, so the last
+  // block's serial chain does not wait on them, and this block's HCMix weights, which then
+  // stream while the kernels before it end
   __shared__ float scale_s[3], base_s[n_mix];
   for (int t = threadIdx.x; t < n_mix + 3; t += blockDim.x) {
     if (t < n_mix)
@@ -392,13 +395,19 @@ __global__ void __launch_bounds__(slice)
     else
       scale_s[t - n_mix] = scale[t - n_mix];
   }
-  cuda::detail::dependent_start();
   const int r = blockIdx.y, slices = gridDim.x, i = blockIdx.x * slice + threadIdx.x, o0 = blockIdx.z * fused_sums;
   const bool live = i < d;
+  float w[fused_sums][HC];
+#pragma unroll
+  for (int u = 0; u < fused_sums; ++u)
+#pragma unroll
+    for (int j = 0; j < HC; ++j)
+      w[u][j] = live && o0 + u < n_mix ? fn[size_t(o0 + u) * HC * d + size_t(j) * d + i] : 0.0f;
+  cuda::detail::dependent_start();
   // every load first (no store before them, so the compiler issues them together): one memory
   // latency, not one per step
   const float* xr = X + size_t(r) * HC * d;
-  float v[HC], cpre[HC], cm[HC * HC], pw[HC], w[fused_sums][HC], fi = 0.0f;
+  float v[HC], cpre[HC], cm[HC * HC], pw[HC], fi = 0.0f;
 #pragma unroll
   for (int j = 0; j < HC; ++j) v[j] = live ? xr[size_t(j) * d + i] : 0.0f;
 #pragma unroll
@@ -410,11 +419,6 @@ __global__ void __launch_bounds__(slice)
 #pragma unroll
     for (int k = 0; k < HC; ++k) pw[k] = post[r * HC + k];
   }
-#pragma unroll
-  for (int u = 0; u < fused_sums; ++u)
-#pragma unroll
-    for (int j = 0; j < HC; ++j)
-      w[u][j] = live && o0 + u < n_mix ? fn[size_t(o0 + u) * HC * d + size_t(j) * d + i] : 0.0f;
   if (f != nullptr && live) hc_post_position<HC>(cm, pw, fi, v);
   float c = 0.0f;
   if (live) {
@@ -542,7 +546,8 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
     const int groups = (n_part + fused_sums - 1) / fused_sums;  // 7 at hc = 4: 140 blocks a decode row (d = 5120)
     cuda::detail::launch_dependent(boundary_fused<HC>, dim3(slices, m, groups), dim3(slice), 0, X, m, d, f, post, comb,
                                    p.fn, collapse_pre, x_out, partials.get(), p.scale, p.base, p.sinkhorn_iters,
-                                   p.hc_eps, p.norm_eps, pre_out, norm_w, fused_arrivals());
+                                   p.hc_eps, p.norm_eps, pre_out, norm_w, fused_arrivals(),
+                                   tuning_now().boundary_weight_early);
     CEDAR_CUDA_LAUNCHED();
     // the codes apart: in this launch the row's one finishing block would quantize all of its
     // groups in series, on the step's critical path

@@ -259,24 +259,30 @@ __device__ __forceinline__ float piece_dot(float s, const float (&wf)[8], const 
 template <int R, bool Split, class W>
 __global__ void __launch_bounds__(gemv_warps * 32)
     gemv_bf16_kernel(const float* x, int ldx, long long x_group, int m, W w, int n, int k, float* y, int ldy,
-                     long long y_group) {
-  cuda::detail::dependent_start();
+                     long long y_group, bool early) {
+  if (!early) cuda::detail::grid_dependency_wait();  // (A/B runs: tuning::gemv_weight_early)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col = Split ? int(blockIdx.y) : int(blockIdx.y) * gemv_warps + warp;
   if (!Split && col >= n) return;
   x += blockIdx.z * x_group, y += blockIdx.z * y_group;
   const int r0 = blockIdx.x * R;
   const typename W::row wr = w.at(int(blockIdx.z), col, k);
-  float acc[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
   const int pieces = k / 8;
   const int share = Split ? (pieces + gemv_warps - 1) / gemv_warps : pieces;
   const int p0 = Split ? warp * share : 0, p1 = min(pieces, p0 + share);
-#pragma unroll W::unroll
-  for (int c = p0 + lane; c < p1; c += 32) {
-    float wf[8];
-    wr.piece(c, wf);
+  // a lane's first W::unroll weight pieces before the wait (no kernel writes the weight): as a
+  // dependent launch the block may start while the kernels before it run, and its weight then
+  // streams beside them
+  constexpr int U = W::unroll;
+  typename W::row::raw first[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (p0 + lane + 32 * u < p1) first[u] = wr.load(p0 + lane + 32 * u);
+  cuda::detail::dependent_start();
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  const auto add_piece = [&](int c, const float (&wf)[8]) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r0 + r >= m) break;
@@ -284,6 +290,19 @@ __global__ void __launch_bounds__(gemv_warps * 32)
       const float4 a = xr[0], b = xr[1];
       acc[r] = piece_dot(acc[r], wf, a, b);
     }
+  };
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (p0 + lane + 32 * u >= p1) break;
+    float wf[8];
+    W::row::expand(first[u], wf);
+    add_piece(p0 + lane + 32 * u, wf);
+  }
+#pragma unroll W::unroll
+  for (int c = p0 + lane + 32 * U; c < p1; c += 32) {
+    float wf[8];
+    wr.piece(c, wf);
+    add_piece(c, wf);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -428,10 +447,10 @@ void launch_gemv_r(const float* x, int ldx, long long xg, int m, const W& w, int
   CEDAR_CUDA_REQUIRE(grid.y <= 65535, "gemv_bf16: at most 524280 columns");
   if (split)
     cuda::detail::launch_dependent(gemv_bf16_kernel<R, true, W>, grid, dim3(gemv_warps * 32), 0, x, ldx, xg, m, w, n,
-                                   k, y, ldy, yg);
+                                   k, y, ldy, yg, tuning_now().gemv_weight_early);
   else
     cuda::detail::launch_dependent(gemv_bf16_kernel<R, false, W>, grid, dim3(gemv_warps * 32), 0, x, ldx, xg, m, w, n,
-                                   k, y, ldy, yg);
+                                   k, y, ldy, yg, tuning_now().gemv_weight_early);
 }
 
 template <int R, int C, class W>
@@ -599,6 +618,12 @@ tuning& tuning_now() {
     rows_from("CEDAR_GPU_GEMV_STAGED_FROM", d.gemv_staged_min_rows);    // the bf16 GEMV's staged mode
     rows_from("CEDAR_GPU_EXPERT_PAIRS_FROM", d.expert_pairs_min_rows);  // routed experts on x's pairs
     rows_from("CEDAR_GPU_EXPERT_WG_FROM", d.expert_wg_min_rows);        // routed experts on wgmma
+    // CEDAR_GPU_GEMV_EARLY=0: the one-row GEMV loads no weight before its dependency wait
+    if (const char* env = std::getenv("CEDAR_GPU_GEMV_EARLY"); env && std::string(env) == "0")
+      d.gemv_weight_early = false;
+    // CEDAR_GPU_BOUNDARY_EARLY=0: the one-launch mHC boundary loads no weight before its wait
+    if (const char* env = std::getenv("CEDAR_GPU_BOUNDARY_EARLY"); env && std::string(env) == "0")
+      d.boundary_weight_early = false;
     // CEDAR_GPU_EXPERT_WG_TILE=16|32|64|128|256: the wgmma experts' token tile (A/B runs)
     if (const char* env = std::getenv("CEDAR_GPU_EXPERT_WG_TILE"); env && *env) {
       const int v = std::atoi(env);
