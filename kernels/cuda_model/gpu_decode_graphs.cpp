@@ -1,6 +1,6 @@
 // CUDA graphs of the MoE halves (gpu_forward.hpp, graph_workspace): with the fast kernel set, a
-// forward call of few rows (a decode step of up to 64 rows; the sliding window's rows, which the
-// truncated decoder layers keep at prefill and a prefix hit replays) runs each layer's MoE half
+// forward call of graph_min_rows (64) to 64 rows (decode), or of the sliding window's rows (which
+// the truncated decoder layers keep at prefill and a prefix hit replays), runs each layer's MoE half
 // (HCPost and HCMix of the FFN sublayer, router, experts, HCPost) as one graph per (rows,
 // layer), over buffers that live as long as the model, so the captured addresses stay valid.
 // The half depends on the row count only, so decode and prefill calls of one count share its
@@ -25,7 +25,8 @@ graph_workspace* gpu_model::impl::graph_workspace_for(int rows, const forward_st
   // every count occurs) and the window's (16 MB).
   constexpr int max_graph_rows = 64;
   if (!graphs_enabled || profile.on() || stats != nullptr || rows == 0 ||
-      (rows > max_graph_rows && rows != args.sliding_window) || rows > cuda::fast::tuning_now().expert_gemv_max_rows)
+      ((rows < graph_min_rows || rows > max_graph_rows) && rows != args.sliding_window) ||
+      rows > cuda::fast::tuning_now().expert_gemv_max_rows)
     return nullptr;
   auto [it, added] = workspaces.try_emplace(rows);
   if (added) {

@@ -46,6 +46,8 @@ gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights,
   impl_->graphs_enabled = kernels == gpu_kernels::fast && !(graphs && std::string(graphs) == "0");
   const char* layer_graphs = std::getenv("CEDAR_GPU_LAYER_GRAPHS");  // "0": attention halves eager (A/B)
   impl_->layer_graphs_enabled = !(layer_graphs && std::string(layer_graphs) == "0");
+  if (const char* from = std::getenv("CEDAR_GPU_GRAPHS_FROM"); from && *from)
+    impl_->graph_min_rows = std::max(1, std::atoi(from));  // rows from which calls run under graphs
   if (dense_bf16 && kernels != gpu_kernels::fast) throw std::runtime_error("gpu_model: dense bf16 copies need the fast kernels");
   impl_->dense_bf16 = dense_bf16;
   impl_->progress = &progress;

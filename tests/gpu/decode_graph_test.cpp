@@ -98,10 +98,13 @@ TEST_CASE("gpu model: decode steps and truncated layers under CUDA graphs give t
   ::setenv("CEDAR_GPU_GRAPHS", "0", 1);
   const gpu_model eager(*args, weights, kv_dtype::fp4, {}, gpu_kernels::fast);
   ::unsetenv("CEDAR_GPU_GRAPHS");
+  // graphs from one row (by default calls of fewer than 64 rows run eagerly)
+  ::setenv("CEDAR_GPU_GRAPHS_FROM", "1", 1);
   ::setenv("CEDAR_GPU_LAYER_GRAPHS", "0", 1);
   const gpu_model moe_graphed(*args, weights, kv_dtype::fp4, {}, gpu_kernels::fast);
   ::unsetenv("CEDAR_GPU_LAYER_GRAPHS");
   const gpu_model graphed(*args, weights, kv_dtype::fp4, {}, gpu_kernels::fast);
+  ::unsetenv("CEDAR_GPU_GRAPHS_FROM");
   const auto compare = [&](const char* what, const gpu_model& m) {
     const auto a = run(eager, 4), b = run(m, 4);
     REQUIRE(a.size() == b.size());
