@@ -14,8 +14,10 @@
 namespace cedar {
 
 /// Serves `m` (built with options.page_tokens) to the runtime at host:port; blocks until the
-/// runtime's process ends or refuses the shard. Returns 0 after a served session, 1 on failure
-/// (the reason printed on stderr).
+/// runtime's process ends or refuses the shard. Returns 1 when no runtime answers there; once it
+/// has offered its shard it ends the process itself (without the actor system's teardown, which
+/// can wait forever on the shard actor the runtime referenced): status 0 after a served
+/// session, 1 when refused or the join failed. Reasons are printed on stderr.
 int serve_remote_shard(std::shared_ptr<const model> m, const engine_options& options, const std::string& host,
                        uint16_t port);
 
