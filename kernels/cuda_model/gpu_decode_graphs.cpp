@@ -21,8 +21,8 @@ namespace cedar {
 graph_workspace* gpu_model::impl::graph_workspace_for(int rows, const forward_stats* stats) const {
   // The experts above the gemv row count wait for the host (per-expert counts): not capturable.
   // Each row count keeps its own workspace and graphs for the model's life, so the graphed
-  // counts are those of decode batches up to 64 (0.26 GB of workspaces for bench-40L-E64 if
-  // every count occurs) and the window's (16 MB).
+  // counts are those of decode batches from graph_min_rows to 64 (by default 64 alone; 0.26 GB
+  // of workspaces for bench-40L-E64 if every count from 1 occurs) and the window's (16 MB).
   constexpr int max_graph_rows = 64;
   if (!graphs_enabled || profile.on() || stats != nullptr || rows == 0 ||
       ((rows < graph_min_rows || rows > max_graph_rows) && rows != args.sliding_window) ||

@@ -601,13 +601,20 @@ void batch_invariance(tuning& t, bool on) {
 tuning& tuning_now() {
   static tuning t = [] {
     tuning d;
+    // NAME=0: a path off (A/B runs)
+    const auto is_off = [](const char* name) {
+      const char* env = std::getenv(name);
+      return env && std::string(env) == "0";
+    };
     // CEDAR_GPU_STREAM_TILE=0: no dense weight on the stream tile (A/B runs of the model)
-    if (const char* env = std::getenv("CEDAR_GPU_STREAM_TILE"); env && std::string(env) == "0")
-      d.stream_min_out = std::numeric_limits<int>::max();
+    if (is_off("CEDAR_GPU_STREAM_TILE")) d.stream_min_out = std::numeric_limits<int>::max();
     // CEDAR_GPU_BATCH_INVARIANT=0: the fastest tile at each row count, though a row's bits then
     // depend on how many rows it is batched with
-    if (const char* env = std::getenv("CEDAR_GPU_BATCH_INVARIANT"); env && std::string(env) == "0")
-      batch_invariance(d, false);
+    if (is_off("CEDAR_GPU_BATCH_INVARIANT")) batch_invariance(d, false);
+    // CEDAR_GPU_GEMV_EARLY=0 / CEDAR_GPU_BOUNDARY_EARLY=0: the one-row GEMV / the one-launch mHC
+    // boundary load no weight before their dependency wait
+    if (is_off("CEDAR_GPU_GEMV_EARLY")) d.gemv_weight_early = false;
+    if (is_off("CEDAR_GPU_BOUNDARY_EARLY")) d.boundary_weight_early = false;
     // NAME=N, where set: a path from N rows on (0: never)
     const auto rows_from = [](const char* name, int& min_rows) {
       if (const char* env = std::getenv(name); env && *env) {
@@ -618,12 +625,6 @@ tuning& tuning_now() {
     rows_from("CEDAR_GPU_GEMV_STAGED_FROM", d.gemv_staged_min_rows);    // the bf16 GEMV's staged mode
     rows_from("CEDAR_GPU_EXPERT_PAIRS_FROM", d.expert_pairs_min_rows);  // routed experts on x's pairs
     rows_from("CEDAR_GPU_EXPERT_WG_FROM", d.expert_wg_min_rows);        // routed experts on wgmma
-    // CEDAR_GPU_GEMV_EARLY=0: the one-row GEMV loads no weight before its dependency wait
-    if (const char* env = std::getenv("CEDAR_GPU_GEMV_EARLY"); env && std::string(env) == "0")
-      d.gemv_weight_early = false;
-    // CEDAR_GPU_BOUNDARY_EARLY=0: the one-launch mHC boundary loads no weight before its wait
-    if (const char* env = std::getenv("CEDAR_GPU_BOUNDARY_EARLY"); env && std::string(env) == "0")
-      d.boundary_weight_early = false;
     // CEDAR_GPU_EXPERT_WG_TILE=16|32|64|128|256: the wgmma experts' token tile (A/B runs)
     if (const char* env = std::getenv("CEDAR_GPU_EXPERT_WG_TILE"); env && *env) {
       const int v = std::atoi(env);
