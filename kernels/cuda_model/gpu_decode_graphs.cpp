@@ -1,8 +1,8 @@
 // CUDA graphs of the MoE halves (gpu_forward.hpp, graph_workspace): with the fast kernel set, a
-// forward call of graph_min_rows (64) to 64 rows (decode), or of the sliding window's rows (which
-// the truncated decoder layers keep at prefill and a prefix hit replays), runs each layer's MoE half
-// (HCPost and HCMix of the FFN sublayer, router, experts, HCPost) as one graph per (rows,
-// layer), over buffers that live as long as the model, so the captured addresses stay valid.
+// forward call of graph_min_rows (by default 1) to 64 rows (decode), or of the sliding window's
+// rows (which the truncated decoder layers keep at prefill and a prefix hit replays), runs each
+// layer's MoE half (HCPost and HCMix of the FFN sublayer, router, experts, HCPost) as one graph
+// per (rows, layer), over buffers that live as long as the model, so the captured addresses stay valid.
 // The half depends on the row count only, so decode and prefill calls of one count share its
 // graphs. A decode step's layers that neither compress nor index also run their attention half
 // in the graph (one graph a layer, key (rows, -1 - layer)): the positions, page tables and top-k
@@ -21,8 +21,8 @@ namespace cedar {
 graph_workspace* gpu_model::impl::graph_workspace_for(int rows, const forward_stats* stats) const {
   // The experts above the gemv row count wait for the host (per-expert counts): not capturable.
   // Each row count keeps its own workspace and graphs for the model's life, so the graphed
-  // counts are those of decode batches from graph_min_rows to 64 (by default 64 alone; 0.26 GB
-  // of workspaces for bench-40L-E64 if every count from 1 occurs) and the window's (16 MB).
+  // counts are those of decode batches from graph_min_rows (by default 1) to 64 (0.26 GB of
+  // workspaces for bench-40L-E64 if every count occurs) and the window's (16 MB).
   constexpr int max_graph_rows = 64;
   if (!graphs_enabled || profile.on() || stats != nullptr || rows == 0 ||
       ((rows < graph_min_rows || rows > max_graph_rows) && rows != args.sliding_window) ||

@@ -217,12 +217,12 @@ struct gpu_model::impl {
   bool graphs_enabled = false;
   /// Whole-layer graphs of decode steps ($CEDAR_GPU_LAYER_GRAPHS=0 turns them off).
   bool layer_graphs_enabled = true;
-  /// Forward calls of fewer rows run eagerly (the window's row count excepted): on one H200,
-  /// bench-40L-E64 decode at 1 to 32 rows ran 0.2-0.4 ms a step faster eagerly, each kernel's
-  /// weight loads before its dependency wait overlapping the kernel before it, which inside the
-  /// captured graphs they did not; at 64 rows the graphs were 0.36 ms faster
-  /// (docs/BENCHMARKS.md). $CEDAR_GPU_GRAPHS_FROM=N sets it.
-  int graph_min_rows = 64;
+  /// Forward calls of fewer rows run eagerly (the window's row count excepted). Eager steps
+  /// wait on the host's launches: bench-40L-E64 decode at batch 1 on one H200 took 8.38 ms
+  /// eagerly against 8.71 under graphs on one host, 9.29-12.02 against 8.62-8.74 on another
+  /// (docs/BENCHMARKS.md), so every count takes graphs by default. $CEDAR_GPU_GRAPHS_FROM=N
+  /// sets it (A/B runs).
+  int graph_min_rows = 1;
   /// Fast kernel set, gpu_model's dense_bf16: every dense FP8 linear also kept as bf16
   /// (fp8_weight::bf16), filled by keep_dense_bf16 after the upload.
   bool dense_bf16 = false;
