@@ -1,5 +1,11 @@
 // Device, stream and memory helpers of the CUDA backend.
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 #include <cuda_profiler_api.h>
 
@@ -12,6 +18,17 @@ namespace detail {
 namespace {
 // Per thread: each rank of a multi-GPU layout runs on its own thread with its own device.
 thread_local cudaStream_t current = nullptr;
+thread_local std::set<cudaGraphNode_t> dependent_nodes;  ///< of the graph being captured
+}
+
+thread_local bool capturing_graph = false;
+
+void note_dependent_node(cudaStream_t s) {
+  cudaStreamCaptureStatus status{};
+  const cudaGraphNode_t* deps = nullptr;
+  size_t n = 0;
+  CEDAR_CUDA_CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, nullptr, &deps, nullptr, &n));
+  if (status == cudaStreamCaptureStatusActive && n == 1) dependent_nodes.insert(deps[0]);
 }
 
 cudaStream_t stream() { return current; }
@@ -71,13 +88,51 @@ void graph_capture_begin() {
   }
   stream_before_capture = current;
   current = capture_stream;
+  capturing_graph = true;
+  dependent_nodes.clear();
   CEDAR_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeRelaxed));
 }
+
+namespace {
+/// $CEDAR_GPU_GRAPH_EDGES=1: for the first 8 captured graphs, on stderr, how many edges came out
+/// programmatic and what kind of node each dependent launch follows (A/B runs). Capture keeps a
+/// dependent launch's programmatic edge only where the node before it is a kernel.
+void report_edges(cudaGraph_t graph) {
+  static const bool show = std::getenv("CEDAR_GPU_GRAPH_EDGES") != nullptr;
+  static std::atomic<int> shown{0};
+  if (!show || shown.fetch_add(1) >= 8) return;
+  size_t n = 0, nodes = 0;
+  CEDAR_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  CEDAR_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  if (n > 0) CEDAR_CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n));
+  int programmatic = 0;
+  std::map<std::string, int> follows;  // over the dependent launches' input edges
+  for (size_t i = 0; i < n; ++i) {
+    programmatic += data[i].type == cudaGraphDependencyTypeProgrammatic;
+    if (dependent_nodes.count(to[i]) == 0) continue;
+    cudaGraphNodeType t{};
+    CEDAR_CUDA_CHECK(cudaGraphNodeGetType(from[i], &t));
+    ++follows[t == cudaGraphNodeTypeKernel     ? "kernel"
+              : t == cudaGraphNodeTypeMemAlloc ? "allocation"
+              : t == cudaGraphNodeTypeMemFree  ? "free"
+                                               : "node type " + std::to_string(int(t))];
+  }
+  std::string list;
+  for (const auto& [kind, count] : follows) list += " " + kind + " " + std::to_string(count);
+  std::fprintf(stderr, "graph: %zu nodes, %zu edges, %d programmatic; %zu dependent launches follow:%s\n", nodes,
+               n, programmatic, dependent_nodes.size(), list.c_str());
+}
+}  // namespace
 
 void* graph_capture_end() {
   cudaGraph_t graph = nullptr;
   CEDAR_CUDA_CHECK(cudaStreamEndCapture(capture_stream, &graph));
   current = stream_before_capture;
+  capturing_graph = false;
+  report_edges(graph);
+  dependent_nodes.clear();
   cudaGraphExec_t exec = nullptr;
   CEDAR_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   CEDAR_CUDA_CHECK(cudaGraphDestroy(graph));
