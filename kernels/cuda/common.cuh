@@ -44,8 +44,9 @@ namespace cedar::cuda::detail {
 
 cudaStream_t stream();
 
-/// Set on a thread while it captures a CUDA graph (runtime.cu).
-extern thread_local bool capturing_graph;
+/// Set on a thread while it captures a CUDA graph whose edges $CEDAR_GPU_GRAPH_EDGES reports
+/// (runtime.cu); otherwise captures note nothing.
+extern thread_local bool noting_dependent_nodes;
 /// Notes the node a dependent launch just added to the graph `s` captures (runtime.cu).
 void note_dependent_node(cudaStream_t s);
 
@@ -118,7 +119,7 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::siz
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr, cfg.numAttrs = 1;
   CEDAR_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, Params(args)...));
-  if (capturing_graph) note_dependent_node(cfg.stream);
+  if (noting_dependent_nodes) note_dependent_node(cfg.stream);
 }
 
 /// Waits until the kernels before this one in the stream have finished and their writes are

@@ -21,7 +21,7 @@ thread_local cudaStream_t current = nullptr;
 thread_local std::set<cudaGraphNode_t> dependent_nodes;  ///< of the graph being captured
 }
 
-thread_local bool capturing_graph = false;
+thread_local bool noting_dependent_nodes = false;
 
 void note_dependent_node(cudaStream_t s) {
   cudaStreamCaptureStatus status{};
@@ -75,6 +75,12 @@ void synchronize() { CEDAR_CUDA_CHECK(cudaStreamSynchronize(current)); }
 namespace {
 thread_local cudaStream_t capture_stream = nullptr, stream_before_capture = nullptr;
 thread_local int capture_device = -1;  ///< the device capture_stream belongs to
+
+/// $CEDAR_GPU_GRAPH_EDGES: report_edges prints, and captures note their dependent launches.
+bool reporting_edges() {
+  static const bool on = std::getenv("CEDAR_GPU_GRAPH_EDGES") != nullptr;
+  return on;
+}
 }  // namespace
 
 void graph_capture_begin() {
@@ -88,7 +94,7 @@ void graph_capture_begin() {
   }
   stream_before_capture = current;
   current = capture_stream;
-  capturing_graph = true;
+  noting_dependent_nodes = reporting_edges();
   dependent_nodes.clear();
   CEDAR_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeRelaxed));
 }
@@ -98,9 +104,8 @@ namespace {
 /// programmatic and what kind of node each dependent launch follows (A/B runs). Capture keeps a
 /// dependent launch's programmatic edge only where the node before it is a kernel.
 void report_edges(cudaGraph_t graph) {
-  static const bool show = std::getenv("CEDAR_GPU_GRAPH_EDGES") != nullptr;
   static std::atomic<int> shown{0};
-  if (!show || shown.fetch_add(1) >= 8) return;
+  if (!reporting_edges() || shown.fetch_add(1) >= 8) return;
   size_t n = 0, nodes = 0;
   CEDAR_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
   CEDAR_CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
@@ -130,7 +135,7 @@ void* graph_capture_end() {
   cudaGraph_t graph = nullptr;
   CEDAR_CUDA_CHECK(cudaStreamEndCapture(capture_stream, &graph));
   current = stream_before_capture;
-  capturing_graph = false;
+  noting_dependent_nodes = false;
   report_edges(graph);
   dependent_nodes.clear();
   cudaGraphExec_t exec = nullptr;

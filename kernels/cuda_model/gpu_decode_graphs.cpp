@@ -2,7 +2,8 @@
 // forward call of graph_min_rows (by default 1) to 64 rows (decode), or of the sliding window's
 // rows (which the truncated decoder layers keep at prefill and a prefix hit replays), runs each
 // layer's MoE half (HCPost and HCMix of the FFN sublayer, router, experts, HCPost) as one graph
-// per (rows, layer), over buffers that live as long as the model, so the captured addresses stay valid.
+// per (rows, layer), over buffers that live as long as the model, so the captured addresses
+// stay valid.
 // The half depends on the row count only, so decode and prefill calls of one count share its
 // graphs. A decode step's layers that neither compress nor index also run their attention half
 // in the graph (one graph a layer, key (rows, -1 - layer)): the positions, page tables and top-k
