@@ -49,16 +49,26 @@ cudaStream_t stream();
 extern thread_local bool noting_dependent_nodes;
 /// Notes the node a dependent launch just added to the graph `s` captures (runtime.cu).
 void note_dependent_node(cudaStream_t s);
+/// Set on a thread while it captures a CUDA graph (runtime.cu).
+extern thread_local bool capturing_graph;
+/// While a graph is captured: `bytes` of the captures' scratch buffer, or null (no room, or no
+/// buffer; then the pool's). Scratch from the pool becomes allocation and free nodes of the graph,
+/// and a dependent launch behind such a node loses its programmatic edge (runtime.cu).
+void* capture_scratch(std::size_t bytes);
+/// Whether p is capture scratch (then it is released; nothing else to do).
+bool release_capture_scratch(void* p);
 
 /// Stream-ordered scratch of n T's, freed (stream-ordered) when it goes out of scope.
 template <class T>
 class scratch {
  public:
   explicit scratch(std::size_t n) : n_(n) {
-    if (n > 0) CEDAR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), stream()));
+    if (n == 0) return;
+    if (capturing_graph) p_ = static_cast<T*>(capture_scratch(n * sizeof(T)));
+    if (!p_) CEDAR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), stream()));
   }
   ~scratch() {
-    if (p_) cudaFreeAsync(p_, stream());
+    if (p_ && !release_capture_scratch(p_)) cudaFreeAsync(p_, stream());
   }
   scratch(const scratch&) = delete;
   scratch& operator=(const scratch&) = delete;

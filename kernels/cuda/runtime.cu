@@ -22,6 +22,7 @@ thread_local std::set<cudaGraphNode_t> dependent_nodes;  ///< of the graph being
 }
 
 thread_local bool noting_dependent_nodes = false;
+thread_local bool capturing_graph = false;
 
 void note_dependent_node(cudaStream_t s) {
   cudaStreamCaptureStatus status{};
@@ -81,7 +82,58 @@ bool reporting_edges() {
   static const bool on = std::getenv("CEDAR_GPU_GRAPH_EDGES") != nullptr;
   return on;
 }
+
+/// The scratch of graph captures: one buffer a thread and device, shared by every graph the
+/// thread captures, bump-allocated from its start at each capture and never reused within one.
+/// Sharing is safe because a thread's graphs run one after another on its stream and a graph's
+/// scratch lives only while it runs (graph_capture_end aborts if a block outlives its capture).
+struct scratch_arena {
+  uint8_t* base = nullptr;
+  std::size_t cap = 0, used = 0;
+  int device = -1;
+  int live = 0;         ///< blocks taken in this capture and not yet released
+  int refused = 0;      ///< requests of this capture it had no room for (the pool took them)
+  bool failed = false;  ///< cudaMalloc refused it: captures use the pool
+};
+thread_local scratch_arena arena;
+
+/// $CEDAR_GPU_GRAPH_ARENA_MB (default 64; 0: none, the pool's memory nodes instead).
+std::size_t arena_bytes() {
+  static const std::size_t bytes = [] {
+    const char* v = std::getenv("CEDAR_GPU_GRAPH_ARENA_MB");
+    return std::size_t(v && *v ? std::strtoull(v, nullptr, 10) : 64) << 20;
+  }();
+  return bytes;
+}
+
+void arena_begin(int dev) {
+  if (arena.device != dev) arena = scratch_arena{}, arena.device = dev;  // (another device's: left)
+  if (arena.base == nullptr && !arena.failed && arena_bytes() > 0) {
+    if (cudaMalloc(&arena.base, arena_bytes()) == cudaSuccess) {
+      arena.cap = arena_bytes();
+    } else {
+      (void)cudaGetLastError();
+      arena.base = nullptr, arena.failed = true;
+    }
+  }
+  arena.used = 0, arena.live = 0, arena.refused = 0;
+}
 }  // namespace
+
+void* detail::capture_scratch(std::size_t bytes) {
+  if (!capturing_graph || arena.base == nullptr) return nullptr;
+  const std::size_t at = (arena.used + 255) / 256 * 256;  // cudaMallocAsync's alignment
+  if (at + bytes > arena.cap) return ++arena.refused, nullptr;
+  arena.used = at + bytes, ++arena.live;
+  return arena.base + at;
+}
+
+bool detail::release_capture_scratch(void* p) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (arena.base == nullptr || b < arena.base || b >= arena.base + arena.cap) return false;
+  --arena.live;
+  return true;
+}
 
 void graph_capture_begin() {
   const int dev = current_device();
@@ -92,8 +144,10 @@ void graph_capture_begin() {
     CEDAR_CUDA_CHECK(cudaStreamCreateWithFlags(&capture_stream, cudaStreamNonBlocking));
     capture_device = dev;
   }
+  arena_begin(dev);
   stream_before_capture = current;
   current = capture_stream;
+  capturing_graph = true;
   noting_dependent_nodes = reporting_edges();
   dependent_nodes.clear();
   CEDAR_CUDA_CHECK(cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeRelaxed));
@@ -126,8 +180,10 @@ void report_edges(cudaGraph_t graph) {
   }
   std::string list;
   for (const auto& [kind, count] : follows) list += " " + kind + " " + std::to_string(count);
-  std::fprintf(stderr, "graph: %zu nodes, %zu edges, %d programmatic; %zu dependent launches follow:%s\n", nodes,
-               n, programmatic, dependent_nodes.size(), list.c_str());
+  std::fprintf(stderr,
+               "graph: %zu nodes, %zu edges, %d programmatic; %zu dependent launches follow:%s; %zu bytes of "
+               "capture scratch, %d requests past it\n",
+               nodes, n, programmatic, dependent_nodes.size(), list.c_str(), arena.used, arena.refused);
 }
 }  // namespace
 
@@ -135,7 +191,12 @@ void* graph_capture_end() {
   cudaGraph_t graph = nullptr;
   CEDAR_CUDA_CHECK(cudaStreamEndCapture(capture_stream, &graph));
   current = stream_before_capture;
+  capturing_graph = false;
   noting_dependent_nodes = false;
+  if (arena.live != 0) {  // its memory would be the next capture's while still in use
+    std::fprintf(stderr, "graph capture: %d scratch blocks outlive the capture\n", arena.live);
+    std::abort();
+  }
   report_edges(graph);
   dependent_nodes.clear();
   cudaGraphExec_t exec = nullptr;
@@ -215,13 +276,15 @@ void copy_to_device_async(void* dst, const void* src, std::size_t bytes) {
 }
 
 void* scratch_alloc(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (void* p = detail::capture_scratch(bytes)) return p;
   void* p = nullptr;
-  if (bytes > 0) CEDAR_CUDA_CHECK(cudaMallocAsync(&p, bytes, current));
+  CEDAR_CUDA_CHECK(cudaMallocAsync(&p, bytes, current));
   return p;
 }
 
 void scratch_free(void* p) {
-  if (p) CEDAR_CUDA_CHECK(cudaFreeAsync(p, current));
+  if (p && !detail::release_capture_scratch(p)) CEDAR_CUDA_CHECK(cudaFreeAsync(p, current));
 }
 
 void memory_info(std::size_t* free_bytes, std::size_t* total_bytes) {
