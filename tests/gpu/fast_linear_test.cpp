@@ -284,6 +284,22 @@ TEST_CASE("fast grouped_output: wo_a in its FP8 form gives the bf16 form's bits 
                                     groups, group_in, rank));
     const auto h16 = u16.host(), h8 = u8.host();
     CHECK_MESSAGE(ref::same_bits(h8.data(), h16.data(), h16.size()), ("gemv_fp8w m=" + std::to_string(m)));
+    // one row: every column mode (columns a warp, pieces in flight) gives the same bits
+    if (m == 1) {
+      const fast::tuning saved = fast::tuning_now();
+      for (const auto [cols, unroll] : {std::pair{1, 2}, {2, 2}, {2, 4}, {4, 2}, {4, 4}}) {
+        fast::tuning_now().gemv_one_row_cols = cols, fast::tuning_now().gemv_one_row_unroll = unroll;
+        dev<float> c8(std::size_t(groups) * rank), c16(std::size_t(groups) * rank);
+        REQUIRE(fast::detail::gemv_fp8w(dq.get(), groups * group_in, 1, d8.view, rank, group_in, c8.get(),
+                                        groups * rank, groups, group_in, rank));
+        REQUIRE(fast::detail::gemv_bf16(dq.get(), groups * group_in, 1, d16.view.data, rank, group_in, c16.get(),
+                                        groups * rank, groups, group_in, (long long)rank * group_in, rank));
+        const std::string form = std::to_string(cols) + "x" + std::to_string(unroll);
+        CHECK_MESSAGE(ref::same_bits(c8.host().data(), h8.data(), h8.size()), ("gemv_fp8w one row, cols " + form));
+        CHECK_MESSAGE(ref::same_bits(c16.host().data(), h16.data(), h16.size()), ("gemv_bf16 one row, cols " + form));
+      }
+      fast::tuning_now() = saved;
+    }
     // every row alone (one row: the plain column mode; more: x staged, several columns a warp)
     // gives the bits it has among m
     for (int r = 0; r < m && m > 1; ++r) {

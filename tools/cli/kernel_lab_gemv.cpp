@@ -18,28 +18,45 @@ namespace {
 
 namespace fast = cuda::fast;
 
-/// Times `call` as variant "gemv" (the dispatch) and, at m > 1, as "gemv.unstaged" (the plain
-/// column mode, tuning::gemv_staged_min_rows past m); the second keeps the first's bits or fails.
+/// `c` as another form of the dispatch: `call` once more (under the tuning the caller set),
+/// bound to the bits in `want`, then timed.
+template <class Call>
+void time_form(lab_case c, const char* variant, const std::vector<float>& want, float* y, const Call& call,
+               std::vector<lab_case>& out) {
+  std::vector<float> got(want.size());
+  c.variant = variant;
+  cuda::fill_bytes(y, 0xFF, sizeof(float) * want.size());
+  call(0);
+  cuda::copy_to_host(got.data(), y, sizeof(float) * want.size());
+  c.same_bits = std::memcmp(want.data(), got.data(), sizeof(float) * want.size()) == 0;
+  c.pass = c.pass && c.same_bits;
+  time_case(call, c);
+  out.push_back(c);
+}
+
+/// Times `call` as variant "gemv" (the dispatch); at m > 1 as "gemv.unstaged" too (the plain
+/// column mode, tuning::gemv_staged_min_rows past m), and at one row in the column mode as
+/// "gemv.cC" / "gemv.cCxU" (each tuning::gemv_one_row_cols form); the other forms keep the
+/// dispatch's bits or fail.
 template <class Call>
 void time_gemv_forms(lab_case c, float* y, std::size_t outputs, const Call& call, std::vector<lab_case>& out) {
   time_case(call, c);
   out.push_back(c);
-  if (c.m == 1) return;
-  std::vector<float> staged(outputs), plain(outputs);
-  cuda::copy_to_host(staged.data(), y, sizeof(float) * outputs);
+  std::vector<float> want(outputs);
+  cuda::copy_to_host(want.data(), y, sizeof(float) * outputs);
   fast::tuning& tune = fast::tuning_now();
-  const int saved = tune.gemv_staged_min_rows;
-  tune.gemv_staged_min_rows = c.m + 1;
-  lab_case u = c;
-  u.variant = "gemv.unstaged";
-  cuda::fill_bytes(y, 0xFF, sizeof(float) * outputs);
-  call(0);
-  cuda::copy_to_host(plain.data(), y, sizeof(float) * outputs);
-  u.same_bits = std::memcmp(staged.data(), plain.data(), sizeof(float) * outputs) == 0;
-  u.pass = c.pass && u.same_bits;
-  time_case(call, u);
-  tune.gemv_staged_min_rows = saved;
-  out.push_back(u);
+  const fast::tuning saved = tune;
+  if (c.m > 1) {
+    tune.gemv_staged_min_rows = c.m + 1;
+    time_form(c, "gemv.unstaged", want, y, call, out);
+  } else if (c.n >= 8192) {  // (weights of few columns, the router gate and compressor, take the split mode)
+    for (const auto [cols, unroll] : {std::pair{1, 2}, {2, 2}, {2, 4}, {4, 2}, {4, 4}}) {
+      tune.gemv_one_row_cols = cols, tune.gemv_one_row_unroll = unroll;
+      const std::string name = cols == 1 ? "gemv.c1" : "gemv.c" + std::to_string(cols) + "x" + std::to_string(unroll);
+      time_form(c, name.c_str(), want, y, call, out);
+    }
+  }
+  tune = saved;
 }
 
 /// The bf16 GEMV at m rows against the exact op and the copy rate: |y - y_cpu| <= 2^-16 sum|x w|

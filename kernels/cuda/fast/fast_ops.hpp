@@ -218,6 +218,15 @@ struct tuning {
   /// lane's first pieces of the weight before the dependency wait, so that the weight starts
   /// streaming while the kernels before it end. $CEDAR_GPU_GEMV_EARLY=0 turns it off (A/B runs).
   bool gemv_weight_early = true;
+  /// The one-row GEMV's columns a warp in its column mode (wo_a, the head): 1, gemv_bf16_kernel's
+  /// one column a warp, or 2 / 4 (gemv_cols_kernel: x loaded once for them, more weight in
+  /// flight a lane; the same bits), with gemv_one_row_unroll (2 or 4) pieces of each column in
+  /// flight. `--op gemv --tokens 1`, µs, 1 / 2x2 / 2x4 / 4x2 / 4x4: wo_a's FP8 form 18.46 /
+  /// 12.24 / 14.65 / 11.48 / 15.20, its bf16 form 21.44 / 17.73 / 24.89 / 18.55 / 26.51, the head
+  /// 297 / 297 / 295 / 299 / 298; decode at batch 1 8.23-8.25 ms (4x2) against 8.47-8.59 (1).
+  /// $CEDAR_GPU_GEMV_COLS=C[xU] sets them (A/B runs).
+  int gemv_one_row_cols = 4;
+  int gemv_one_row_unroll = 2;
   /// The one-launch mHC boundary (one row) loads its block's HCMix weights before the dependency
   /// wait. $CEDAR_GPU_BOUNDARY_EARLY=0 turns it off (A/B runs).
   bool boundary_weight_early = true;

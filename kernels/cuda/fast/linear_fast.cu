@@ -325,6 +325,68 @@ __global__ void __launch_bounds__(gemv_warps * 32)
     if (lane == 0 && r0 + r < m) y[size_t(r0 + r) * ldy + col] = acc[r];
 }
 
+/// Column mode at one row, C columns a warp (tuning::gemv_one_row_cols): a lane loads each x
+/// piece once for its C columns and keeps U pieces of every column in flight, the next U loading
+/// while it sums the current ones; fewer, longer warps than gemv_bf16_kernel's one column each.
+/// The sums and their order are gemv_bf16_kernel's (lane l: pieces l, l + 32, ... in order, then
+/// the xor fold), so the bits are the same. grid (1, ceil(n / (gemv_warps C)), groups); warp w
+/// takes columns C (gemv_warps by + w) + q, q < C.
+template <int C, int U, class W>
+__global__ void __launch_bounds__(gemv_warps * 32)
+    gemv_cols_kernel(const float* x, long long x_group, W w, int n, int k, float* y, long long y_group, bool early) {
+  if (!early) cuda::detail::grid_dependency_wait();  // (A/B runs: tuning::gemv_weight_early)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int col0 = (int(blockIdx.y) * gemv_warps + warp) * C;
+  if (col0 >= n) return;
+  x += blockIdx.z * x_group, y += blockIdx.z * y_group;
+  typename W::row wr[C];
+#pragma unroll
+  for (int q = 0; q < C; ++q) wr[q] = w.at(int(blockIdx.z), min(col0 + q, n - 1), k);  // past n: read, not kept
+  const int pieces = k / 8;
+  typename W::row::raw cur[U][C], next[U][C];
+  const auto fetch = [&](typename W::row::raw(&into)[U][C], int c0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int q = 0; q < C; ++q)
+        if (c0 + 32 * u < pieces) into[u][q] = wr[q].load(c0 + 32 * u);
+  };
+  // the first pieces before the wait (no kernel writes the weight): they stream while the
+  // kernels before this one end
+  fetch(cur, lane);
+  cuda::detail::dependent_start();
+  float acc[C];
+#pragma unroll
+  for (int q = 0; q < C; ++q) acc[q] = 0.0f;
+  for (int c0 = lane; c0 < pieces; c0 += 32 * U) {
+    fetch(next, c0 + 32 * U);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + 32 * u;
+      if (c >= pieces) break;
+      const float4* xr = reinterpret_cast<const float4*>(x) + 2 * c;
+      const float4 a = xr[0], b = xr[1];
+#pragma unroll
+      for (int q = 0; q < C; ++q) {
+        float wf[8];
+        W::row::expand(cur[u][q], wf);
+        acc[q] = piece_dot(acc[q], wf, a, b);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int q = 0; q < C; ++q) cur[u][q] = next[u][q];
+  }
+#pragma unroll
+  for (int q = 0; q < C; ++q)
+    for (int off = 16; off >= 1; off /= 2) acc[q] = acc[q] + __shfl_xor_sync(0xFFFFFFFFu, acc[q], off);
+  if (lane != 0) return;
+#pragma unroll
+  for (int q = 0; q < C; ++q)
+    if (col0 + q < n) y[col0 + q] = acc[q];
+}
+
 /// Column mode at several rows. gemv_bf16_kernel's warps each read all of x's rows for their one
 /// column, which at 8 rows no longer stays in the L1 (wo_a: 8 x 4096 fp32 = 128 KB a warp, 1 GB
 /// a decode step from L2; the head 20 GB). Here a block stages x's rows in shared memory, a K
@@ -453,6 +515,14 @@ void launch_gemv_r(const float* x, int ldx, long long xg, int m, const W& w, int
                                    k, y, ldy, yg, tuning_now().gemv_weight_early);
 }
 
+template <int C, int U, class W>
+void launch_gemv_cols(const float* x, long long xg, const W& w, int n, int k, float* y, long long yg, int groups) {
+  const dim3 grid(1, (n + gemv_warps * C - 1) / (gemv_warps * C), groups);
+  CEDAR_CUDA_REQUIRE(grid.y <= 65535, "gemv_bf16: too many columns");
+  cuda::detail::launch_dependent(gemv_cols_kernel<C, U, W>, grid, dim3(gemv_warps * 32), 0, x, xg, w, n, k, y, yg,
+                                 tuning_now().gemv_weight_early);
+}
+
 template <int R, int C, class W>
 void launch_gemv_staged(const float* x, int ldx, long long xg, int m, const W& w, int n, int k, float* y, int ldy,
                         long long yg, int groups) {
@@ -473,6 +543,13 @@ void launch_gemv(const float* x, int ldx, long long xg, int m, const W& w, int n
     else if (m <= 8) launch_gemv_staged<8, 4>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
     else launch_gemv_staged<16, 4>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
     return;
+  }
+  if (m == 1 && !gemv_split(n, groups)) {
+    const tuning& t = tuning_now();
+    if (t.gemv_one_row_cols == 2 && t.gemv_one_row_unroll == 2) return launch_gemv_cols<2, 2>(x, xg, w, n, k, y, yg, groups);
+    if (t.gemv_one_row_cols == 2 && t.gemv_one_row_unroll == 4) return launch_gemv_cols<2, 4>(x, xg, w, n, k, y, yg, groups);
+    if (t.gemv_one_row_cols == 4 && t.gemv_one_row_unroll == 2) return launch_gemv_cols<4, 2>(x, xg, w, n, k, y, yg, groups);
+    if (t.gemv_one_row_cols == 4 && t.gemv_one_row_unroll == 4) return launch_gemv_cols<4, 4>(x, xg, w, n, k, y, yg, groups);
   }
   if (m == 1) launch_gemv_r<1>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
   else if (m == 2) launch_gemv_r<2>(x, ldx, xg, m, w, n, k, y, ldy, yg, groups);
@@ -615,6 +692,14 @@ tuning& tuning_now() {
     // boundary load no weight before their dependency wait
     if (is_off("CEDAR_GPU_GEMV_EARLY")) d.gemv_weight_early = false;
     if (is_off("CEDAR_GPU_BOUNDARY_EARLY")) d.boundary_weight_early = false;
+    // CEDAR_GPU_GEMV_COLS=C[xU]: the one-row GEMV's columns a warp (1: one, gemv_bf16_kernel;
+    // 2 or 4: gemv_cols_kernel) and pieces of each column in flight (2 or 4)
+    if (const char* env = std::getenv("CEDAR_GPU_GEMV_COLS"); env && *env) {
+      int c = 0, u = d.gemv_one_row_unroll;
+      const int got = std::sscanf(env, "%dx%d", &c, &u);
+      if (got >= 1 && (c == 1 || ((c == 2 || c == 4) && (u == 2 || u == 4)))) d.gemv_one_row_cols = c, d.gemv_one_row_unroll = u;
+      else std::fprintf(stderr, "cedar: CEDAR_GPU_GEMV_COLS='%s' is not 1, or 2 or 4 with x2 or x4; ignored\n", env);
+    }
     // NAME=N, where set: a path from N rows on (0: never)
     const auto rows_from = [](const char* name, int& min_rows) {
       if (const char* env = std::getenv(name); env && *env) {
