@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -86,9 +88,28 @@ bool reporting_edges() {
 /// The scratch of graph captures: one buffer a thread and device, shared by every graph the
 /// thread captures, bump-allocated from its start at each capture and never reused within one.
 /// Sharing is safe because a thread's graphs run one after another on its stream and a graph's
-/// scratch lives only while it runs (graph_capture_end aborts if a block outlives its capture).
-struct scratch_arena {
+/// scratch lives only while it runs (graph_capture_end aborts if a block outlives its capture);
+/// a model's forward calls, which launch its graphs, are one at a time and end synchronized, so
+/// graphs captured on a thread that has ended stay safe too. The buffer is freed when neither
+/// its thread nor a graph that uses it is left.
+struct arena_buffer {
   uint8_t* base = nullptr;
+  std::size_t cap = 0;
+  int device = -1;
+  arena_buffer(const arena_buffer&) = delete;
+  arena_buffer& operator=(const arena_buffer&) = delete;
+  arena_buffer(uint8_t* b, std::size_t c, int d) : base(b), cap(c), device(d) {}
+  ~arena_buffer() {  // (errors ignored: at the process's end the runtime may be gone)
+    int was = -1;
+    if (cudaGetDevice(&was) == cudaSuccess && was != device) (void)cudaSetDevice(device);
+    (void)cudaFree(base);
+    if (was >= 0 && was != device) (void)cudaSetDevice(was);
+  }
+};
+
+struct scratch_arena {
+  std::shared_ptr<arena_buffer> buffer;
+  uint8_t* base = nullptr;  ///< buffer's, or null (none: the pool)
   std::size_t cap = 0, used = 0;
   int device = -1;
   int live = 0;         ///< blocks taken in this capture and not yet released
@@ -96,6 +117,17 @@ struct scratch_arena {
   bool failed = false;  ///< cudaMalloc refused it: captures use the pool
 };
 thread_local scratch_arena arena;
+
+/// The graphs whose scratch is in an arena buffer, which they keep alive (never destroyed: graphs
+/// may be destroyed by static destructors at the process's end).
+std::mutex& held_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::map<void*, std::shared_ptr<arena_buffer>>& held_buffers() {
+  static auto* held = new std::map<void*, std::shared_ptr<arena_buffer>>;
+  return *held;
+}
 
 /// $CEDAR_GPU_GRAPH_ARENA_MB (default 64; 0: none, the pool's memory nodes instead).
 std::size_t arena_bytes() {
@@ -107,13 +139,15 @@ std::size_t arena_bytes() {
 }
 
 void arena_begin(int dev) {
-  if (arena.device != dev) arena = scratch_arena{}, arena.device = dev;  // (another device's: left)
-  if (arena.base == nullptr && !arena.failed && arena_bytes() > 0) {
-    if (cudaMalloc(&arena.base, arena_bytes()) == cudaSuccess) {
-      arena.cap = arena_bytes();
+  if (arena.device != dev) arena = scratch_arena{}, arena.device = dev;  // (another device's: its graphs keep it)
+  if (arena.buffer == nullptr && !arena.failed && arena_bytes() > 0) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, arena_bytes()) == cudaSuccess) {
+      arena.buffer = std::make_shared<arena_buffer>(static_cast<uint8_t*>(p), arena_bytes(), dev);
+      arena.base = arena.buffer->base, arena.cap = arena.buffer->cap;
     } else {
       (void)cudaGetLastError();
-      arena.base = nullptr, arena.failed = true;
+      arena.failed = true;
     }
   }
   arena.used = 0, arena.live = 0, arena.refused = 0;
@@ -202,13 +236,21 @@ void* graph_capture_end() {
   cudaGraphExec_t exec = nullptr;
   CEDAR_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   CEDAR_CUDA_CHECK(cudaGraphDestroy(graph));
+  if (arena.used > 0) {
+    const std::lock_guard<std::mutex> lock(held_mutex());
+    held_buffers()[exec] = arena.buffer;
+  }
   return exec;
 }
 
 void graph_launch(void* exec) { CEDAR_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec), current)); }
 
 void graph_destroy(void* exec) {
-  if (exec) CEDAR_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)));
+  if (!exec) return;
+  CEDAR_CUDA_CHECK(cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec)));
+  std::shared_ptr<arena_buffer> buffer;  // freed (if last) outside the lock
+  const std::lock_guard<std::mutex> lock(held_mutex());
+  if (auto it = held_buffers().find(exec); it != held_buffers().end()) buffer = std::move(it->second), held_buffers().erase(it);
 }
 
 void profiler_start() { CEDAR_CUDA_CHECK(cudaProfilerStart()); }

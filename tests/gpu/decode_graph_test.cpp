@@ -5,11 +5,16 @@
 // replays correct, and so does a page table that outgrows its array; and so do three prefills
 // with decoder truncation, whose truncated layers run the window's row count under graphs; all
 // of it again with the routed experts on the wgmma kernel, and with the MoE halves alone graphed
-// ($CEDAR_GPU_LAYER_GRAPHS=0).
+// ($CEDAR_GPU_LAYER_GRAPHS=0). And the captures' scratch buffer (kernels/cuda/runtime.cu): a
+// graph's scratch stays its own, valid after the thread that captured it ends, and is freed with
+// the last graph that uses it.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "config/model_config.hpp"
@@ -122,4 +127,49 @@ TEST_CASE("gpu model: decode steps and truncated layers under CUDA graphs give t
   tune.expert_wg_min_rows = 1;
   compare(" (wgmma experts)", graphed);
   tune = saved;
+}
+
+TEST_CASE("graph capture scratch: each graph's own, valid after its capturing thread ends, freed with its graphs") {
+  if (!have_gpu()) return;
+  constexpr std::size_t n = std::size_t(1) << 20;
+  std::vector<void*> outputs = {cuda::device_alloc(n), cuda::device_alloc(n), cuda::device_alloc(n)};
+  // a graph that fills capture scratch with `byte`, copies it to `y` and frees it
+  const auto capture = [&](int byte, void* y) {
+    cuda::graph_capture_begin();
+    void* s = cuda::scratch_alloc(n);
+    cuda::fill_bytes(s, byte, n);
+    cuda::copy_rows_device(y, n, s, n, n, 1);
+    cuda::scratch_free(s);
+    return cuda::graph_capture_end();
+  };
+  std::size_t free0 = 0, free1 = 0, free2 = 0, total = 0;
+  cuda::memory_info(&free0, &total);
+  void* elsewhere = nullptr;  // captured on a thread that then ends
+  std::thread([&] {
+    cuda::set_device(0);
+    elsewhere = capture(0x11, outputs[0]);
+  }).join();
+  void* first = capture(0x22, outputs[1]);
+  void* second = capture(0x33, outputs[2]);  // the same thread's buffer as `first`, run after it
+  for (int round = 0; round < 2; ++round)
+    for (void* g : {elsewhere, first, second, elsewhere}) cuda::graph_launch(g);
+  cuda::synchronize();
+  for (int i = 0; i < 3; ++i) {
+    std::vector<uint8_t> got(n);
+    cuda::copy_to_host(got.data(), outputs[i], n);
+    const uint8_t want = uint8_t(0x11 * (i + 1));
+    CHECK_MESSAGE(std::all_of(got.begin(), got.end(), [&](uint8_t b) { return b == want; }),
+                  ("graph " + std::to_string(i)));
+  }
+  cuda::memory_info(&free1, &total);
+  cuda::graph_destroy(elsewhere);  // the ended thread's buffer had this graph alone
+  cuda::memory_info(&free2, &total);
+  const char* mb = std::getenv("CEDAR_GPU_GRAPH_ARENA_MB");
+  if (!mb || std::atoi(mb) > 0) {
+    CHECK(free1 < free0);            // two buffers in use
+    CHECK(free2 >= free1 + (32u << 20));  // the ended thread's is back
+  }
+  cuda::graph_destroy(first);
+  cuda::graph_destroy(second);
+  for (void* p : outputs) cuda::device_free(p);
 }
