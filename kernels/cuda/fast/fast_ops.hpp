@@ -227,6 +227,10 @@ struct tuning {
   /// $CEDAR_GPU_GEMV_COLS=C[xU] sets them (A/B runs).
   int gemv_one_row_cols = 4;
   int gemv_one_row_unroll = 2;
+  /// At one row, wo_a's GEMV (4 columns a warp) also writes wo_b's FP8 codes of its outputs, one
+  /// launch less a layer (gemv_fp8w_codes): decode at batch 1 8.16-8.17 against 8.29-8.34 ms.
+  /// $CEDAR_GPU_GEMV_CODES=0 turns it off (A/B runs).
+  bool gemv_codes = true;
   /// The one-launch mHC boundary (one row) loads its block's HCMix weights before the dependency
   /// wait. $CEDAR_GPU_BOUNDARY_EARLY=0 turns it off (A/B runs).
   bool boundary_weight_early = true;
@@ -315,6 +319,11 @@ bool gemv_bf16(const float* x, int ldx, int m, const uint16_t* w, int n, int k, 
 /// the bf16 form's (scale codes >= 3): gemv_bf16's bits from half the bytes.
 bool gemv_fp8w(const float* x, int ldx, int m, const fp8_weight& w, int n, int k, float* y, int ldy, int groups,
                long long x_group, long long y_group);
+/// gemv_fp8w at one row that also writes y's FP8 codes and scales, as quantize_rows_fp8 would
+/// (codes [groups y_group], a scale a 32), where its one-row form allows it (4 columns a warp,
+/// so a block's outputs are one group of 32; y_group % 32 == 0); false (nothing run) elsewhere.
+bool gemv_fp8w_codes(const float* x, int ldx, const fp8_weight& w, int n, int k, float* y, int groups,
+                     long long x_group, long long y_group, uint8_t* codes, float* scales);
 }  // namespace detail
 
 // ---- a branch of work on a second stream ----------------------------------------------------

@@ -330,10 +330,13 @@ __global__ void __launch_bounds__(gemv_warps * 32)
 /// while it sums the current ones; fewer, longer warps than gemv_bf16_kernel's one column each.
 /// The sums and their order are gemv_bf16_kernel's (lane l: pieces l, l + 32, ... in order, then
 /// the xor fold), so the bits are the same. grid (1, ceil(n / (gemv_warps C)), groups); warp w
-/// takes columns C (gemv_warps by + w) + q, q < C.
+/// takes columns C (gemv_warps by + w) + q, q < C. codes (needs gemv_warps C = 32, n % 32 == 0
+/// and y_group % 32 == 0): a block's 32 outputs, one FP8 group, also as codes and a scale, the
+/// bits of quantize_kernel (codes at y's offsets, scales a 32).
 template <int C, int U, class W>
 __global__ void __launch_bounds__(gemv_warps * 32)
-    gemv_cols_kernel(const float* x, long long x_group, W w, int n, int k, float* y, long long y_group, bool early) {
+    gemv_cols_kernel(const float* x, long long x_group, W w, int n, int k, float* y, long long y_group, bool early,
+                     uint8_t* codes, float* scales) {
   if (!early) cuda::detail::grid_dependency_wait();  // (A/B runs: tuning::gemv_weight_early)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int col0 = (int(blockIdx.y) * gemv_warps + warp) * C;
@@ -381,6 +384,20 @@ __global__ void __launch_bounds__(gemv_warps * 32)
 #pragma unroll
   for (int q = 0; q < C; ++q)
     for (int off = 16; off >= 1; off /= 2) acc[q] = acc[q] + __shfl_xor_sync(0xFFFFFFFFu, acc[q], off);
+  if constexpr (gemv_warps * C == 32) {
+    if (codes != nullptr) {
+      __shared__ float group[32];  // (every warp of the block is here: n % 32 == 0)
+      if (lane == 0)
+#pragma unroll
+        for (int q = 0; q < C; ++q) y[col0 + q] = acc[q], group[warp * C + q] = acc[q];
+      __syncthreads();
+      if (warp != 0) return;
+      const long long at = blockIdx.z * y_group + (long long)blockIdx.y * 32;  // the group's first output
+      const float s = cuda::detail::fp8_group_code(group[lane], codes[at + lane]);
+      if (lane == 0) scales[at / 32] = s;
+      return;
+    }
+  }
   if (lane != 0) return;
 #pragma unroll
   for (int q = 0; q < C; ++q)
@@ -516,11 +533,12 @@ void launch_gemv_r(const float* x, int ldx, long long xg, int m, const W& w, int
 }
 
 template <int C, int U, class W>
-void launch_gemv_cols(const float* x, long long xg, const W& w, int n, int k, float* y, long long yg, int groups) {
+void launch_gemv_cols(const float* x, long long xg, const W& w, int n, int k, float* y, long long yg, int groups,
+                      uint8_t* codes = nullptr, float* scales = nullptr) {
   const dim3 grid(1, (n + gemv_warps * C - 1) / (gemv_warps * C), groups);
   CEDAR_CUDA_REQUIRE(grid.y <= 65535, "gemv_bf16: too many columns");
   cuda::detail::launch_dependent(gemv_cols_kernel<C, U, W>, grid, dim3(gemv_warps * 32), 0, x, xg, w, n, k, y, yg,
-                                 tuning_now().gemv_weight_early);
+                                 tuning_now().gemv_weight_early, codes, scales);
 }
 
 template <int R, int C, class W>
@@ -661,6 +679,18 @@ bool gemv_fp8w(const float* x, int ldx, int m, const fp8_weight& w, int n, int k
   return true;
 }
 
+bool gemv_fp8w_codes(const float* x, int ldx, const fp8_weight& w, int n, int k, float* y, int groups,
+                     long long x_group, long long y_group, uint8_t* codes, float* scales) {
+  const tuning& t = tuning_now();
+  if (!t.gemv_codes || t.gemv_one_row_cols != 4 || t.gemv_one_row_unroll != 2 || gemv_split(n, groups) ||
+      y_group % 32 != 0 || y_group < n || k % 32 != 0 || n % 32 != 0 || w.out != n * groups || w.in != k ||
+      ldx % 4 != 0 || x_group % 4 != 0 || !aligned16(x) || reinterpret_cast<uintptr_t>(w.data) % 8 != 0)
+    return false;
+  const fp8_rows rows{w.data, w.scale, (long long)n * k, (long long)(n / 32) * (k / 32)};
+  launch_gemv_cols<4, 2>(x, x_group, rows, n, k, y, y_group, groups, codes, scales);
+  return true;
+}
+
 }  // namespace detail
 
 using namespace detail;
@@ -692,6 +722,8 @@ tuning& tuning_now() {
     // boundary load no weight before their dependency wait
     if (is_off("CEDAR_GPU_GEMV_EARLY")) d.gemv_weight_early = false;
     if (is_off("CEDAR_GPU_BOUNDARY_EARLY")) d.boundary_weight_early = false;
+    // CEDAR_GPU_GEMV_CODES=0: wo_a's one-row GEMV leaves wo_b's codes to their own launch
+    if (is_off("CEDAR_GPU_GEMV_CODES")) d.gemv_codes = false;
     // CEDAR_GPU_GEMV_COLS=C[xU]: the one-row GEMV's columns a warp (1: one, gemv_bf16_kernel;
     // 2 or 4: gemv_cols_kernel) and pieces of each column in flight (2 or 4)
     if (const char* env = std::getenv("CEDAR_GPU_GEMV_COLS"); env && *env) {
@@ -859,6 +891,13 @@ void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, 
   // u[r, g rank + j] = o[r, g group_in ...] . wo_a[g rank + j]: at few rows the GEMV, from the
   // FP8 form when the model keeps it (half the bytes, the same bits)
   const int ldo = groups * group_in;
+  // one row, wo_a's FP8 form: its GEMV also writes the codes wo_b's tile reads
+  if (m == 1 && wo_a8 != nullptr && wo_a8->data != nullptr && linear_fp8_takes_codes(1, wo_b)) {
+    scratch<uint8_t> uq(wo_a.out);
+    scratch<float> us(wo_a.out / 32);
+    if (gemv_fp8w_codes(o, ldo, *wo_a8, rank, group_in, u.get(), groups, group_in, rank, uq.get(), us.get()))
+      return linear_fp8(u.get(), 1, wo_b, out, uq.get(), us.get());
+  }
   const bool few = m <= tuning_now().bf16_gemv_max_rows;
   const bool by_gemv =
       few && ((wo_a8 != nullptr && wo_a8->data != nullptr &&
