@@ -369,7 +369,15 @@ void gpu_model::impl::attend_fast(int l, gbatch& b, const attn_rows& in, float* 
   p.kv_records = in.kv_records ? in.kv_records : packed.get();
   p.store_ring = true;
   p.variant = attention_kernel_choice();
+  if (in.q_unrotated) p.q_rope_cs = in.rope_cs;
   fast::sparse_attention(p, items, in.rope_cs, rope[l].rope_dim);  // o rotated back when rope_cs
+}
+
+bool gpu_model::impl::attention_takes_unrotated_q(int n) const {
+  if (!fast::tuning_now().attention_rotates_q) return false;
+  fast::sparse_attention_params p;
+  p.rows = n, p.heads = num_heads(), p.dim = args.head_dim, p.variant = attention_kernel_choice();
+  return fast::attention_rotates_queries(p);
 }
 
 }  // namespace cedar

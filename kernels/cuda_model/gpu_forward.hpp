@@ -168,6 +168,7 @@ struct attn_rows {
   const float *x = nullptr, *q = nullptr, *kv = nullptr;
   const uint8_t* kv_records = nullptr;
   const float* rope_cs = nullptr;
+  bool q_unrotated = false;  ///< q not rotated yet: the attention rotates it with rope_cs
 };
 
 struct gbatch {
@@ -304,6 +305,8 @@ struct gpu_model::impl {
   bool fast_attention() const;
   fast_attention_state& fast_state(gbatch& b) const;
   void attend_fast(int l, gbatch& b, const attn_rows& in, float* o) const;
+  /// Whether attend_fast at n rows takes the queries unrotated (the kernel it runs rotates them).
+  bool attention_takes_unrotated_q(int n) const;
   void indexer_fast(int l, gbatch& b, const attn_rows& in) const;
   bool compressor_rows(int l, gbatch& b, const float* x) const;
   void store_entries(const gitem& it, int slot, int64_t first, int num, const float* x, int d, bool latent) const;

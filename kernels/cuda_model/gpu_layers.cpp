@@ -182,20 +182,33 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out, co
   dvec<float> qr_s(qr_codes ? std::size_t(n) * (a.q_lora_rank / 32) : 0);
   dvec<uint8_t> kv_rec(fast_attn ? std::size_t(n) * layout.swa_record_bytes : 0);
   dvec<float> rope_cs(fast_attn ? std::size_t(n) * rope[l].rope_dim : 0);
+  // where the attention kernel rotates the queries as it loads them, both row chains run before
+  // wq_b in one launch (one launch less a layer; the same bits)
+  const bool q_unrotated = fast_attn && qr_codes && attention_takes_unrotated_q(n);
+  if (fast_attn)
+    CEDAR_OP_CHECK(layout.swa_record_bytes == std::size_t(dh + dh / 32), "ring records: FP8 codes and scales");
+  const auto kv_chain = [&] {
+    cuda::fast::row_finish f;
+    f.norm_w = w.kv_norm, f.eps = eps, f.positions = pos, f.rope = &rope[l], f.fake_fp8 = true;
+    f.record = kv_rec.get(), f.rope_cs = rope_cs.get();
+    return f;
+  };
   if (qr_codes) {
     cuda::fast::row_finish f;
     f.norm_w = w.q_norm, f.eps = eps, f.codes = qr_q.get(), f.scales = qr_s.get();
-    cuda::fast::finish_rows(qr.get(), n, a.q_lora_rank, f, qr.get());
+    if (q_unrotated)
+      cuda::fast::finish_rows_pair(n, qr.get(), a.q_lora_rank, f, qr.get(), kv.get(), dh, kv_chain(), kv.get());
+    else
+      cuda::fast::finish_rows(qr.get(), n, a.q_lora_rank, f, qr.get());
     cuda::fast::linear_fp8(qr.get(), n, wq_b, q.get(), qr_q.get(), qr_s.get());
   } else {
     cuda::rmsnorm(qr.get(), n, a.q_lora_rank, w.q_norm, eps, qr.get());
     linear(qr.get(), n, wq_b, q.get());
   }
-  if (fast_attn) {
-    CEDAR_OP_CHECK(layout.swa_record_bytes == std::size_t(dh + dh / 32), "ring records: FP8 codes and scales");
-    cuda::fast::row_finish f;
-    f.norm_w = w.kv_norm, f.eps = eps, f.positions = pos, f.rope = &rope[l], f.fake_fp8 = true;
-    f.record = kv_rec.get(), f.rope_cs = rope_cs.get();
+  if (q_unrotated) {
+    // the kv chain ran with the qr chain's; the attention rotates the queries
+  } else if (fast_attn) {  // the kv chain with the queries' rotation, after wq_b
+    cuda::fast::row_finish f = kv_chain();
     f.rotate = q.get(), f.rotate_heads = nh, f.rotate_head_dim = dh;
     cuda::fast::finish_rows(kv.get(), n, dh, f, kv.get());
   } else {
@@ -210,7 +223,7 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out, co
   if (fast_attn) {
     attn_rows in;
     in.qr = qr.get(), in.x = x, in.q = q.get(), in.kv = kv.get(), in.kv_records = kv_rec.get();
-    in.rope_cs = rope_cs.get();
+    in.rope_cs = rope_cs.get(), in.q_unrotated = q_unrotated;
     if (qr_codes && a.q_lora_rank == layers[l].i_wq_b.in && cuda::fast::linear_fp8_takes_codes(n, layers[l].i_wq_b))
       in.qr_codes = qr_q.get(), in.qr_scales = qr_s.get();
     attend_fast(l, b, in, o.get());

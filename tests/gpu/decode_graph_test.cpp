@@ -7,7 +7,8 @@
 // of it again with the routed experts on the wgmma kernel, and with the MoE halves alone graphed
 // ($CEDAR_GPU_LAYER_GRAPHS=0). And the captures' scratch buffer (kernels/cuda/runtime.cu): a
 // graph's scratch stays its own, valid after the thread that captured it ends, and is freed with
-// the last graph that uses it.
+// the last graph that uses it. Also the queries rotated as the attention loads them
+// (tuning::attention_rotates_q), eagerly and under graphs, against the kv chain's rotation.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -127,6 +128,36 @@ TEST_CASE("gpu model: decode steps and truncated layers under CUDA graphs give t
   tune.expert_wg_min_rows = 1;
   compare(" (wgmma experts)", graphed);
   tune = saved;
+}
+
+TEST_CASE("gpu model, fast kernels: queries rotated as the attention loads them give the other order's logits") {
+  if (!have_gpu()) return;
+  std::string error;
+  const auto args = load_model_args("micro", &error);
+  REQUIRE_MESSAGE(args.has_value(), error);
+  const auto weights = std::make_shared<tensor_map>(make_random_weights(*args, 92));
+  cuda::fast::tuning& tune = cuda::fast::tuning_now();
+  const bool saved = tune.attention_rotates_q;
+  // each model captures its graphs under the setting in force for its own runs
+  const auto logits = [&](bool rotates_q, bool graphs) {
+    if (!graphs) ::setenv("CEDAR_GPU_GRAPHS", "0", 1);
+    const gpu_model m(*args, weights, kv_dtype::fp4, {}, gpu_kernels::fast);
+    ::unsetenv("CEDAR_GPU_GRAPHS");
+    tune.attention_rotates_q = rotates_q;
+    auto out = run(m, 4);
+    tune.attention_rotates_q = saved;
+    return out;
+  };
+  const auto before = logits(false, false);
+  for (const bool graphs : {false, true}) {
+    const auto in_attention = logits(true, graphs);
+    REQUIRE(in_attention.size() == before.size());
+    size_t same = 0;
+    for (size_t i = 0; i < before.size(); ++i) same += std::memcmp(&before[i], &in_attention[i], sizeof(float)) == 0;
+    std::printf("  queries rotated in the attention%s: %zu of %zu logits bit-identical\n", graphs ? " (graphs)" : "",
+                same, before.size());
+    CHECK_MESSAGE(same == before.size(), (graphs ? "under graphs" : "eager"));
+  }
 }
 
 TEST_CASE("graph capture scratch: each graph's own, valid after its capturing thread ends, freed with its graphs") {

@@ -277,6 +277,24 @@ void attention_case(const std::string& base, int dh, int heads, int W, int K, in
     fast::sparse_attention(p, s.view(), d_cs.get(), rp.rope_dim);
     CHECK_MESSAGE(op_reference::same_bits(d_out.host().data(), d_apart.host().data(), got.size()), name,
                   ": the output rotated back in sparse_attention gives the separate RoPE's bits");
+    if (!fast::attention_rotates_queries(p)) continue;
+    // unrotated queries rotated as the kernel loads them (q_rope_cs) against queries rotated by
+    // finish_rows' rotate blocks, as the model rotates them otherwise: the same bits
+    dev<float> d_qrot(q), d_scratch2(kv);
+    fast::row_finish fr;
+    fr.positions = d_pos.get(), fr.rope = &rp, fr.rotate = d_qrot.get(), fr.rotate_heads = heads;
+    fr.rotate_head_dim = dh;
+    fast::finish_rows(d_scratch2.get(), rows, dh, fr, d_scratch2.get());
+    fast::sparse_attention_params rotated = p, loaded = p;
+    rotated.q = d_qrot.get();
+    cuda::fill_bytes(d_out.get(), 0xFF, sizeof(float) * got.size());
+    fast::sparse_attention(rotated, s.view(), d_cs.get(), rp.rope_dim);
+    const auto want = d_out.host();
+    loaded.q_rope_cs = d_cs.get();
+    cuda::fill_bytes(d_out.get(), 0xFF, sizeof(float) * got.size());
+    fast::sparse_attention(loaded, s.view(), d_cs.get(), rp.rope_dim);
+    CHECK_MESSAGE(op_reference::same_bits(d_out.host().data(), want.data(), got.size()), name,
+                  ": queries rotated as the kernel loads them give the bits of queries rotated before");
   }
 }
 

@@ -224,7 +224,56 @@ void check_finish(int m, int d, bool kv) {
                 (std::string("finish_rows in place") + tag));
 }
 
+/// finish_rows_pair: a q chain (RMSNorm, codes) of d0 and a kv chain (RMSNorm, RoPE, fake
+/// quantization, record, cos and sin) of d1 over the same rows in one launch give the bits of
+/// the two finish_rows calls.
+void check_finish_pair(int m, int d0, int d1) {
+  std::mt19937_64 rng(91 + m * 5 + d0 + d1);
+  const auto x0 = activations(rng, m, d0), x1 = activations(rng, m, d1);
+  const auto w0 = ref::random_floats(rng, d0, 0.5f, 1.5f), w1 = ref::random_floats(rng, d1, 0.5f, 1.5f);
+  std::vector<int32_t> pos(m);
+  for (int r = 0; r < m; ++r) pos[r] = int32_t(rng() % 70000);
+  cpu::rope_params rp;
+  rp.rope_dim = 64, rp.yarn = true;
+  dev<float> dw0(w0), dw1(w1);
+  dev<int32_t> dpos(pos);
+  struct outputs {
+    dev<float> y0, y1, s, cs;
+    dev<uint8_t> q, rec;
+    outputs(int m, int d0, int d1, const std::vector<float>& x0, const std::vector<float>& x1)
+        : y0(x0), y1(x1), s(size_t(m) * (d0 / 32)), cs(size_t(m) * 64), q(size_t(m) * d0),
+          rec(size_t(m) * (d1 + d1 / 32)) {}
+  };
+  outputs apart(m, d0, d1, x0, x1), paired(m, d0, d1, x0, x1);
+  const auto chains = [&](outputs& o, cuda::fast::row_finish& fq, cuda::fast::row_finish& fk) {
+    fq.norm_w = dw0.get(), fq.eps = 1e-6f, fq.codes = o.q.get(), fq.scales = o.s.get();
+    fk.norm_w = dw1.get(), fk.eps = 1e-6f, fk.positions = dpos.get(), fk.rope = &rp, fk.fake_fp8 = true;
+    fk.record = o.rec.get(), fk.rope_cs = o.cs.get();
+  };
+  cuda::fast::row_finish fq, fk, pq, pk;
+  chains(apart, fq, fk);
+  chains(paired, pq, pk);
+  cuda::fast::finish_rows(apart.y0.get(), m, d0, fq, apart.y0.get());
+  cuda::fast::finish_rows(apart.y1.get(), m, d1, fk, apart.y1.get());
+  cuda::fast::finish_rows_pair(m, paired.y0.get(), d0, pq, paired.y0.get(), paired.y1.get(), d1, pk, paired.y1.get());
+  const std::string tag = "finish_rows_pair m=" + std::to_string(m) + " d0=" + std::to_string(d0) +
+                          " d1=" + std::to_string(d1) + " gives two calls' bits: ";
+  CHECK_MESSAGE(ref::same_bits(paired.y0.host().data(), apart.y0.host().data(), size_t(m) * d0), (tag + "q rows"));
+  CHECK_MESSAGE(ref::same_bits(paired.y1.host().data(), apart.y1.host().data(), size_t(m) * d1), (tag + "kv rows"));
+  CHECK_MESSAGE(paired.q.host() == apart.q.host(), (tag + "codes"));
+  CHECK_MESSAGE(ref::same_bits(paired.s.host().data(), apart.s.host().data(), size_t(m) * (d0 / 32)), (tag + "scales"));
+  CHECK_MESSAGE(paired.rec.host() == apart.rec.host(), (tag + "records"));
+  CHECK_MESSAGE(ref::same_bits(paired.cs.host().data(), apart.cs.host().data(), size_t(m) * 64), (tag + "cos, sin"));
+}
+
 }  // namespace
+
+TEST_CASE("fast finish_rows_pair: two chains of the same rows in one launch give the bits of two calls") {
+  if (!have_gpu()) return;
+  check_finish_pair(1, 1280, 512);  // the model's qr and kv rows
+  check_finish_pair(5, 1280, 512);
+  check_finish_pair(3, 512, 1536);  // the second chain the wider
+}
 
 TEST_CASE("fast finish_rows: the bits of RMSNorm, RoPE, fake quantization, records and codes run apart") {
   if (!have_gpu()) return;

@@ -158,7 +158,9 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
   const int num_chunks = (rc.nc + chunk - 1) / chunk;
   const int d_warp = warp * dims_per_warp;
 
-  // q fragments of this warp's dims: [kstep][term][4], rows gid and gid + 8
+  // q fragments of this warp's dims: [kstep][term][4], rows gid and gid + 8; an unrotated q's
+  // pair (d, d + 1) in the last rope_dim dims rotated first (rope_rotate, finish_rows' values)
+  const int q_rope_dim = p.q_rope_cs ? p.q_rope_dim : 0, q_rope_from = DIM - q_rope_dim;
   uint32_t qf[ksteps][terms][4];
   for (int ks = 0; ks < ksteps; ++ks)
     for (int half = 0; half < 2; ++half)      // k and k + 8
@@ -166,6 +168,13 @@ __global__ void __launch_bounds__(WARPS * 32, 2)
         const int h = gid + row * 8, d = d_warp + ks * 16 + half * 8 + tig * 2;
         float2 v = make_float2(0.0f, 0.0f);
         if (h0 + h < p.heads) v = *reinterpret_cast<const float2*>(p.q + (std::size_t(r) * p.heads + h0 + h) * DIM + d);
+        if (d >= q_rope_from && q_rope_dim > 0) {
+          const float* cs = p.q_rope_cs + std::size_t(r) * q_rope_dim;
+          const int i = (d - q_rope_from) / 2;
+          float rot[2];
+          cuda::detail::rope_rotate(v.x, v.y, cs[i], cs[q_rope_dim / 2 + i], rot);
+          v = make_float2(rot[0], rot[1]);
+        }
         uint32_t t[terms];
         split_terms(v.x, v.y, t);
         for (int term = 0; term < terms; ++term) qf[ks][term][half * 2 + row] = t[term];
@@ -412,8 +421,11 @@ void launch_attention(const sparse_attention_params& p, const kv_items& items, c
   if (rope_cs == nullptr) rope_dim = 0;
   CEDAR_CUDA_REQUIRE(rope_dim % 2 == 0 && rope_dim / 2 <= max_rope_half && rope_dim <= DIM,
                      "fused attention: rope_dim even, at most 128 and head_dim");
-  const bool all_heads = p.variant == attention_all_heads ||
-                         (p.variant == attention_auto && p.rows >= attention_rows_min() && attention_wg_supports(p));
+  const bool all_heads = !attention_rotates_queries(p);
+  CEDAR_CUDA_REQUIRE(p.q_rope_cs == nullptr || (!all_heads && rope_dim > 0),
+                     "fused attention: unrotated queries need the per-16-heads kernel and rope_cs");
+  sparse_attention_params kp = p;
+  kp.q_rope_dim = p.q_rope_cs ? rope_dim : 0;
   const int groups = (p.heads + heads_per_block - 1) / heads_per_block;
   const int max_chunks = (p.window + p.topk_k + chunk - 1) / chunk;
   // up to attention_split_rows rows, a row's candidates split as for the row alone (its bits
@@ -428,7 +440,7 @@ void launch_attention(const sparse_attention_params& p, const kv_items& items, c
     attention_wg(p, items);
   } else {
     cuda::detail::launch_dependent(attention_kernel<DIM>, dim3(unsigned(p.rows), unsigned(groups), unsigned(splits)),
-                                   dim3(attn_warps<DIM> * 32), L::bytes, p, items, part_o.get(), part_ml.get());
+                                   dim3(attn_warps<DIM> * 32), L::bytes, kp, items, part_o.get(), part_ml.get());
   }
   ring_store rs;
   if (p.store_ring) {
@@ -585,6 +597,12 @@ __global__ void store_entries_kernel(const uint8_t* rec, std::size_t rec_bytes, 
 }  // namespace
 
 int attention_rows_min() { return 64; }
+
+bool attention_rotates_queries(const sparse_attention_params& p) {
+  const bool all_heads = p.variant == attention_all_heads ||
+                         (p.variant == attention_auto && p.rows >= attention_rows_min() && attention_wg_supports(p));
+  return !all_heads;
+}
 
 bool attention_variant_available(const sparse_attention_params& p, int variant) {
   if (variant == attention_all_heads) return attention_wg_supports(p);

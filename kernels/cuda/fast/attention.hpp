@@ -48,7 +48,7 @@ struct kv_source_view {
 };
 
 struct sparse_attention_params {
-  const float* q = nullptr;       // [rows, heads, dim] rotated queries
+  const float* q = nullptr;       // [rows, heads, dim] rotated queries (unrotated with q_rope_cs)
   const float* kv = nullptr;      // [rows, dim] this step's window KV (K = V), on the FP8 grid
   /// or, when set, the same rows as FP8 records of ring_record_bytes (the ring's format, packed
   /// from kv: the same values in about a quarter of the bytes); the kernel then reads these
@@ -70,6 +70,11 @@ struct sparse_attention_params {
   /// attention_per16 = blocks of 16 heads, candidates split over blocks when rows are few;
   /// attention_all_heads = a block per row over all 64 heads of 512 on wgmma (sm_90a only).
   int variant = 0;
+  /// When set ([rows, rope_dim], sparse_attention's rope_cs), q comes unrotated and the kernel
+  /// rotates each head's last rope_dim values as it loads them (cuda::rope's arithmetic, the
+  /// values finish_rows' rotate gives). Only where attention_rotates_queries(p).
+  const float* q_rope_cs = nullptr;
+  int q_rope_dim = 0;  ///< set by sparse_attention (its rope_dim)
 };
 
 enum : int { attention_auto = 0, attention_per16 = 1, attention_all_heads = 2 };
@@ -77,6 +82,10 @@ enum : int { attention_auto = 0, attention_per16 = 1, attention_all_heads = 2 };
 /// Rows from which attention_auto takes attention_all_heads where it can (below, the per-16
 /// kernel's split blocks fill the device better).
 int attention_rows_min();
+
+/// True when sparse_attention takes p's queries unrotated (q_rope_cs): the per-16-heads kernel
+/// is the one p's rows, shapes and variant choose (the all-heads kernel reads rotated queries).
+bool attention_rotates_queries(const sparse_attention_params& p);
 
 /// True when `variant` runs p's shapes on this device.
 bool attention_variant_available(const sparse_attention_params& p, int variant);

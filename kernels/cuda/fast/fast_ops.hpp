@@ -234,6 +234,13 @@ struct tuning {
   /// The one-launch mHC boundary (one row) loads its block's HCMix weights before the dependency
   /// wait. $CEDAR_GPU_BOUNDARY_EARLY=0 turns it off (A/B runs).
   bool boundary_weight_early = true;
+  /// Decode rows whose attention runs the per-16-heads kernel: that kernel rotates the queries
+  /// as it loads them, so the kv row chain joins the qr chain's launch before wq_b and the
+  /// launch after wq_b is gone (the same bits: tests/gpu/decode_graph_test.cpp compares the
+  /// logits). bench-40L-E64, one H200, one call: 8.17 against 8.28-8.32 ms a step at batch 1,
+  /// 17.40 against 17.58 at batch 8. Off until the whole GPU suite has passed with it on the
+  /// device; $CEDAR_GPU_ATTENTION_ROTATES_Q=1 turns it on (=0 off).
+  bool attention_rotates_q = false;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

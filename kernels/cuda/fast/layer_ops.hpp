@@ -79,6 +79,11 @@ struct row_finish {
 /// its work.
 void finish_rows(const float* x, int m, int d, const row_finish& f, float* y);
 
+/// finish_rows of two chains of the same m rows in one launch (the bits of two calls): (x0, d0,
+/// f0, y0) and (x1, d1, f1, y1); the second rotates nothing (f1.rotate null).
+void finish_rows_pair(int m, const float* x0, int d0, const row_finish& f0, float* y0, const float* x1, int d1,
+                      const row_finish& f1, float* y1);
+
 /// dst[i, :] = src[rows[i], :] for i < m; rows is a device array, width floats per row.
 void gather_rows(const float* src, const int32_t* rows, int m, int width, float* dst);
 
