@@ -197,7 +197,9 @@ void run_linear(const linear_shape& s, int m, bool fp4, lab_rng& r, std::vector<
 
   for (fast::tile_kind t : lab_tiles) {
     if (t != fast::tile_kind::wide && m > 64) continue;
-    if (t == fast::tile_kind::stream && (m > fast::stream_max_slots || !fast::stream_shape(fp4, s.n, s.k))) continue;
+    if (t == fast::tile_kind::stream &&
+        (m > fast::stream_max_slots || !fast::stream_shape(fp4, s.n, s.k) || !fast::stream_fits(fp4, m, s.k)))
+      continue;
     record(fast::tile_name(t), [&](int i) {
       if (fp4) fast::gemm_fp4(xq.as<uint8_t>(), xs.as<float>(), m, fp4w(i), y.as<float>(), t);
       else fast::gemm_fp8(xq.as<uint8_t>(), xs.as<float>(), m, fp8w(i), y.as<float>(), t);
@@ -338,7 +340,8 @@ void run_grouped(const char* op, const expert_bank& bank, int tokens, bool down,
       if (pairs && !fast::takes_x_pairs(t)) continue;
       if (t != fast::tile_kind::wide && max_slots > 64 && only_tile != fast::tile_name(t) && only_tile != name)
         continue;
-      if (t == fast::tile_kind::stream && (max_slots > fast::stream_max_slots || !fast::stream_shape(true, n, k)))
+      if (t == fast::tile_kind::stream && (max_slots > fast::stream_max_slots || !fast::stream_shape(true, n, k) ||
+                                           !fast::stream_fits(true, max_slots, k)))
         continue;
       if (!only_tile.empty() && only_tile != fast::tile_name(t) && only_tile != name) continue;
       auto fn = [&](int i) {

@@ -34,6 +34,10 @@ enum class tile_kind { gemv, narrow, narrow16, narrow32, split4, split8, skinny,
 inline constexpr int stream_max_slots = 8;
 /// Shapes the stream tile takes: n % 16 == 0, k a multiple of its step (FP4 256, FP8 128).
 inline bool stream_shape(bool fp4, int n, int k) { return n % 16 == 0 && k % (fp4 ? 256 : 128) == 0; }
+/// Whether the stream tile's shared memory (x staged for up to `slots` slots over all of K) fits
+/// a block on the current device: up to 8 slots at K 2048 (the model's weights) it does; 8 slots
+/// at K 8192 (wo_b) need 256 KB and do not.
+bool stream_fits(bool fp4, int slots, int k);
 /// Every tile of one summation order, in the order above (the lab's tables and the tests go
 /// through them all; stream, of its own order, is not among them).
 inline constexpr tile_kind all_tiles[] = {tile_kind::gemv,     tile_kind::narrow, tile_kind::narrow16,

@@ -29,6 +29,7 @@
 // 39.3 / 20.2); slower than narrow at 5 to 8 slots. The model gives it the weights of many short
 // rows (tuning::stream_min_out); the experts stay on narrow (a token's bits at every batch).
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fast/gemm.cuh"
@@ -302,12 +303,21 @@ __global__ void __launch_bounds__(stream_warps * 32, PASSES == 4 ? 4 : 1)  // 4 
   }
 }
 
+/// Column passes for max_slots slots (2 a pass; 4 passes past 4 slots).
+constexpr int stream_passes(int max_slots) { return max_slots <= 2 ? 1 : max_slots <= 4 ? 2 : 4; }
+
+/// The stream kernel's dynamic shared memory for PASSES passes, max_slots slots and K = k.
+template <bool FP4>
+int stream_smem(int passes, int max_slots, int k) {
+  const int max_tokens = stream_pass_slots * passes, images = std::min(max_slots, max_tokens);
+  return (stream_zero_units + images * stream_image_units<FP4>(k)) * 16 + (max_tokens + 1) * (k / 32) * 4;
+}
+
 template <bool FP4, int PASSES, int N>
 void launch_stream_n(const gemm_problem* ps, int count, int z, int max_slots) {
-  constexpr int max_tokens = stream_pass_slots * PASSES;
   const int k = ps[0].k;
-  const int images = std::min(max_slots, max_tokens);
-  const int smem = (stream_zero_units + images * stream_image_units<FP4>(k)) * 16 + (max_tokens + 1) * (k / 32) * 4;
+  const int images = std::min(max_slots, stream_pass_slots * PASSES);
+  const int smem = stream_smem<FP4>(PASSES, max_slots, k);
   int cols = 0;
   const problem_set<N> set = make_set<N>(ps, count, stream_rows, cols);
   const auto kernel = stream_kernel<FP4, PASSES, N>;
@@ -330,9 +340,13 @@ void launch_stream(const gemm_problem* ps, int count, int z, int max_slots) {
   for (int i = 0; i < count; ++i)
     CEDAR_CUDA_REQUIRE(stream_shape(FP4, ps[i].n, ps[i].k), FP4 ? "fast gemm (stream): k % 256 == 0 and n % 16 == 0"
                                                                   : "fast gemm (stream): k % 128 == 0 and n % 16 == 0");
+  CEDAR_CUDA_REQUIRE(stream_fits(FP4, max_slots, ps[0].k),
+                     "fast gemm (stream): x staged for these slots over all of K needs more shared memory than a "
+                     "block has");
   // column passes of 2 slots
-  if (max_slots <= 2) launch_stream_shape<FP4, 1>(ps, count, z, max_slots);
-  else if (max_slots <= 4) launch_stream_shape<FP4, 2>(ps, count, z, max_slots);
+  const int passes = stream_passes(max_slots);
+  if (passes == 1) launch_stream_shape<FP4, 1>(ps, count, z, max_slots);
+  else if (passes == 2) launch_stream_shape<FP4, 2>(ps, count, z, max_slots);
   else launch_stream_shape<FP4, 4>(ps, count, z, max_slots);
 }
 
@@ -340,3 +354,23 @@ template void launch_stream<false>(const gemm_problem*, int, int, int);
 template void launch_stream<true>(const gemm_problem*, int, int, int);
 
 }  // namespace cedar::cuda::fast::detail
+
+namespace cedar::cuda::fast {
+
+bool stream_fits(bool fp4, int slots, int k) {
+  // the device's opt-in limit, asked once per device (0: not yet)
+  constexpr int max_devices = 64;
+  static std::atomic<int> optin_of[max_devices] = {};
+  int dev = 0;
+  CEDAR_CUDA_CHECK(cudaGetDevice(&dev));
+  int optin = dev < max_devices ? optin_of[dev].load(std::memory_order_relaxed) : 0;
+  if (optin == 0) {
+    CEDAR_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (dev < max_devices) optin_of[dev].store(optin, std::memory_order_relaxed);
+  }
+  const int passes = detail::stream_passes(std::max(slots, 1));
+  const int smem = fp4 ? detail::stream_smem<true>(passes, slots, k) : detail::stream_smem<false>(passes, slots, k);
+  return smem <= optin;
+}
+
+}  // namespace cedar::cuda::fast
