@@ -358,7 +358,13 @@ template void launch_stream<true>(const gemm_problem*, int, int, int);
 namespace cedar::cuda::fast {
 
 bool stream_fits(bool fp4, int slots, int k) {
-  // the device's opt-in limit, asked once per device (0: not yet)
+  const int passes = detail::stream_passes(std::max(slots, 1));
+  const int smem = fp4 ? detail::stream_smem<true>(passes, slots, k) : detail::stream_smem<false>(passes, slots, k);
+  // every device of compute capability 8.0 on lets a block opt in to more than this: the model's
+  // launches (at most ~45 KB) are decided without asking the device
+  constexpr int fits_anywhere = 96 * 1024;
+  if (smem <= fits_anywhere) return true;
+  // else the device's opt-in limit, asked once per device (0: not yet)
   constexpr int max_devices = 64;
   static std::atomic<int> optin_of[max_devices] = {};
   int dev = 0;
@@ -368,8 +374,6 @@ bool stream_fits(bool fp4, int slots, int k) {
     CEDAR_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     if (dev < max_devices) optin_of[dev].store(optin, std::memory_order_relaxed);
   }
-  const int passes = detail::stream_passes(std::max(slots, 1));
-  const int smem = fp4 ? detail::stream_smem<true>(passes, slots, k) : detail::stream_smem<false>(passes, slots, k);
   return smem <= optin;
 }
 
