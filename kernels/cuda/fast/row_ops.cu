@@ -162,10 +162,10 @@ int prepare_chain(int d, const row_finish& f, rope_table& t) {
 /// finish_rows, with a second chain of the same rows in the same launch when x1 is set.
 void launch_finish(const float* x, int m, int d, const row_finish& f, float* y, const float* x1, int d1,
                    const row_finish& f1, float* y1) {
-  if (m <= 0) return;
   rope_table t, t1;
   const int rope_dim = prepare_chain(d, f, t), rope_dim1 = x1 ? prepare_chain(d1, f1, t1) : 0;
   CEDAR_CUDA_REQUIRE(x1 == nullptr || f1.rotate == nullptr, "finish_rows_pair: the second chain rotates nothing");
+  if (m <= 0) return;
   const int rotate_blocks = f.rotate ? (f.rotate_heads + rotate_heads_per_block - 1) / rotate_heads_per_block : 0;
   const int width = x1 ? std::max(d, d1) : d;
   const auto launch = [&](auto kernel) {
