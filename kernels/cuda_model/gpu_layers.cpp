@@ -205,12 +205,14 @@ void gpu_model::impl::attention(int l, gbatch& b, const float* x, float* out, co
     cuda::rmsnorm(qr.get(), n, a.q_lora_rank, w.q_norm, eps, qr.get());
     linear(qr.get(), n, wq_b, q.get());
   }
-  if (q_unrotated) {
-    // the kv chain ran with the qr chain's; the attention rotates the queries
-  } else if (fast_attn) {  // the kv chain with the queries' rotation, after wq_b
-    cuda::fast::row_finish f = kv_chain();
-    f.rotate = q.get(), f.rotate_heads = nh, f.rotate_head_dim = dh;
-    cuda::fast::finish_rows(kv.get(), n, dh, f, kv.get());
+  if (fast_attn) {
+    // the kv chain with the queries' rotation, after wq_b (with q_unrotated it ran with the qr
+    // chain's, and the attention rotates the queries)
+    if (!q_unrotated) {
+      cuda::fast::row_finish f = kv_chain();
+      f.rotate = q.get(), f.rotate_heads = nh, f.rotate_head_dim = dh;
+      cuda::fast::finish_rows(kv.get(), n, dh, f, kv.get());
+    }
   } else {
     cuda::rope(q.get(), n, nh, dh, pos, rope[l], false);
     cuda::rmsnorm(kv.get(), n, dh, w.kv_norm, eps, kv.get());
