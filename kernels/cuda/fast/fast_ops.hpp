@@ -241,10 +241,10 @@ struct tuning {
   /// Decode rows whose attention runs the per-16-heads kernel: that kernel rotates the queries
   /// as it loads them, so the kv row chain joins the qr chain's launch before wq_b and the
   /// launch after wq_b is gone (the same bits: tests/gpu/decode_graph_test.cpp compares the
-  /// logits). bench-40L-E64, one H200, one call: 8.17 against 8.28-8.32 ms a step at batch 1,
-  /// 17.40 against 17.58 at batch 8. Off until the whole GPU suite has passed with it on the
-  /// device; $CEDAR_GPU_ATTENTION_ROTATES_Q=1 turns it on (=0 off).
-  bool attention_rotates_q = false;
+  /// logits). bench-40L-E64, one H200: 8.17-8.21 against 8.28-8.32 ms a step at batch 1,
+  /// 17.40-17.59 against 17.58-17.84 at batch 8. $CEDAR_GPU_ATTENTION_ROTATES_Q=0 turns it off
+  /// (A/B runs).
+  bool attention_rotates_q = true;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();

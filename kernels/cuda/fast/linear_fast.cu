@@ -288,10 +288,9 @@ tuning& tuning_now() {
     // boundary load no weight before their dependency wait
     if (is_off("CEDAR_GPU_GEMV_EARLY")) d.gemv_weight_early = false;
     if (is_off("CEDAR_GPU_BOUNDARY_EARLY")) d.boundary_weight_early = false;
-    // CEDAR_GPU_ATTENTION_ROTATES_Q=1|0: the decode queries rotated as the attention loads them,
-    // or by the kv row chain's launch after wq_b
-    if (const char* env = std::getenv("CEDAR_GPU_ATTENTION_ROTATES_Q"); env && *env)
-      d.attention_rotates_q = std::string(env) != "0";
+    // CEDAR_GPU_ATTENTION_ROTATES_Q=0: the decode queries rotated by the kv row chain's launch
+    // after wq_b, not as the attention loads them
+    if (is_off("CEDAR_GPU_ATTENTION_ROTATES_Q")) d.attention_rotates_q = false;
     // CEDAR_GPU_GEMV_CODES=0: wo_a's one-row GEMV leaves wo_b's codes to their own launch
     if (is_off("CEDAR_GPU_GEMV_CODES")) d.gemv_codes = false;
     // CEDAR_GPU_GEMV_COLS=C[xU]: the one-row GEMV's columns a warp (1: one, gemv_bf16_kernel;
