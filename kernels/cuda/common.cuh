@@ -305,6 +305,11 @@ __device__ __forceinline__ float exp_f(float x) { return libm_port::expf(x); }
 /// log1p with the host C library's algorithm (expf_port.hpp).
 __device__ __forceinline__ float log1p_f(float x) { return libm_port::log1pf(x); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + exp_f(-x)); }
+/// The clamped SwiGLU of one value pair, as the CPU op: silu(min(g, limit)) * clamp(u, +-limit).
+__device__ __forceinline__ float swiglu_f(float g, float u, float limit) {
+  return silu_f(std_min(g, limit)) * clampf(u, -limit, limit);
+}
 
 /// group_amax over a group of G lanes (G a power of two <= 32, the group's lanes adjacent), to
 /// every lane of it: std::max from 0 as the CPU takes it (a NaN value does not count).

@@ -15,7 +15,6 @@ namespace {
 constexpr int max_experts = 1024;
 
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1p_f(exp_f(x)); }
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + exp_f(-x)); }
 
 /// One thread per row: s = sqrt(softplus(logit)) in place, then top-k by s + bias (best first,
 /// ties to the lowest expert) and the normalized weights.
@@ -49,7 +48,7 @@ __global__ void swiglu_kernel(float* g, const float* u, long long rows, int inte
                               float limit) {
   const long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (e >= rows * inter) return;
-  const float h = silu_f(std_min(g[e], limit)) * clampf(u[e], -limit, limit);
+  const float h = swiglu_f(g[e], u[e], limit);
   g[e] = weight ? weight[e / inter] * h : h;
 }
 

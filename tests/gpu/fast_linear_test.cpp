@@ -64,6 +64,42 @@ struct weight_pair {
       : w8(ref::random_fp8(rng, n, k)), w4(ref::random_fp4(rng, n, k)), d8(w8), d4(w4) {}
 };
 
+/// Random routed experts (FP4; expert 3 held by another shard: no weights) and a shared expert
+/// (FP8), on the host and on the device.
+struct random_experts {
+  std::vector<ref::owned_fp4> host_w;
+  std::vector<std::unique_ptr<dev_fp4>> dev_w;
+  std::vector<cpu::expert_weights> cpu_e, gpu_e;
+  ref::owned_fp8 s1, s3, s2;
+  dev_fp8 g1, g3, g2;
+  cpu::shared_expert_weights shared, gshared;
+  random_experts(std::mt19937_64& rng, int d, int inter, int num_experts)
+      : cpu_e(num_experts),
+        gpu_e(num_experts),
+        s1(ref::random_fp8(rng, inter, d)),
+        s3(ref::random_fp8(rng, inter, d)),
+        s2(ref::random_fp8(rng, d, inter)),
+        g1(s1),
+        g3(s3),
+        g2(s2),
+        shared{s1.view, s3.view, s2.view},
+        gshared{g1.view, g3.view, g2.view} {
+    for (int e = 0; e < num_experts; ++e) {
+      if (e == missing) continue;  // adds nothing
+      for (auto [out, in] : {std::pair{inter, d}, {inter, d}, {d, inter}}) host_w.push_back(ref::random_fp4(rng, out, in));
+    }
+    for (auto& w : host_w) w.view = fp4_weight{w.view.out, w.view.in, w.data.data(), w.scale.data()};
+    for (auto& w : host_w) dev_w.push_back(std::make_unique<dev_fp4>(w));
+    for (int e = 0, i = 0; e < num_experts; ++e) {
+      if (e == missing) continue;
+      cpu_e[e] = {host_w[i].view, host_w[i + 1].view, host_w[i + 2].view};
+      gpu_e[e] = {dev_w[i]->view, dev_w[i + 1]->view, dev_w[i + 2]->view};
+      i += 3;
+    }
+  }
+  static constexpr int missing = 3;
+};
+
 }  // namespace
 
 TEST_CASE("fast linears: FP8, W4A8 and bf16 within 2^-16 of sum|xw| of the CPU op, decode and prefill paths") {
@@ -323,24 +359,9 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
   // (d and inter multiples of 256: the skinny tile and the wgmma experts apply; d = 512: their
   // products over K = d take more steps than the wgmma kernel's pipeline has slots)
   const int d = 512, inter = 256, num_experts = 16, topk = 4;
-  std::vector<ref::owned_fp4> host_w;
-  std::vector<std::unique_ptr<dev_fp4>> dev_w;
-  std::vector<cpu::expert_weights> cpu_e(num_experts), gpu_e(num_experts);
-  for (int e = 0; e < num_experts; ++e) {
-    if (e == 3) continue;  // held by another shard: adds nothing
-    for (auto [out, in] : {std::pair{inter, d}, {inter, d}, {d, inter}}) host_w.push_back(ref::random_fp4(rng, out, in));
-  }
-  for (auto& w : host_w) w.view = fp4_weight{w.view.out, w.view.in, w.data.data(), w.scale.data()};
-  for (auto& w : host_w) dev_w.push_back(std::make_unique<dev_fp4>(w));
-  for (int e = 0, i = 0; e < num_experts; ++e) {
-    if (e == 3) continue;
-    cpu_e[e] = {host_w[i].view, host_w[i + 1].view, host_w[i + 2].view};
-    gpu_e[e] = {dev_w[i]->view, dev_w[i + 1]->view, dev_w[i + 2]->view};
-    i += 3;
-  }
-  const auto s1 = ref::random_fp8(rng, inter, d), s3 = ref::random_fp8(rng, inter, d), s2 = ref::random_fp8(rng, d, inter);
-  dev_fp8 g1(s1), g3(s3), g2(s2);
-  const cpu::shared_expert_weights shared{s1.view, s3.view, s2.view}, gshared{g1.view, g3.view, g2.view};
+  const random_experts ex(rng, d, inter, num_experts);
+  const auto &cpu_e = ex.cpu_e, &gpu_e = ex.gpu_e;
+  const cpu::shared_expert_weights &shared = ex.shared, &gshared = ex.gshared;
   // on the "decode" thresholds m = 20 and 150 run the grouped narrow16 tile, 200 narrow32 (and
   // m = 1 narrow); the "prefill" ones run the bf16 path: on sm_90a the wgmma experts (their own
   // test: fast_experts_test.cpp), and the cuBLAS products per expert; the defaults take the
@@ -385,5 +406,37 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
     fast::tuning_now().expert_wgmma = false;
     run("prefill, cuBLAS per expert");
     fast::tuning_now() = saved;
+  }
+}
+
+TEST_CASE("fast moe_ffn: SwiGLU in the w1 | w3 tile gives the bits of its own launch, one wave and several") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(64);
+  // inter 2048: 64 blocks an expert, so that 96 tokens (3 passes of 8 slots on 16 experts) need
+  // more blocks than the device holds at once (the narrow tile's 4-warp form) and 1 token fewer
+  const int d = 512, inter = 2048, num_experts = 16, topk = 4;
+  const random_experts ex(rng, d, inter, num_experts);
+  fast::tuning& tune = fast::tuning_now();
+  const fast::tuning saved = tune;
+  for (int m : {1, 2, 5, 8, 40, 96}) {
+    const auto y = activations(rng, m, d);
+    std::vector<int32_t> sel;
+    std::vector<float> wts;
+    random_routing(rng, m, topk, num_experts, sel, wts);
+    dev<float> dy(y), dw(wts);
+    dev<int32_t> ds(sel);
+    const auto run = [&](bool in_tile) {
+      tune.expert_swiglu_in_tile = in_tile;
+      dev<float> out(std::size_t(m) * d);
+      fast::moe_ffn(dy.get(), m, d, ds.get(), dw.get(), topk, ex.gpu_e.data(), num_experts, &ex.gshared, 10.0f,
+                    out.get());
+      tune = saved;
+      return out.host();
+    };
+    const auto apart = run(false), fused = run(true);
+    INFO("m = " << m);
+    CHECK(ref::same_bits(fused.data(), apart.data(), apart.size()));
+    // and the values are the experts' at all: not every output zero
+    CHECK(std::any_of(fused.begin(), fused.end(), [](float v) { return v != 0.0f; }));
   }
 }

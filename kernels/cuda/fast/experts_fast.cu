@@ -33,12 +33,7 @@ using cuda::detail::stream;
 
 constexpr int max_experts = 1024;
 
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + cuda::detail::exp_f(-x)); }
-
-/// The clamped SwiGLU of one value pair, as the CPU op: silu(min(g, limit)) * clamp(u, +-limit).
-__device__ __forceinline__ float swiglu_h(float g, float u, float limit) {
-  return silu_f(cuda::detail::std_min(g, limit)) * cuda::detail::clampf(u, -limit, limit);
-}
+using cuda::detail::swiglu_f;
 
 __device__ __forceinline__ bool expert_valid(int e, int num_experts, const cpu::expert_weights* table) {
   return e >= 0 && e < num_experts && table[e].w1.data != nullptr;
@@ -114,7 +109,7 @@ __global__ void swiglu_kernel(float* g, const float* u, int cap, int inter, cons
     g[i] = 0.0f;
     return;
   }
-  const float h = swiglu_h(g[i], u[i], limit);
+  const float h = swiglu_f(g[i], u[i], limit);
   g[i] = weights ? weights[slot_src ? slot_src[s] : s] * h : h;
 }
 
@@ -132,7 +127,7 @@ __global__ void swiglu_codes_kernel(float* g, const float* u, int cap, int inter
   const long long i = gi * 32 + lane;
   float h = 0.0f;
   if (!(total && s >= *total)) {
-    h = swiglu_h(g[i], u[i], limit);
+    h = swiglu_f(g[i], u[i], limit);
     if (weights) h = weights[slot_src ? slot_src[s] : s] * h;
   }
   if (keep_h) g[i] = h;
@@ -159,7 +154,7 @@ __global__ void swiglu_bf16_kernel(const float* gu, int inter, const int32_t* sl
     const float rw = weights ? weights[slot_src[s]] : 1.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float hv = swiglu_h(gv[i], uv[i], limit);
+      const float hv = swiglu_f(gv[i], uv[i], limit);
       h[i] = weights ? rw * hv : hv;
     }
   }
@@ -388,7 +383,8 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
       if (grouped) {
         scratch<uint8_t> hq(size_t(slots) * inter);
         scratch<float> hs(size_t(slots) * (inter / 32));
-        scratch<float> g(size_t(slots) * inter), u(size_t(slots) * inter);
+        const bool swiglu_in = tune.expert_swiglu_in_tile && swiglu_in_tile(tile);
+        scratch<float> g(swiglu_in ? 0 : size_t(slots) * inter), u(swiglu_in ? 0 : size_t(slots) * inter);
         scratch<uint16_t> xp(pairs ? size_t(rows) * d : 0), hp(pairs ? size_t(slots) * inter : 0);
         scratch<float> xf(pairs ? size_t(rows) * (d / 128) : 0), hf(pairs ? size_t(slots) * (inter / 128) : 0);
         const int busy = std::min(num_experts, slots);  // groups that can have slots (compacted)
@@ -403,11 +399,16 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
           shared_done = true;
         }
         if (pairs) fp4_x_pairs(yq ? yq : xq.get(), yq ? ys : xs.get(), rows, d, xp.get(), xf.get());
-        grouped_fp4_pair(yq ? yq : xq.get(), yq ? ys : xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter, d,
-                         g.get(), u.get(), tile, xp.get(), xf.get());
-        cuda::detail::launch_dependent(swiglu_codes_kernel, dim3(blocks_for((long long)slots * inter, 256)), dim3(256),
-                                       0, g.get(), u.get(), slots, inter, slot_src.get(), w_c, total, limit, false,
-                                       hq.get(), hs.get());
+        if (swiglu_in) {  // h's codes from the w1 | w3 launch (slots of no expert here: unwritten, unread)
+          grouped_fp4_swiglu(yq ? yq : xq.get(), yq ? ys : xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter,
+                             d, tile, slot_src.get(), w_c, limit, hq.get(), hs.get(), xp.get(), xf.get());
+        } else {
+          grouped_fp4_pair(yq ? yq : xq.get(), yq ? ys : xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter,
+                           d, g.get(), u.get(), tile, xp.get(), xf.get());
+          cuda::detail::launch_dependent(swiglu_codes_kernel, dim3(blocks_for((long long)slots * inter, 256)),
+                                         dim3(256), 0, g.get(), u.get(), slots, inter, slot_src.get(), w_c, total,
+                                         limit, false, hq.get(), hs.get());
+        }
         if (pairs) fp4_x_pairs(hq.get(), hs.get(), slots, inter, hp.get(), hf.get());
         grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile, hp.get(),
                     hf.get());

@@ -107,6 +107,20 @@ void grouped_fp4_pair(const uint8_t* xq, const float* xs, const int32_t* slot_ro
                       float* y_a, float* y_b, tile_kind t, const uint16_t* pairs = nullptr,
                       const float* factors = nullptr);
 
+/// The tiles that take SwiGLU into grouped_fp4_swiglu: the narrow one (64 rows a block).
+inline bool swiglu_in_tile(tile_kind t) { return t == tile_kind::narrow; }
+
+/// An expert's w1 and w3 products of grouped_fp4_pair and the SwiGLU after them in one launch,
+/// on the narrow tile (swiglu_in_tile): each block takes the same 32 outputs of both, so h =
+/// silu(min(g, limit)) * clamp(u, +-limit) times route_weights[slot_src[p]] (when given) at
+/// sorted slot p is one FP8 group, written as codes hq [total_slots, n] and scales hs
+/// [total_slots, n / 32]: the bits of the pair, then experts_fast.cu's SwiGLU and quantization.
+/// Slots in no group are not written.
+void grouped_fp4_swiglu(const uint8_t* xq, const float* xs, const int32_t* slot_rows, const expert_group* groups_1,
+                        const expert_group* groups_3, int num_groups, int total_slots, int max_slots, int n, int k,
+                        tile_kind t, const int32_t* slot_src, const float* route_weights, float limit, uint8_t* hq,
+                        float* hs, const uint16_t* pairs = nullptr, const float* factors = nullptr);
+
 // ---- the fast kernel set's ops (linear_fast.cu): the contracts of the cuda:: ops ---------------
 //
 // Few rows: the gemv tile (FP8, W4A8; experts grouped on the device) and a bf16 GEMV; many rows:
@@ -212,6 +226,10 @@ struct tuning {
   /// 19.12 -> 36.50 / 18.57, 2 tokens 59.15 / 32.94 -> 51.80 / 29.42; decode at batch 1 8.61
   /// against 8.74 ms with pairs from 1. $CEDAR_GPU_EXPERT_PAIRS_FROM sets it (A/B runs; 0: never).
   int expert_pairs_min_rows = 2;
+  /// Routed experts on the narrow tile: SwiGLU and h's FP8 codes in the w1 | w3 launch
+  /// (grouped_fp4_swiglu), one launch a layer less. $CEDAR_GPU_SWIGLU_IN_TILE=0 turns it off
+  /// (A/B runs).
+  bool expert_swiglu_in_tile = true;
   /// The bf16 GEMV (bf16 linears, wo_a) from this many rows: x staged in shared memory, 4
   /// columns a warp (gemv_staged_kernel; the same bits). `--op gemv`, µs staged / plain at 2
   /// and 8 rows: head 321 / 377 and 547 / 1,533, wo_a's FP8 form 18.2 / 23.2 and 36.8 / 96.5;

@@ -437,6 +437,21 @@ void grouped_fp4(const uint8_t* xq, const float* xs, const int32_t* slot_rows, c
   detail::run<true>(&p, 1, num_groups, max_slots, t);
 }
 
+void grouped_fp4_swiglu(const uint8_t* xq, const float* xs, const int32_t* slot_rows, const expert_group* groups_1,
+                        const expert_group* groups_3, int num_groups, int total_slots, int max_slots, int n, int k,
+                        tile_kind t, const int32_t* slot_src, const float* route_weights, float limit, uint8_t* hq,
+                        float* hs, const uint16_t* pairs, const float* factors) {
+  CEDAR_CUDA_REQUIRE(swiglu_in_tile(t), "grouped_fp4_swiglu: the narrow tile");
+  CEDAR_CUDA_REQUIRE(slot_rows != nullptr && hq != nullptr && hs != nullptr &&
+                         (route_weights == nullptr || slot_src != nullptr),
+                     "grouped_fp4_swiglu: slot_rows, hq, hs (and slot_src with route weights)");
+  detail::gemm_problem p{nullptr, nullptr, xq, xs, slot_rows, groups_1, nullptr, total_slots, n, k};
+  p.groups2 = groups_3, p.hq = hq, p.hs = hs, p.slot_src = slot_src, p.route_w = route_weights, p.limit = limit;
+  detail::take_pairs(p, pairs, factors);
+  detail::require_shape(p, t);
+  if (max_slots > 0) detail::launch_narrow_swiglu(p, num_groups, max_slots);
+}
+
 void grouped_fp4_pair(const uint8_t* xq, const float* xs, const int32_t* slot_rows, const expert_group* groups_a,
                       const expert_group* groups_b, int num_groups, int total_slots, int max_slots, int n, int k,
                       float* y_a, float* y_b, tile_kind t, const uint16_t* pairs, const float* factors) {

@@ -33,6 +33,15 @@ struct gemm_problem {
   // place of xq / xs, the other tiles ignore them
   const uint8_t* xh = nullptr;
   const float* xf = nullptr;
+  // SwiGLU in the tile (grouped_fp4_swiglu; a pair, gridDim.z = the groups): a block takes
+  // half-block rows [x BW/2, x BW/2 + BW/2) of groups' weight (w1: g) and the same of groups2's
+  // (w3: u), and writes no y: h = swiglu_f(g, u, limit) times route_w[slot_src[row]] (when
+  // given) as FP8 codes hq [slots, n] and scales hs [slots, n / 32], swiglu_codes_kernel's bits
+  uint8_t* hq = nullptr;
+  float* hs = nullptr;
+  const int32_t* slot_src = nullptr;
+  const float* route_w = nullptr;
+  float limit = 0;
 };
 
 /// The group of blockIdx.z: weight pointers, first slot, slot count and output.
@@ -41,9 +50,16 @@ struct group_view {
   const uint8_t* ws;
   int first, count;
   float* y;
+  const uint8_t* w2 = nullptr;  ///< SwiGLU in the tile: the second weight (w3) and its scales
+  const uint8_t* ws2 = nullptr;
 };
 
+template <bool SWIGLU = false>
 __device__ __forceinline__ group_view group_of(const gemm_problem& p) {
+  if constexpr (SWIGLU) {  // the group's w1 and w3 in every block (one slot table)
+    const expert_group &g = p.groups[blockIdx.z], &g3 = p.groups2[blockIdx.z];
+    return {g.w, g.scale, g.first_slot, g.num_slots, nullptr, g3.w, g3.scale};
+  }
   if (!p.groups) return {p.w, p.ws, 0, p.m, p.y};
   const bool second = p.groups2 != nullptr && int(blockIdx.z) >= p.split;
   const expert_group& g = second ? p.groups2[blockIdx.z - p.split] : p.groups[blockIdx.z];
@@ -146,6 +162,9 @@ constexpr int max_set = 4;
 /// for a pair), max_slots slots at most per group. Shapes are checked by the caller.
 template <bool FP4>
 void launch_pipelined(tile_kind t, const gemm_problem* ps, int count, int z, int max_slots);
+
+/// The narrow tile with SwiGLU in the tile (p.hq set, p.groups2 w3's groups; `z` groups).
+void launch_narrow_swiglu(const gemm_problem& p, int z, int max_slots);
 
 /// The stream tile (gemm_stream.cu) for `count` dense FP8 problems of one x or one grouped
 /// problem (a pair: groups2) over `z` groups, at most stream_max_slots slots a group.

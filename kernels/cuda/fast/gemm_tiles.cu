@@ -58,9 +58,11 @@ __device__ __forceinline__ int pair_piece(int row, int piece) { return piece ^ (
 /// slots, weight scales), each thread's source rows resolved once per block (the slot -> x row
 /// lookups and the row arithmetic are not repeated per stage; with k % BK == 0, which the tiled
 /// kernel's launch requires, every K piece is in range; the split kernel's last stage loads only
-/// its chunks). load(k0, smem) issues a stage.
-template <class S, bool FP4, bool PAIRS = false>
+/// its chunks). load(k0, smem) issues a stage. SWIGLU (FP4): rows [0, BW/2) of the block come
+/// from gv.w at n0 + r, rows [BW/2, BW) from gv.w2 at n0 + r - BW/2 (group_view's w3).
+template <class S, bool FP4, bool PAIRS = false, bool SWIGLU = false>
 struct stage_loader {
+  static_assert(FP4 || !SWIGLU, "SwiGLU in the tile is the routed experts' w1 and w3");
   using L = stage_layout<S, FP4, PAIRS>;
   static constexpr int w_row_bytes = FP4 ? S::BK / 2 : S::BK, w_pieces = w_row_bytes / 16;
   static constexpr int x_bytes_per = PAIRS ? 2 : 1;  ///< x bytes a K position
@@ -75,19 +77,30 @@ struct stage_loader {
 
   // 32-bit offsets from the four bases (a weight, x codes or scales stay far below 4 GB): half
   // the registers of pointers
+  static constexpr int half = S::BW / 2;
+  static_assert(w_n <= 32 && ws_n <= 32, "a bit a job in w_hi / ws_hi");
   const uint8_t *w_base, *x_base, *ws_base;
   const float* xs_base;
+  const uint8_t *w_base2, *ws_base2;  ///< SWIGLU: the second weight
   uint32_t w[w_n], x[x_n], xs[xs_n], ws[ws_n];
+  uint32_t w_hi = 0, ws_hi = 0;  ///< SWIGLU: bit i set where job i reads the second weight
   bool x_ok[x_n], xs_ok[xs_n];
 
   __device__ __forceinline__ stage_loader(const gemm_problem& p, const group_view& gv, int n0, int slot0)
-      : w_base(gv.w), x_base(PAIRS ? p.xh : p.xq), ws_base(gv.ws), xs_base(PAIRS ? p.xf : p.xs) {
+      : w_base(gv.w),
+        x_base(PAIRS ? p.xh : p.xq),
+        ws_base(gv.ws),
+        xs_base(PAIRS ? p.xf : p.xs),
+        w_base2(gv.w2),
+        ws_base2(gv.ws2) {
     const int tid = threadIdx.x;
     const uint32_t w_gstride = FP4 ? p.k / 2 : p.k;
 #pragma unroll
     for (int i = 0; i < w_n; ++i) {
       const int c = tid + i * S::threads, r = c / w_pieces, piece = c % w_pieces;
-      w[i] = uint32_t(n0 + r) * w_gstride + piece * 16;
+      int row = n0 + r;
+      if (SWIGLU && r >= half) row -= half, w_hi |= 1u << i;
+      w[i] = uint32_t(row) * w_gstride + piece * 16;
     }
 #pragma unroll
     for (int i = 0; i < x_n; ++i) {
@@ -104,9 +117,18 @@ struct stage_loader {
 #pragma unroll
     for (int i = 0; i < ws_n; ++i) {
       const int c = tid + i * S::threads, r = c / ws_pieces, piece = c % ws_pieces;
-      const int row = FP4 ? n0 + r : n0 / 32 + r;
+      int row = FP4 ? n0 + r : n0 / 32 + r;
+      if (SWIGLU && r >= half) row -= half, ws_hi |= 1u << i;
       ws[i] = uint32_t(row) * uint32_t(p.k / 32) + piece * 4;
     }
+  }
+
+  /// The weight (codes, scales) job i reads.
+  __device__ __forceinline__ const uint8_t* w_src(int i) const {
+    return SWIGLU && (w_hi >> i & 1u) ? w_base2 : w_base;
+  }
+  __device__ __forceinline__ const uint8_t* ws_src(int i) const {
+    return SWIGLU && (ws_hi >> i & 1u) ? ws_base2 : ws_base;
   }
 
   /// Stage k0 .. k0 + BK; with Tail, only its first kb_end K blocks (a multiple of 4). Part:
@@ -125,7 +147,7 @@ struct stage_loader {
     for (int i = 0; i < w_n; ++i) {
       const int c = tid + i * S::threads;
       if (W && (w_jobs % S::threads == 0 || c < w_jobs) && (!Tail || (FP4 ? c % w_pieces : c % w_pieces / 2) < kb_end))
-        cp_async16(sw + (c / w_pieces) * L::w_stride + (c % w_pieces) * 16, w_base + (w[i] + k0_bytes), true);
+        cp_async16(sw + (c / w_pieces) * L::w_stride + (c % w_pieces) * 16, w_src(i) + (w[i] + k0_bytes), true);
     }
 #pragma unroll
     for (int i = 0; i < x_n; ++i) {
@@ -149,7 +171,7 @@ struct stage_loader {
     for (int i = 0; i < ws_n; ++i) {
       const int c = tid + i * S::threads;
       if (W && (ws_jobs % S::threads == 0 || c < ws_jobs) && (!Tail || (c % ws_pieces) * 4 < kb_end))
-        cp_async4(sws + (c / ws_pieces) * S::KB + (c % ws_pieces) * 4, ws_base + (ws[i] + kb0), true);
+        cp_async4(sws + (c / ws_pieces) * S::KB + (c % ws_pieces) * 4, ws_src(i) + (ws[i] + kb0), true);
     }
   }
 
@@ -264,16 +286,52 @@ __device__ __forceinline__ void store_tile(const gemm_problem& p, const group_vi
       }
 }
 
+/// SwiGLU in the tile: the block's totals of g (rows [0, BW/2), w1) and u (rows [BW/2, BW), w3)
+/// of the same BW/2 = 32 outputs through shared memory, then a warp a slot: h = swiglu_f(g, u)
+/// times the slot's routing weight, and its FP8 codes and scale, one group of h (the values
+/// store_tile would write, through swiglu_codes_kernel's operations: the same bits).
+template <class S>
+__device__ __forceinline__ void swiglu_tile(const gemm_problem& p, const group_view& gv, int n0, int slot0, int ww,
+                                            int wt, int g, int tig, const float (&total)[S::MT][S::NT][4],
+                                            uint8_t* smem) {
+  static_assert(S::BW == 64, "half a block's rows is one FP8 group of h");
+  constexpr int stride = S::BW + 1;  // [BT][BW + 1] floats (the stages are read by then)
+  float* tile = reinterpret_cast<float*>(smem);
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < S::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < S::NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int s = wt * S::NT * 8 + j * 8 + tig * 2 + c, r = ww * S::MT * 16 + i * 16 + g;
+        tile[s * stride + r] = total[i][j][c];
+        tile[s * stride + r + 8] = total[i][j][2 + c];
+      }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int s = warp; s < S::BT && slot0 + s < gv.count; s += S::threads / 32) {  // uniform over the warp
+    const int row = gv.first + slot0 + s;
+    float h = cuda::detail::swiglu_f(tile[s * stride + lane], tile[s * stride + S::BW / 2 + lane], p.limit);
+    if (p.route_w) h = p.route_w[p.slot_src[row]] * h;
+    uint8_t code;
+    const float sc = cuda::detail::fp8_group_code(h, code);
+    p.hq[size_t(row) * p.n + n0 + lane] = code;
+    if (lane == 0) p.hs[size_t(row) * (p.n / 32) + n0 / 32] = sc;
+  }
+}
+
 /// grid (n / BW, ceil(max slots / BT), groups). PAIRS: x from p.xh / p.xf (fp4_x_pairs), each
-/// chunk's sum times its factor in place of fp4_unscale.
-template <class S, bool FP4, bool PAIRS = false>
+/// chunk's sum times its factor in place of fp4_unscale. SWIGLU: grid (n / (BW / 2), ..., the
+/// groups), swiglu_tile in place of store_tile.
+template <class S, bool FP4, bool PAIRS = false, bool SWIGLU = false>
 __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
   using L = stage_layout<S, FP4, PAIRS>;
-  using loader_t = stage_loader<S, FP4, PAIRS>;
+  using loader_t = stage_loader<S, FP4, PAIRS, SWIGLU>;
   extern __shared__ __align__(16) uint8_t smem[];
   if (p.groups) cuda::detail::grid_dependency_wait();  // the group tables come from the kernel before
-  const group_view gv = group_of(p);
-  const int n0 = blockIdx.x * S::BW, slot0 = blockIdx.y * S::BT;
+  const group_view gv = group_of<SWIGLU>(p);
+  const int n0 = blockIdx.x * (SWIGLU ? S::BW / 2 : S::BW), slot0 = blockIdx.y * S::BT;
   if (slot0 >= gv.count) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tig = lane % 4;
   const int ww = warp % S::WW, wt = warp / S::WW;
@@ -321,7 +379,8 @@ __global__ void __launch_bounds__(S::threads) tiled_kernel(gemm_problem p) {
     }
   }
   cp_async_wait<0>();
-  store_tile<S>(p, gv, n0, slot0, ww, wt, g, tig, total);
+  if constexpr (SWIGLU) swiglu_tile<S>(p, gv, n0, slot0, ww, wt, g, tig, total, smem);
+  else store_tile<S>(p, gv, n0, slot0, ww, wt, g, tig, total);
 }
 
 /// The tiled kernel with K split over the warps: WK warps share each warp tile, warp wk taking
@@ -505,6 +564,24 @@ void launch_pipelined(tile_kind t, const gemm_problem* ps, int count, int z, int
 
 template void launch_pipelined<false>(tile_kind, const gemm_problem*, int, int, int);
 template void launch_pipelined<true>(tile_kind, const gemm_problem*, int, int, int);
+
+void launch_narrow_swiglu(const gemm_problem& p, int num_groups, int max_slots) {
+  // launch_narrow's choice of form, on the same count of blocks (half the rows a block, one
+  // launch for the pair)
+  using W = narrow_one_wave_shape;
+  static const int at_once = blocks_at_once(tiled_kernel<W, true, false, true>, W::threads, tiled_smem<W, true>);
+  static const int at_once_pairs =
+      blocks_at_once(tiled_kernel<W, true, true, true>, W::threads, tiled_smem<W, true, true>);
+  const auto launch = [&](auto shape) {
+    using S = decltype(shape);
+    const dim3 grid(p.n / (S::BW / 2), (max_slots + S::BT - 1) / S::BT, num_groups);
+    if (p.xh) launch_with_smem<tiled_kernel<S, true, true, true>>(grid, S::threads, tiled_smem<S, true, true>, p);
+    else launch_with_smem<tiled_kernel<S, true, false, true>>(grid, S::threads, tiled_smem<S, true>, p);
+  };
+  const long long blocks = (long long)(p.n / (W::BW / 2)) * ((max_slots + W::BT - 1) / W::BT) * num_groups;
+  if (blocks <= (p.xh ? at_once_pairs : at_once)) launch(W{});
+  else launch(narrow_shape{});
+}
 
 }  // namespace cedar::cuda::fast::detail
 
