@@ -550,7 +550,8 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
                                    tuning_now().boundary_weight_early);
     CEDAR_CUDA_LAUNCHED();
     // the codes apart: in this launch the row's one finishing block would quantize all of its
-    // groups in series, on the step's critical path
+    // groups in series, on the step's critical path (measured: a batch-1 step 8.9-9.2 ms
+    // against 8.4, docs/BENCHMARKS.md, 2026-12-04)
     if (codes != nullptr) quantize_rows_fp8(x_out, m, d, codes, scales);
     return;
   }
