@@ -267,23 +267,30 @@ __device__ __forceinline__ void stage_block(const uint8_t* st, int kb, int ww, i
   }
 }
 
-/// The block's outputs from a warp tile's totals.
-template <class S>
-__device__ __forceinline__ void store_tile(const gemm_problem& p, const group_view& gv, int n0, int slot0, int ww,
-                                           int wt, int g, int tig, const float (&total)[S::MT][S::NT][4]) {
+/// f(slot, row, value at row, value at row + 8) for each of a thread's totals of its warp tile
+/// (slot and row counted from the block's first).
+template <class S, class F>
+__device__ __forceinline__ void for_each_total(int ww, int wt, int g, int tig, const float (&total)[S::MT][S::NT][4],
+                                               F&& f) {
 #pragma unroll
   for (int i = 0; i < S::MT; ++i)
 #pragma unroll
     for (int j = 0; j < S::NT; ++j)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int s = slot0 + wt * S::NT * 8 + j * 8 + tig * 2 + c;
-        if (s >= gv.count) continue;
-        const int n = n0 + ww * S::MT * 16 + i * 16 + g;
-        float* yr = gv.y + size_t(gv.first + s) * p.n;
-        yr[n] = total[i][j][c];
-        yr[n + 8] = total[i][j][2 + c];
-      }
+      for (int c = 0; c < 2; ++c)
+        f(wt * S::NT * 8 + j * 8 + tig * 2 + c, ww * S::MT * 16 + i * 16 + g, total[i][j][c], total[i][j][2 + c]);
+}
+
+/// The block's outputs from a warp tile's totals.
+template <class S>
+__device__ __forceinline__ void store_tile(const gemm_problem& p, const group_view& gv, int n0, int slot0, int ww,
+                                           int wt, int g, int tig, const float (&total)[S::MT][S::NT][4]) {
+  for_each_total<S>(ww, wt, g, tig, total, [&](int s, int r, float lo, float hi) {
+    if (slot0 + s >= gv.count) return;
+    float* yr = gv.y + size_t(gv.first + slot0 + s) * p.n + n0 + r;
+    yr[0] = lo;
+    yr[8] = hi;
+  });
 }
 
 /// SwiGLU in the tile: the block's totals of g (rows [0, BW/2), w1) and u (rows [BW/2, BW), w3)
@@ -298,16 +305,10 @@ __device__ __forceinline__ void swiglu_tile(const gemm_problem& p, const group_v
   constexpr int stride = S::BW + 1;  // [BT][BW + 1] floats (the stages are read by then)
   float* tile = reinterpret_cast<float*>(smem);
   __syncthreads();
-#pragma unroll
-  for (int i = 0; i < S::MT; ++i)
-#pragma unroll
-    for (int j = 0; j < S::NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int s = wt * S::NT * 8 + j * 8 + tig * 2 + c, r = ww * S::MT * 16 + i * 16 + g;
-        tile[s * stride + r] = total[i][j][c];
-        tile[s * stride + r + 8] = total[i][j][2 + c];
-      }
+  for_each_total<S>(ww, wt, g, tig, total, [&](int s, int r, float lo, float hi) {
+    tile[s * stride + r] = lo;
+    tile[s * stride + r + 8] = hi;
+  });
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int s = warp; s < S::BT && slot0 + s < gv.count; s += S::threads / 32) {  // uniform over the warp
