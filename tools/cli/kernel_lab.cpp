@@ -164,7 +164,9 @@ int kernel_lab_main(int argc, char** argv) {
                  "                      (default 1, 2, 4, 8, 16), staged and plain column modes\n"
                  "       --op linear_fp8|linear_fp4 only: [--shape NAME] (that weight only: attn.wq_a, attn.wq_b,\n"
                  "                      attn.wkv, attn.wo_b, shared.w1, shared.w2, shared.w13 (w1 and w3\n"
-                 "                      as one product), square; expert.w13, expert.w2)\n");
+                 "                      as one product), square; expert.w13, expert.w2)\n"
+                 "       weights stream from HBM (copies cycled past the 50 MB L2); CEDAR_LAB_L2_WARM=1 keeps\n"
+                 "       one copy, left in L2 between calls, for the dense linears and the GEMV\n");
     return 2;
   }
 #ifndef CEDAR_HAVE_CUDA

@@ -91,8 +91,10 @@ std::vector<float> random_x(std::size_t rows, int k, lab_rng& r);
 /// chosen for about 10 ms of work.
 void time_case(const std::function<void(int)>& fn, lab_case& c);
 
-/// Weight bytes a case rotates through (copies), so that every call reads its weight from HBM.
-constexpr std::size_t l2_defeat_bytes = 256u << 20;
+/// Weight bytes a case rotates through (copies), so that every call reads its weight from HBM:
+/// 256 MB, or 0 (one copy, the weight left in the 50 MB L2 between calls: what a weight fetched
+/// into L2 ahead of its reader could give) with CEDAR_LAB_L2_WARM=1.
+std::size_t l2_defeat_bytes();
 
 /// The decode step's bf16 GEMV weights (head, wo_a in both forms, router gate, compressor) at m
 /// rows (kernel_lab_gemv.cpp).

@@ -72,7 +72,7 @@ void run_bf16_gemv(const char* name, int m, int groups, int n, int k, lab_rng& r
     }
   }
   const std::vector<float> x = random_x(m, groups * k, r);
-  const int copies = int(std::clamp<std::size_t>(l2_defeat_bytes / (2 * count) + 1, 1, 16));
+  const int copies = int(std::clamp<std::size_t>(l2_defeat_bytes() / (2 * count) + 1, 1, 16));
   std::vector<std::unique_ptr<dev_buf>> wc;
   for (int i = 0; i < copies; ++i) {
     wc.push_back(std::make_unique<dev_buf>(2 * count));
@@ -137,7 +137,7 @@ void run_fp8w_gemv(const char* name, int m, int groups, int n, int k, lab_rng& r
       w16[row * k + i] = fmt::f32_to_bf16(fmt::e4m3_to_f32(codes[row * k + i]) *
                                           fmt::ue8m0_to_f32(scale[(row / 32) * (k / 32) + i / 32]));
   const std::vector<float> x = random_x(m, groups * k, r);
-  const int copies = int(std::clamp<std::size_t>(l2_defeat_bytes / count + 1, 1, 16));
+  const int copies = int(std::clamp<std::size_t>(l2_defeat_bytes() / count + 1, 1, 16));
   std::vector<std::unique_ptr<dev_buf>> wc, sc;
   for (int i = 0; i < copies; ++i) {
     wc.push_back(std::make_unique<dev_buf>(count));

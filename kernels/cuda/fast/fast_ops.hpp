@@ -256,6 +256,12 @@ struct tuning {
   /// The one-launch mHC boundary (one row) loads its block's HCMix weights before the dependency
   /// wait. $CEDAR_GPU_BOUNDARY_EARLY=0 turns it off (A/B runs).
   bool boundary_weight_early = true;
+  /// The one-launch mHC boundary leaves the row's finish (the partials' sums, Sinkhorn, the
+  /// normalized input and its codes) to mix_finish, whose blocks share it, in place of its last
+  /// block and the quantization launch after it (the same bits, the same launch count). Decode
+  /// of bench-40L-E64 on one H200 at batch 1: 7.99-8.05 against 8.07-8.14 ms a step.
+  /// $CEDAR_GPU_BOUNDARY_FINISH=0 turns it off (A/B runs).
+  bool boundary_finish_apart = true;
   /// Decode rows whose attention runs the per-16-heads kernel: that kernel rotates the queries
   /// as it loads them, so the kv row chain joins the qr chain's launch before wq_b and the
   /// launch after wq_b is gone (the same bits: tests/gpu/decode_graph_test.cpp compares the

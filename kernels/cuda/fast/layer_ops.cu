@@ -377,7 +377,9 @@ __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_re
 /// the other warps the normalized input. The same operations in the same order as the two
 /// launches, so the same bits. The last blocks set their counters back to zero for the next
 /// launch.
-template <int HC>
+/// Finish = false: no row finish; mix_finish, launched after it, adds the partials, finishes
+/// the row and writes the normalized input's codes from its spread blocks.
+template <int HC, bool Finish = true>
 __global__ void __launch_bounds__(slice)
     boundary_fused(float* X, int m, int d, const float* f, float* post, float* comb, const float* fn,
                    const float* collapse_pre, float* x_out, float* partials, const float* scale, const float* base,
@@ -452,9 +454,9 @@ __global__ void __launch_bounds__(slice)
     unsigned* slice_count = arrivals + size_t(r) * fused_max_slices + blockIdx.x;
     unsigned* row_count = arrivals + size_t(fused_max_rows) * fused_max_slices + r;
     fence_acq_rel_gpu();
-    const unsigned at_slice = atomicAdd(slice_count, 1u), at_row = atomicAdd(row_count, 1u);  // both in flight
+    const unsigned at_slice = atomicAdd(slice_count, 1u), at_row = Finish ? atomicAdd(row_count, 1u) : 0u;  // both in flight
     last_of_slice = at_slice == gridDim.z - 1;
-    last_of_row = at_row == slices * gridDim.z - 1;
+    last_of_row = Finish && at_row == slices * gridDim.z - 1;
     if (last_of_slice) *slice_count = 0u;
     if (last_of_row) {
       *row_count = 0u;
@@ -466,7 +468,7 @@ __global__ void __launch_bounds__(slice)
 #pragma unroll
     for (int k = 0; k < HC; ++k) X[size_t(r) * HC * d + size_t(k) * d + i] = v[k];
   }
-  if (!last_of_row) return;
+  if (!Finish || !last_of_row) return;
   __shared__ float mix[n_mix + 1];
   __shared__ float inv_s;
   for (int o = threadIdx.x; o <= n_mix; o += blockDim.x) mix[o] = sum_slices<n_part>(partials, r, slices, o);
@@ -542,13 +544,21 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
   const bool one_fits = m <= fused_max_rows && slices <= fused_max_slices;
   CEDAR_CUDA_REQUIRE(launches != hc_launches::one || one_fits,
                      "hc_boundary: one launch takes at most 8 rows of d <= 16384");
+  const int spans = (d + finish_span - 1) / finish_span;
+  const auto finish = [&] {
+    cuda::detail::launch_dependent(mix_finish<HC>, dim3(m, spans + 1), dim3(slice), 0, d, slices, partials.get(),
+                                   p.scale, p.base, p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre_out, post, comb,
+                                   norm_w, x_out, codes, scales);
+  };
   if (launches == hc_launches::one || (launches == hc_launches::automatic && one_fits && m <= hc_one_launch_max_rows)) {
     const int groups = (n_part + fused_sums - 1) / fused_sums;  // 7 at hc = 4: 140 blocks a decode row (d = 5120)
-    cuda::detail::launch_dependent(boundary_fused<HC>, dim3(slices, m, groups), dim3(slice), 0, X, m, d, f, post, comb,
-                                   p.fn, collapse_pre, x_out, partials.get(), p.scale, p.base, p.sinkhorn_iters,
-                                   p.hc_eps, p.norm_eps, pre_out, norm_w, fused_arrivals(),
-                                   tuning_now().boundary_weight_early);
+    const bool apart = codes != nullptr && tuning_now().boundary_finish_apart;  // (else one launch in all)
+    cuda::detail::launch_dependent(apart ? boundary_fused<HC, false> : boundary_fused<HC, true>,
+                                   dim3(slices, m, groups), dim3(slice), 0, X, m, d, f, post, comb, p.fn, collapse_pre,
+                                   x_out, partials.get(), p.scale, p.base, p.sinkhorn_iters, p.hc_eps, p.norm_eps,
+                                   pre_out, norm_w, fused_arrivals(), tuning_now().boundary_weight_early);
     CEDAR_CUDA_LAUNCHED();
+    if (apart) return finish();
     // the codes apart: in this launch the row's one finishing block would quantize all of its
     // groups in series, on the step's critical path (measured: a batch-1 step 8.9-9.2 ms
     // against 8.4, docs/BENCHMARKS.md, 2026-12-04)
@@ -573,10 +583,7 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
       break;
   }
   CEDAR_CUDA_LAUNCHED();
-  const int spans = (d + finish_span - 1) / finish_span;
-  cuda::detail::launch_dependent(mix_finish<HC>, dim3(m, spans + 1), dim3(slice), 0, d, slices, partials.get(), p.scale,
-                                 p.base, p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre_out, post, comb, norm_w, x_out,
-                                 codes, scales);
+  finish();
 }
 
 // ---- router ----
