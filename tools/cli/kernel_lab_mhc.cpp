@@ -1,6 +1,6 @@
 // The mHC boundary cases of `cedar kernel-lab` (kernel_lab.hpp): one sublayer boundary of the
 // V4.1-Flash residual (hc = 4 copies of d = 5120, 20 Sinkhorn iterations: HCPost of the
-// sublayer before, HCMix, collapse, RMSNorm) at 1, 2, 8, 64 and 8192 rows. fast::hc_boundary in one
+// sublayer before, HCMix, collapse, RMSNorm) at 1, 2, 8, 64, 256 and 8192 rows. fast::hc_boundary in one
 // launch (which it takes for one row; up to 8 here, to show why not more) and in two, against
 // the exact CUDA ops (hc_post, hc_mix, hc_collapse, rmsnorm), each checked against the CPU ops
 // on fresh random inputs; and the one launch with no Sinkhorn iteration (not checked): what the
@@ -109,7 +109,7 @@ struct boundary_run {
 std::vector<lab_case> run_mhc_cases(bool quick) {
   std::vector<lab_case> cases;
   std::mt19937_64 rng(2027);
-  for (const int m : {1, 2, 8, 64, 8192}) {  // 8192: a prefill chunk
+  for (const int m : {1, 2, 8, 64, 256, 8192}) {  // 256: a large decode batch; 8192: a prefill chunk
     if (quick && (m == 2 || m == 8 || m == 8192)) continue;
     const boundary_case c(m, rng);
     lab_case base;
