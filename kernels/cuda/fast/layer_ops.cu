@@ -468,32 +468,34 @@ __global__ void __launch_bounds__(slice)
 #pragma unroll
     for (int k = 0; k < HC; ++k) X[size_t(r) * HC * d + size_t(k) * d + i] = v[k];
   }
-  if (!Finish || !last_of_row) return;
-  __shared__ float mix[n_mix + 1];
-  __shared__ float inv_s;
-  for (int o = threadIdx.x; o <= n_mix; o += blockDim.x) mix[o] = sum_slices<n_part>(partials, r, slices, o);
-  if (threadIdx.x == blockDim.x - 1)
-    inv_s = 1.0f / sqrtf(sum_slices<n_part>(partials, r, slices, n_mix + 1) / float(d) + norm_eps);
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    finish_mix<HC>(mix, d, r, scale_s, base_s, iters, hc_eps, norm_eps, pre, post, comb);
-    return;
-  }
-  // the other warps normalize the row, U positions' loads a thread before its stores
-  constexpr int U = 16;
-  float* out = x_out + size_t(r) * d;
-  const int first = threadIdx.x - 32, stride = blockDim.x - 32;
-  for (int k0 = first; k0 < d; k0 += stride * U) {
-    float xv[U], wv[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int k = k0 + u * stride;
-      xv[u] = k < d ? __ldcg(out + k) : 0.0f;
-      wv[u] = k < d ? norm_w[k] : 0.0f;
+  if constexpr (Finish) {
+    if (!last_of_row) return;
+    __shared__ float mix[n_mix + 1];
+    __shared__ float inv_s;
+    for (int o = threadIdx.x; o <= n_mix; o += blockDim.x) mix[o] = sum_slices<n_part>(partials, r, slices, o);
+    if (threadIdx.x == blockDim.x - 1)
+      inv_s = 1.0f / sqrtf(sum_slices<n_part>(partials, r, slices, n_mix + 1) / float(d) + norm_eps);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      finish_mix<HC>(mix, d, r, scale_s, base_s, iters, hc_eps, norm_eps, pre, post, comb);
+      return;
     }
+    // the other warps normalize the row, U positions' loads a thread before its stores
+    constexpr int U = 16;
+    float* out = x_out + size_t(r) * d;
+    const int first = threadIdx.x - 32, stride = blockDim.x - 32;
+    for (int k0 = first; k0 < d; k0 += stride * U) {
+      float xv[U], wv[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (k0 + u * stride < d) out[k0 + u * stride] = (xv[u] * inv_s) * wv[u];
+      for (int u = 0; u < U; ++u) {
+        const int k = k0 + u * stride;
+        xv[u] = k < d ? __ldcg(out + k) : 0.0f;
+        wv[u] = k < d ? norm_w[k] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (k0 + u * stride < d) out[k0 + u * stride] = (xv[u] * inv_s) * wv[u];
+    }
   }
 }
 
