@@ -65,6 +65,7 @@ class scratch {
   explicit scratch(std::size_t n) : n_(n) {
     if (n == 0) return;
     if (capturing_graph) p_ = static_cast<T*>(capture_scratch(n * sizeof(T)));
+    from_capture_ = p_ != nullptr;
     if (!p_) CEDAR_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), stream()));
   }
   ~scratch() {
@@ -74,10 +75,14 @@ class scratch {
   scratch& operator=(const scratch&) = delete;
   T* get() const { return p_; }
   std::size_t size() const { return n_; }
+  /// From the capture's buffer: valid until the graph's run ends, whichever stream of the graph
+  /// reads it (pool scratch is freed on this stream only).
+  bool from_capture() const { return from_capture_; }
 
  private:
   T* p_ = nullptr;
   std::size_t n_ = 0;
+  bool from_capture_ = false;
 };
 
 inline unsigned blocks_for(long long n, int threads) { return unsigned((n + threads - 1) / threads); }

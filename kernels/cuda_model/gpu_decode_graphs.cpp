@@ -52,6 +52,7 @@ void gpu_model::impl::run_graphed(std::pair<int, int> key, const std::function<v
   if (g.exec == nullptr) {
     cuda::graph_capture_begin();
     enqueue();
+    if (cuda::fast::side_pending()) cuda::fast::side_wait();  // a branch the ops left open (hc_boundary's Sinkhorn)
     g.exec = cuda::graph_capture_end();
     g.generation = generation;
   }

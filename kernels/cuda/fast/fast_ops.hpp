@@ -262,6 +262,11 @@ struct tuning {
   /// of bench-40L-E64 on one H200 at batch 1: 7.99-8.05 against 8.07-8.14 ms a step.
   /// $CEDAR_GPU_BOUNDARY_FINISH=0 turns it off (A/B runs).
   bool boundary_finish_apart = true;
+  /// In a graph capture, that finish's Sinkhorn block (pre, post and comb, which the next
+  /// boundary reads) runs as a branch on the side lane while the step goes on (the same bits).
+  /// Decode of bench-40L-E64 on one H200 at batch 1: 7.66-7.72 against 8.00 ms a step.
+  /// $CEDAR_GPU_BOUNDARY_BRANCH=0 turns it off (A/B runs).
+  bool boundary_sinkhorn_branch = true;
   /// Decode rows whose attention runs the per-16-heads kernel: that kernel rotates the queries
   /// as it loads them, so the kv row chain joins the qr chain's launch before wq_b and the
   /// launch after wq_b is gone (the same bits: tests/gpu/decode_graph_test.cpp compares the
@@ -367,10 +372,12 @@ bool gemv_fp8w_codes(const float* x, int ldx, const fp8_weight& w, int n, int k,
 /// which goes to the calling thread's second stream (it becomes current); side_end: back to the
 /// first stream (the side work is not waited for); side_wait: the current stream waits for the
 /// side work up to side_end. Inside a graph capture the side work is a branch of the graph (end
-/// it and wait before the capture ends). Not nested.
+/// it and wait before the capture ends). Not nested. side_pending: a branch has ended that no
+/// side_wait has waited for since.
 void side_begin();
 void side_end();
 void side_wait();
+bool side_pending();
 
 // ---- lab helpers ----------------------------------------------------------------------------
 

@@ -319,17 +319,18 @@ __device__ __forceinline__ float sum_slices(const float* partials, int r, int sl
 constexpr int finish_u = 4;
 constexpr int finish_span = slice * finish_u;
 
-/// grid (m, spans + 1): block y < spans scales positions [finish_span y, +finish_span) of row x
-/// by its RMS and the norm weight; block y == spans finishes pre, post and comb of row x.
+/// grid (m, blocks): block y' = y0 + y < spans scales positions [finish_span y', +finish_span) of
+/// row x by its RMS and the norm weight; block y' == spans finishes pre, post and comb of row x
+/// (blocks spans + 1 from y0 0: all of it; the finish alone: y0 spans, one block).
 template <int HC>
 __global__ void __launch_bounds__(slice)
     mix_finish(int d, int slices, const float* partials, const float* scale, const float* base, int iters, float hc_eps,
                float norm_eps, float* pre, float* post, float* comb, const float* norm_w, float* x_out, uint8_t* codes,
-               float* scales) {
+               float* scales, int spans, int y0) {
   cuda::detail::dependent_start();
   constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
-  const int r = blockIdx.x, spans = int(gridDim.y) - 1;
-  if (int(blockIdx.y) < spans) {
+  const int r = blockIdx.x, y = int(blockIdx.y) + y0;
+  if (y < spans) {
     __shared__ float inv_s;
     if (threadIdx.x < 32) {  // lane 0's sum is the one used: every lane adds in slice order
       const float sq = sum_slices<n_part>(partials, r, slices, n_mix + 1);
@@ -337,7 +338,7 @@ __global__ void __launch_bounds__(slice)
     }
     __syncthreads();
     float* out = x_out + size_t(r) * d;
-    const int first = blockIdx.y * finish_span;
+    const int first = y * finish_span;
     cuda::detail::scale_by_weight<finish_u>(out + first, out + first, min(finish_span, d - first), threadIdx.x,
                                             blockDim.x, inv_s, norm_w + first);
     if (codes == nullptr) return;
@@ -541,16 +542,17 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
               float* scales) {
   constexpr int n_mix = HC * HC + 2 * HC, n_part = n_mix + 2;
   CEDAR_CUDA_REQUIRE(codes == nullptr || (d % 32 == 0 && scales != nullptr), "hc_boundary: codes need d % 32 == 0");
+  if (side_pending()) side_wait();  // the boundary before's Sinkhorn branch: its post and comb are read here
   const int slices = (d + slice - 1) / slice;
   scratch<float> partials(size_t(m) * slices * n_part);
   const bool one_fits = m <= fused_max_rows && slices <= fused_max_slices;
   CEDAR_CUDA_REQUIRE(launches != hc_launches::one || one_fits,
                      "hc_boundary: one launch takes at most 8 rows of d <= 16384");
   const int spans = (d + finish_span - 1) / finish_span;
-  const auto finish = [&] {
-    cuda::detail::launch_dependent(mix_finish<HC>, dim3(m, spans + 1), dim3(slice), 0, d, slices, partials.get(),
+  const auto finish = [&](int y0, int blocks) {
+    cuda::detail::launch_dependent(mix_finish<HC>, dim3(m, blocks), dim3(slice), 0, d, slices, partials.get(),
                                    p.scale, p.base, p.sinkhorn_iters, p.hc_eps, p.norm_eps, pre_out, post, comb,
-                                   norm_w, x_out, codes, scales);
+                                   norm_w, x_out, codes, scales, spans, y0);
   };
   if (launches == hc_launches::one || (launches == hc_launches::automatic && one_fits && m <= hc_one_launch_max_rows)) {
     const int groups = (n_part + fused_sums - 1) / fused_sums;  // 7 at hc = 4: 140 blocks a decode row (d = 5120)
@@ -560,7 +562,17 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
                                    x_out, partials.get(), p.scale, p.base, p.sinkhorn_iters, p.hc_eps, p.norm_eps,
                                    pre_out, norm_w, fused_arrivals(), tuning_now().boundary_weight_early);
     CEDAR_CUDA_LAUNCHED();
-    if (apart) return finish();
+    if (apart) {
+      // in a graph, pre, post and comb (read at the next boundary) from a branch of their own:
+      // the step goes on once the input is normalized and coded, Sinkhorn beside it (joined at
+      // the next boundary or before the capture ends: side_pending; the branch reads the
+      // partials after this call, so only where they are the capture's, not the pool's)
+      if (!partials.from_capture() || !tuning_now().boundary_sinkhorn_branch) return finish(0, spans + 1);
+      side_begin();
+      finish(spans, 1);
+      side_end();
+      return finish(0, spans);
+    }
     // the codes apart: in this launch the row's one finishing block would quantize all of its
     // groups in series, on the step's critical path (measured: a batch-1 step 8.9-9.2 ms
     // against 8.4, docs/BENCHMARKS.md, 2026-12-04)
@@ -585,7 +597,7 @@ void boundary(float* X, int m, int d, const float* f, float* post, float* comb, 
       break;
   }
   CEDAR_CUDA_LAUNCHED();
-  finish();
+  finish(0, spans + 1);
 }
 
 // ---- router ----

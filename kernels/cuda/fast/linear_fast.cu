@@ -290,6 +290,8 @@ tuning& tuning_now() {
     if (is_off("CEDAR_GPU_BOUNDARY_EARLY")) d.boundary_weight_early = false;
     // CEDAR_GPU_BOUNDARY_FINISH=0: the one-launch boundary's last block finishes the row itself
     if (is_off("CEDAR_GPU_BOUNDARY_FINISH")) d.boundary_finish_apart = false;
+    // CEDAR_GPU_BOUNDARY_BRANCH=0: under graphs the boundary's Sinkhorn stays in the step's chain
+    if (is_off("CEDAR_GPU_BOUNDARY_BRANCH")) d.boundary_sinkhorn_branch = false;
     // CEDAR_GPU_ATTENTION_ROTATES_Q=0: the decode queries rotated by the kv row chain's launch
     // after wq_b, not as the attention loads them
     if (is_off("CEDAR_GPU_ATTENTION_ROTATES_Q")) d.attention_rotates_q = false;

@@ -25,6 +25,7 @@ side_lane& side_lane_now() {
 namespace {
 thread_local void* branch_from = nullptr;  ///< the stream side_begin left (valid while in a branch)
 thread_local bool in_branch = false;
+thread_local bool unjoined = false;  ///< side work ended but not yet waited for
 }  // namespace
 
 }  // namespace detail
@@ -45,11 +46,15 @@ void side_end() {
   CEDAR_CUDA_CHECK(cudaEventRecord(lane.join, lane.stream));
   cuda::set_stream(detail::branch_from);
   detail::in_branch = false;
+  detail::unjoined = true;
 }
 
 void side_wait() {
   CEDAR_CUDA_REQUIRE(!detail::in_branch, "side_wait: still in the side branch");
   CEDAR_CUDA_CHECK(cudaStreamWaitEvent(cuda::detail::stream(), detail::side_lane_now().join, 0));
+  detail::unjoined = false;
 }
+
+bool side_pending() { return detail::unjoined; }
 
 }  // namespace cedar::cuda::fast
