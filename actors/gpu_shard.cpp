@@ -107,8 +107,10 @@ std::vector<sampled_token> gpu_step_model::forward_sample(std::span<forward_item
     m_->forward(batch, none, nullptr, view());
     return std::vector<sampled_token>(rows);
   }
-  const bool top_logprobs = std::any_of(params.begin(), params.end(), [](const sampling_params& p) { return p.logprobs > 0; });
-  if (top_logprobs) return step_model::forward_sample(batch, params, token_idx);
+  // top alternatives and structured output's masks: the host sampler, on the logits copied back
+  const bool on_host = std::any_of(params.begin(), params.end(),
+                                   [](const sampling_params& p) { return p.logprobs > 0 || !p.allowed.empty(); });
+  if (on_host) return step_model::forward_sample(batch, params, token_idx);
   std::vector<cuda::sample_request> requests;
   for (std::size_t i = 0; i < params.size(); ++i)
     requests.push_back({params[i].temperature, params[i].top_k, params[i].top_p, params[i].seed, token_idx[i]});

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/output_grammar.hpp"
 #include "actors/sampler.hpp"
 
 namespace cedar {
@@ -58,6 +59,7 @@ struct request_spec {
   int64_t max_tokens = 16;           ///< completion tokens at most (>= 1)
   std::vector<int32_t> stop_ids;     ///< besides EOS
   bool ignore_eos = false;
+  output_grammar grammar;            ///< structured output (inactive: none)
 };
 
 /// Token counts of one request.

@@ -85,7 +85,16 @@ using session_actor = caf::typed_actor<
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
-  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.seed, x.logprobs);
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.seed, x.logprobs, x.allowed);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, grammar_node& x) {
+  return f(caf::meta::type_name("grammar_node"), x.kind, x.names, x.children, x.required, x.extra, x.min_count,
+           x.max_count);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, output_grammar& x) {
+  return f(caf::meta::type_name("output_grammar"), x.nodes, x.root, x.start_after, x.any_node);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampled_token& x) {
@@ -111,7 +120,7 @@ typename Inspector::result_type inspect(Inspector& f, step_output& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_spec& x) {
   return f(caf::meta::type_name("request_spec"), x.session_id, x.prompt, x.sampling, x.max_tokens, x.stop_ids,
-           x.ignore_eos);
+           x.ignore_eos, x.grammar);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, usage_counts& x) {

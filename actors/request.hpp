@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct request_state {
   bool admitted_once = false;
   bool cancel_requested = false;
   int num_preemptions = 0;
+  /// Structured output: where the completion stands in spec.grammar, once the constraint has
+  /// started (at once, or after spec.grammar.start_after); empty before and without a grammar.
+  std::optional<json_matcher> matcher;
   steady_time submit_time{};
   steady_time last_token_time{};
 

@@ -67,12 +67,22 @@ std::string validate(const sampling_params& p, int vocab_size) {
   if (p.top_k < 0) return "top_k must be >= 0";
   if (!(p.top_p > 0.f && p.top_p <= 1.f)) return "top_p must be in (0, 1]";
   if (p.logprobs < 0 || p.logprobs > 20 || p.logprobs > vocab_size) return "logprobs must be in [0, 20]";
+  if (!p.allowed.empty() && p.allowed.size() != (std::size_t(vocab_size) + 63) / 64)
+    return "the allowed-token mask must hold one bit per vocabulary token";
   return {};
 }
 
 sampled_token sample(std::span<const float> logits, const sampling_params& p, int64_t token_idx) {
   sampled_token out;
-  out.token_id = p.temperature == 0.f ? order_by_logit(logits, 1)[0] : pick_random(logits, p, token_idx);
+  std::vector<float> masked;
+  std::span<const float> pick_from = logits;
+  if (!p.allowed.empty()) {
+    masked.assign(logits.begin(), logits.end());
+    for (std::size_t id = 0; id < masked.size(); ++id)
+      if (!(p.allowed[id / 64] >> (id % 64) & 1)) masked[id] = -INFINITY;
+    pick_from = masked;
+  }
+  out.token_id = p.temperature == 0.f ? order_by_logit(pick_from, 1)[0] : pick_random(pick_from, p, token_idx);
   const double lse = log_sum_exp(logits);
   out.logprob = float(logits[out.token_id] - lse);
   if (p.logprobs > 0) {

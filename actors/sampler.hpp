@@ -18,6 +18,9 @@ struct sampling_params {
   float top_p = 1.f;        ///< keep the smallest set whose probability reaches top_p; 1 = all
   uint64_t seed = 0;        ///< with token_idx, fixes the random draw
   int logprobs = 0;         ///< return this many top alternatives (0 = none; the sampled token's is always given)
+  /// Structured output: bit id set when token id may be sampled ([ceil(vocab / 64)] words;
+  /// empty: every token). Built by the scheduler for each step (actors/output_grammar.hpp).
+  std::vector<uint64_t> allowed;
 };
 
 /// Empty when valid, else a message naming the bad field.
@@ -31,7 +34,9 @@ struct sampled_token {
 };
 
 /// Samples from logits [vocab] fp32. token_idx = index of the token being generated within its
-/// request (0 for the first completion token); it seeds the draw together with p.seed.
+/// request (0 for the first completion token); it seeds the draw together with p.seed. With
+/// p.allowed, only allowed tokens are drawn (the others' logits count as -inf); logprob and the
+/// top alternatives stay those of the model's own distribution.
 sampled_token sample(std::span<const float> logits, const sampling_params& p, int64_t token_idx);
 
 }  // namespace cedar

@@ -57,6 +57,12 @@ outcome<uint64_t> scheduler::submit(request_spec spec) {
     if (t < 0 || t >= args_.vocab_size)
       return engine_error{engine_errc::bad_params, "stop id " + std::to_string(t) + " is outside the vocabulary"};
   if (auto e = validate(spec.sampling, args_.vocab_size); !e.empty()) return engine_error{engine_errc::bad_params, e};
+  if (spec.grammar.active()) {
+    if (!options_.vocab)
+      return engine_error{engine_errc::bad_params, "structured output needs the served tokenizer's vocabulary"};
+    if (std::size_t(spec.grammar.root) >= spec.grammar.nodes.size())
+      return engine_error{engine_errc::bad_params, "the response format's grammar has no root node"};
+  }
   if (pool_.capacity().num_slots == 0 || pool_.capacity().num_pages == 0)
     return engine_error{engine_errc::kv_exhausted, "the KV budget holds no page or no ring slot"};
   if (n >= context_tokens_) {
@@ -74,6 +80,7 @@ outcome<uint64_t> scheduler::submit(request_spec spec) {
   r.spec = std::move(spec);
   r.spec.prompt.clear();  // kept once, in tokens
   r.submit_time = std::chrono::steady_clock::now();
+  if (r.spec.grammar.active() && r.spec.grammar.start_after < 0) r.matcher.emplace();
   requests_.emplace(id, std::move(r));
   waiting_.push_back(id);
   return id;
@@ -114,6 +121,10 @@ bool scheduler::apply(const step_output& out) {
     if (r.cancel_requested || !out.results[i].has_token) continue;
     token_batch batch = make_batch(r);
     append_token(r, out.results[i], batch);
+    if (!follow_grammar(r)) {  // a shard that ignored the mask: a broken invariant, reported
+      finish(r, "error", "the sampled token leaves the response format");
+      continue;
+    }
     const char* reason = stop_reason(r);
     batch.usage.completion_tokens = r.completion_tokens();
     if (reason) batch.finished = true, batch.finish_reason = reason;
@@ -139,6 +150,30 @@ void scheduler::append_token(request_state& r, const item_result& res, token_bat
     batch.top_ids.push_back(res.token.top_ids);
     batch.top_logprobs.push_back(res.token.top_logprobs);
   }
+}
+
+bool scheduler::follow_grammar(request_state& r) const {
+  if (!r.spec.grammar.active()) return true;
+  const int32_t token = r.tokens.back();
+  if (!r.matcher) {
+    if (token == r.spec.grammar.start_after) r.matcher.emplace();
+    return true;
+  }
+  if (token == args_.eos_token_id) return r.matcher->can_end(r.spec.grammar);
+  if (token >= options_.vocab->size()) return false;
+  for (char c : options_.vocab->bytes(token))
+    if (!r.matcher->feed(r.spec.grammar, uint8_t(c))) return false;
+  return true;
+}
+
+std::vector<uint64_t> scheduler::allowed_tokens(const request_state& r) const {
+  std::vector<uint64_t> mask = options_.vocab->allowed(r.spec.grammar, *r.matcher);
+  mask.resize((std::size_t(args_.vocab_size) + 63) / 64, 0);
+  if (const std::size_t extra = mask.size() * 64 - std::size_t(args_.vocab_size); extra > 0)
+    mask.back() &= ~uint64_t{0} >> extra;  // no id past the model's vocabulary
+  if (std::all_of(mask.begin(), mask.end(), [](uint64_t w) { return w == 0; }))
+    mask[std::size_t(args_.eos_token_id) / 64] |= uint64_t{1} << (args_.eos_token_id % 64);  // a dead end: stop
+  return mask;
 }
 
 const char* scheduler::stop_reason(const request_state& r) const {

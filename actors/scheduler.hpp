@@ -93,6 +93,11 @@ class scheduler {
   void publish_full_pages(request_state& r);
   void append_token(request_state& r, const item_result& res, token_batch& batch);
   const char* stop_reason(const request_state& r) const;
+  /// Structured output: moves r.matcher over r's newest token (starting it at the grammar's
+  /// start token); false when the token does not fit the grammar.
+  bool follow_grammar(request_state& r) const;
+  /// The tokens r's next sampled token may be (r.matcher set): never none (EOS at a dead end).
+  std::vector<uint64_t> allowed_tokens(const request_state& r) const;
   token_batch make_batch(const request_state& r) const;
   void record_sample(std::vector<double>& samples, double ms);
 

@@ -4,11 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 namespace cedar {
+
+class token_vocab;  // actors/output_grammar.hpp
 
 /// How SWA rings are rebuilt after a prefix-cache hit of H tokens.
 enum class swa_replay_mode : uint8_t {
@@ -38,6 +41,9 @@ struct engine_options {
   int64_t step_timeout_ms = 60000;                 ///< --step-timeout-ms: a shard reply later than this fails the step
   std::string layout = "tp1";                      ///< --layout tpN|depN: shards and how they split the model
   int shard_port = -1;                             ///< --shard-port N: accept `cedar shard --connect` (0 = any free port, -1 = off)
+  /// The served vocabulary's bytes (the server's tokenizer): structured output needs it; a
+  /// request with a grammar is refused without it.
+  std::shared_ptr<const token_vocab> vocab;
 
   /// --max-batched-tokens and --max-prefill-chunk on a GPU shard when not given (the chunk no
   /// larger than the step): large enough that each expert's weights, read once per step, serve

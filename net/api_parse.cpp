@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "net/json_writer.hpp"
+#include "net/response_format.hpp"
 
 namespace cedar::net {
 
@@ -341,6 +342,9 @@ opt_error parse_chat_request(std::string_view body, chat_request& out) {
     if (!out.gen.logprobs) return bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
   }
   if (auto err = get_string(root, "user", out.user)) return err;
+  dom::element rf;
+  if (field(root, "response_format", rf))
+    if (auto err = parse_response_format(rf, true, "response_format", out.gen.format)) return err;
   return {};
 }
 
@@ -381,6 +385,9 @@ opt_error parse_completion_request(std::string_view body, completion_request& ou
   bool has = false;
   if (auto err = get_int(root, "logprobs", 0, 20, k, has)) return err;
   if (has) { out.gen.logprobs = true; out.gen.top_logprobs = int(k); }
+  dom::element rf;
+  if (field(root, "response_format", rf))
+    if (auto err = parse_response_format(rf, true, "response_format", out.gen.format)) return err;
   return {};
 }
 
@@ -479,6 +486,16 @@ opt_error parse_responses_object(dom::object root, responses_request& out) {
       return bad_request("unknown reasoning.effort '" + effort + "'", "reasoning.effort");
   }
   if (auto err = get_bool(root, "store", out.store)) return err;
+  dom::element text;
+  if (field(root, "text", text)) {
+    dom::object to;
+    if (text.get(to) != simdjson::SUCCESS) return type_error("text", "an object");
+    dom::element fmt;
+    if (field(to, "format", fmt)) {
+      if (auto err = parse_response_format(fmt, false, "text.format", out.gen.format)) return err;
+      out.gen.format_json = simdjson::minify(fmt);
+    }
+  }
   return {};
 }
 

@@ -48,6 +48,8 @@ struct generation_options {
   int top_logprobs = 0;
   bool stream = false;
   bool include_usage = false;
+  output_grammar format;    ///< response_format / text.format compiled (inactive: plain text)
+  std::string format_json;  ///< Responses: text.format as given, compact (empty: {"type":"text"})
 };
 
 /// POST /v1/chat/completions

@@ -1,5 +1,6 @@
 // The runtime behind the bridge: net's requests become actors' request_specs, the runtime's
-// token batches become net's. The only net/ file that includes actors/. Cancels and session
+// token batches become net's. The only net/ file that includes the runtime (bridge.hpp takes
+// only the plain grammar type of actors/output_grammar.hpp). Cancels and session
 // closes go through one worker thread, so an I/O strand never waits on an actor round trip.
 //
 // Conversations: net names one by a key (generate_request::session_id) and always sends the
@@ -72,6 +73,7 @@ class runtime_bridge final : public engine_bridge {
     spec.sampling.top_k = r.sampling.top_k;
     spec.sampling.seed = r.sampling.has_seed ? r.sampling.seed : random_seed();
     spec.sampling.logprobs = std::max(0, r.top_logprobs);
+    spec.grammar = std::move(r.grammar);
     bool want_logprobs = r.top_logprobs >= 0;
     const uint64_t key = r.session_id;
     std::vector<int32_t> before;  // the session's tokens before this turn, restored on refusal

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "actors/output_grammar.hpp"
+
 namespace cedar {
 class engine;
 }
@@ -38,6 +40,7 @@ struct generate_request {
   int max_tokens = 256;
   std::vector<int32_t> stop_ids;  ///< generation ends after emitting one of these
   int top_logprobs = -1;          ///< -1: no logprobs; 0: the chosen token's only; k: k alternatives
+  output_grammar grammar;         ///< structured output (net/response_format.hpp); inactive: none
 };
 
 /// One alternative token with its log-probability.

@@ -28,14 +28,18 @@ std::optional<api_error> check_ready(const server_state& state) {
   return {};
 }
 
-generate_request make_request(const server_state& state, std::vector<int32_t> ids,
-                              const generation_options& g) {
+/// The generation of `ids` with `g`; after a chat prompt that opens the reasoning, a response
+/// format holds only from the reasoning's end on.
+generate_request make_request(const server_state& state, std::vector<int32_t> ids, const generation_options& g,
+                              const reasoning_options* reasoning = nullptr) {
   generate_request req;
   req.prompt_ids = std::move(ids);
   req.sampling = g.sampling;
   req.max_tokens = g.max_tokens > 0 ? g.max_tokens : state.options.default_max_tokens;
   req.stop_ids = state.codec->stop_ids();
   req.top_logprobs = g.logprobs ? g.top_logprobs : -1;
+  req.grammar = g.format;
+  if (req.grammar.active() && reasoning && reasoning->thinking) req.grammar.start_after = dsv41::think_end_id;
   return req;
 }
 
@@ -125,7 +129,7 @@ started start_chat(const std::shared_ptr<server_state>& state, boost::asio::any_
   if (!prompt.error.empty()) return {nullptr, bad_request(prompt.error, "messages")};
   auto writer = make_chat_writer(context(*state, state->new_id("chatcmpl-"), req.gen));
   return launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),
-                std::move(writer), req.gen, make_request(*state, std::move(prompt.ids), req.gen), sink);
+                std::move(writer), req.gen, make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning), sink);
 }
 
 started start_completion(const std::shared_ptr<server_state>& state,
@@ -204,9 +208,10 @@ started start_responses(const std::shared_ptr<server_state>& state,
   turn.reasoning = req.reasoning;
   turn.sampling = req.gen.sampling;
   turn.max_output_tokens = req.gen.max_tokens;
+  turn.format_json = req.gen.format_json;
   turn.store = req.store;
   turn.on_stored = std::move(on_stored);
-  auto gen_request = make_request(*state, std::move(prompt.ids), req.gen);
+  auto gen_request = make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning);
   gen_request.session_id = turn.session_id;
   const uint64_t session_id = turn.session_id;
   auto writer = make_responses_writer(context(*state, state->new_id("resp_"), req.gen), std::move(turn));

@@ -26,6 +26,8 @@ class null_engine final : public engine_bridge {
   submit_result submit(generate_request request, token_callback on_tokens) override {
     std::lock_guard lock(mutex_);
     if (stopping_) return {submit_status::not_ready, 0, "engine is stopping"};
+    if (request.grammar.active())
+      return {submit_status::invalid, 0, "structured output needs a model: the null engine replays a script"};
     uint64_t id = ++last_id_;
     live_[id] = live_request{std::move(request), std::move(on_tokens)};
     wake_.notify_one();

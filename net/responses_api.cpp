@@ -202,7 +202,10 @@ class responses_writer final : public response_writer {
     w.key("reasoning").obj();
     if (turn_.reasoning.thinking) w.kv("effort", int64_t{turn_.reasoning.effort}); else w.kv("effort", "none");
     w.key("summary").null().end_obj();
-    w.key("text").obj().key("format").obj().kv("type", "text").end_obj().end_obj();
+    w.key("text").obj().key("format");
+    if (turn_.format_json.empty()) w.obj().kv("type", "text").end_obj();
+    else w.raw(turn_.format_json);
+    w.end_obj();
     w.key("metadata").obj().end_obj();
     w.key("output").arr();
     if (r) for (auto& item : items_) item_json(w, item, true);

@@ -301,3 +301,76 @@ TEST_CASE("scheduler: bad input gets a clear error and leaves the runtime workin
   CHECK(r.sched->cancel(id).error().code == engine_errc::unknown_request);
   r.check_nothing_held();
 }
+
+namespace {
+
+/// The toy vocabulary as JSON pieces (id 1, the end token, has no bytes), every character of
+/// the grammar's texts among them, as in a byte-level vocabulary (no dead ends).
+std::shared_ptr<const token_vocab> toy_json_vocab(int vocab) {
+  const char* pieces[] = {"{", "}", "[", "]", "\"", ":", ",", " ", "\"k\"", "\"b\":", "true", "false", "tr", "ue",
+                          "1", "2", "12", "a", "\"a", "b\"", "null", "{\"", "\n  ", "k", "b", "e", "t", "r", "u",
+                          "f", "l", "s"};
+  std::vector<std::string> bytes(static_cast<std::size_t>(vocab));
+  for (int id = 2; id < vocab; ++id) bytes[std::size_t(id)] = pieces[std::size_t(id - 2) % std::size(pieces)];
+  return std::make_shared<const token_vocab>(std::move(bytes), std::vector<bool>(std::size_t(vocab), false), 1);
+}
+
+/// {"k": 1 or 2, "b": a boolean}, both required, no other key.
+output_grammar toy_schema() {
+  output_grammar g;
+  grammar_node k, b, obj;
+  k.kind = b.kind = grammar_node::literal;
+  k.names = {"1", "2"};
+  b.names = {"true", "false"};
+  obj.kind = grammar_node::object;
+  obj.names = {"k", "b"};
+  obj.children = {g.add(k), g.add(b)};
+  obj.required = 3;
+  g.root = g.add(obj);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("scheduler: structured output holds every sampled token to the grammar, through preemption") {
+  engine_options o = small_options();
+  o.vocab = toy_json_vocab(test::toy_args().vocab_size);
+  o.kv_budget_bytes = 1 << 20;  // pressure: requests are preempted and resumed mid-value
+  rig r(o);
+  std::mt19937 g(5);
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 24; ++i) {
+    request_spec s = make_spec(g, 40, 200, i % 2 == 1);
+    s.max_tokens = 200;
+    s.ignore_eos = false;
+    s.grammar = toy_schema();
+    ids.push_back(r.sched->submit(s).value());
+  }
+  r.run_all();
+  for (uint64_t id : ids) {
+    REQUIRE(!r.out[id].empty());
+    CHECK(r.reason[id] == "stop");
+    CHECK(r.out[id].back() == r.args.eos_token_id);
+    std::string text;
+    for (std::size_t i = 0; i + 1 < r.out[id].size(); ++i) text += o.vocab->bytes(r.out[id][i]);
+    const output_grammar schema = toy_schema();
+    json_matcher m;
+    bool fits = true;
+    for (char c : text) fits = fits && m.feed(schema, uint8_t(c));
+    CHECK_MESSAGE((fits && m.can_end(schema)), text);
+  }
+  r.check_nothing_held();
+}
+
+TEST_CASE("scheduler: a grammar without the served vocabulary is refused") {
+  rig r(small_options());
+  request_spec s;
+  s.prompt = {3, 4};
+  s.max_tokens = 4;
+  s.grammar = toy_schema();
+  auto e = r.sched->submit(s);
+  REQUIRE(!e.ok());
+  CHECK(e.error().code == engine_errc::bad_params);
+  CHECK(e.error().message.find("structured output") != std::string::npos);
+  r.check_nothing_held();
+}

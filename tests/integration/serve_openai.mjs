@@ -249,6 +249,65 @@ await check("responses with the parser path: reasoning item and function_call it
   assert.ok(r2.usage.input_tokens > r.usage.input_tokens);
 });
 
+// Structured output: the tiny model's weights are random, so only the grammar makes its text JSON.
+const verdict = { type: "object", additionalProperties: false, required: ["ok", "level", "why", "tags"],
+  properties: { ok: { type: "boolean" }, level: { enum: ["low", "high"] }, why: { type: "string", maxLength: 24 },
+                tags: { type: "array", items: { type: "string", maxLength: 6 }, maxItems: 2 } } };
+function checkVerdict(text) {
+  const v = JSON.parse(text);
+  assert.deepEqual(Object.keys(v).sort(), ["level", "ok", "tags", "why"]);
+  assert.equal(typeof v.ok, "boolean");
+  assert.ok(["low", "high"].includes(v.level));
+  assert.ok(typeof v.why === "string" && [...v.why].length <= 24);
+  assert.ok(Array.isArray(v.tags) && v.tags.length <= 2);
+}
+
+await check("response_format json_schema: random weights still answer with JSON the schema admits", async () => {
+  for (const seed of [1, 2, 3]) {
+    const r = await tiny.chat.completions.create({ model: "tiny", max_tokens: 300, temperature: 1, seed, ...chatMode,
+      messages: [{ role: "user", content: "Judge this." }],
+      response_format: { type: "json_schema", json_schema: { name: "verdict", schema: verdict, strict: true } } });
+    assert.equal(r.choices[0].finish_reason, "stop");
+    checkVerdict(r.choices[0].message.content);
+  }
+});
+
+await check("response_format json_schema streamed, and json_object", async () => {
+  const stream = await tiny.chat.completions.create({ model: "tiny", max_tokens: 300, temperature: 0, stream: true,
+    messages: [{ role: "user", content: "Judge that." }], ...chatMode,
+    response_format: { type: "json_schema", json_schema: { name: "verdict", schema: verdict } } });
+  let text = "", finish = null;
+  for await (const chunk of stream) {
+    text += chunk.choices[0]?.delta?.content ?? "";
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(finish, "stop");
+  checkVerdict(text);
+  const o = await tiny.chat.completions.create({ model: "tiny", max_tokens: 120, temperature: 0, ...chatMode,
+    messages: [{ role: "user", content: "Any object." }], response_format: { type: "json_object" } });
+  const text2 = o.choices[0].message.content;
+  assert.ok(text2.startsWith("{"), text2);
+  if (o.choices[0].finish_reason === "stop") assert.equal(typeof JSON.parse(text2), "object");
+});
+
+await check("Responses text.format json_schema: the output text parses and the format is echoed", async () => {
+  const format = { type: "json_schema", name: "verdict", schema: verdict, strict: true };
+  const r = await tiny.responses.create({ model: "tiny", input: "Judge.", max_output_tokens: 300,
+    reasoning: { effort: "none" }, text: { format } });
+  assert.equal(r.status, "completed");
+  checkVerdict(r.output_text);
+  assert.deepEqual(r.text.format, format);
+});
+
+await check("a schema cedar cannot enforce is refused with 400, naming the keyword", async () => {
+  await assert.rejects(tiny.chat.completions.create({ model: "tiny", max_tokens: 4, messages: [{ role: "user", content: "x" }],
+    response_format: { type: "json_schema", json_schema: { name: "e", schema: { type: "string", pattern: "^a+$" } } } }),
+  (e) => e.status === 400 && e.code === "unsupported_schema" && /'pattern'/.test(e.message) &&
+         e.param === "response_format.json_schema.schema");
+  await assert.rejects(nul.chat.completions.create({ model: "null", max_tokens: 4, messages: [{ role: "user", content: "x" }],
+    response_format: { type: "json_object" } }), (e) => e.status === 400 && /null engine/.test(e.message));
+});
+
 await check("POST /admin/layout switches TP -> DEP while a stream runs; the stream loses nothing", async () => {
   const admin = (layout) => fetch(process.env.URL_TINY + "/admin/layout", { method: "POST",
     headers: { Authorization: "Bearer adm" }, body: JSON.stringify({ layout }) });

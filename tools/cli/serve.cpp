@@ -16,6 +16,7 @@
 #include "config/model_config.hpp"
 #include "kernels/checkpoint/safetensors.hpp"
 #include "kernels/model/random_weights.hpp"
+#include "net/response_format.hpp"
 #include "net/server.hpp"
 #include "tools/cli/device_model.hpp"
 #include "net/engram_map.hpp"
@@ -81,7 +82,8 @@ cedar::outcome<std::unique_ptr<cedar::engine>> start_gpu_layout(const model_choi
   return cedar::engine::start(std::move(src), options);
 }
 
-std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, const cedar::net::prompt_codec& codec) {
+std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& given, const cedar::net::prompt_codec& codec) {
+  model_choice c = given;
   if (c.model == "null") {
     std::vector<int32_t> script;
     if (!c.null_output.empty()) {
@@ -94,6 +96,7 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& c, c
   auto args = cedar::load_model_args(c.model, &error);
   if (!args) throw std::runtime_error(error);
   // a checkpoint must hash Engram n-grams as it was trained; random weights may keep token ids
+  c.options.vocab = cedar::net::make_token_vocab(codec.text_tokenizer(), args->eos_token_id);  // structured output
   if (!cedar::net::attach_engram_token_map(*args, codec.text_tokenizer(), &error) &&
       std::filesystem::is_directory(c.model))
     throw std::runtime_error(error);
