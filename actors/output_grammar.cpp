@@ -337,10 +337,15 @@ bool json_matcher::can_end(const output_grammar& g) const {
   return depth_ > 0 && d == 0;
 }
 
+void json_matcher::assign(const json_matcher& other) {
+  std::copy(other.stack_.begin(), other.stack_.begin() + other.depth_, stack_.begin());
+  depth_ = other.depth_, whitespace_run_ = other.whitespace_run_, done_ = other.done_;
+}
+
 bool json_matcher::in_free_string(const output_grammar& g, int32_t& chars_left) const {
   if (depth_ == 0) return false;
   const frame& f = stack_[std::size_t(depth_ - 1)];
-  if (f.kind != k_string || (f.flags & f_key) || f.esc != 0 || f.next != 0) return false;
+  if (f.kind != k_string || (f.flags & f_key) || f.esc != 0 || f.next > 0) return false;
   const int32_t max = f.node < 0 ? -1 : g.nodes[std::size_t(f.node)].max_count;
   chars_left = max < 0 ? -1 : max - f.count;
   return true;
@@ -410,7 +415,7 @@ void token_vocab::walk(const sorted_list& list, const output_grammar& g, const j
     const std::string& s = bytes(list.ids[k]);
     std::size_t j = std::min(shared, valid);
     for (; j < s.size(); ++j) {
-      states[j + 1] = states[j];
+      states[j + 1].assign(states[j]);
       if (!states[j + 1].feed(g, uint8_t(s[j]))) break;
     }
     if (j < s.size()) {

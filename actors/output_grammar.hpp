@@ -65,6 +65,9 @@ class json_matcher {
   bool can_end(const output_grammar& g) const;
   /// Inside a string that is not a key: its constraint (characters left, -1 without bound).
   bool in_free_string(const output_grammar& g, int32_t& chars_left) const;
+  /// Becomes a copy of `other`, copying only its live frames (the mask walk copies a matcher
+  /// for every byte it tries).
+  void assign(const json_matcher& other);
 
  private:
   struct frame {
