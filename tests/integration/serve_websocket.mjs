@@ -154,6 +154,34 @@ await check("with the tiny model, a dropped socket frees the request's KV pages 
   console.log(`      running 0 and KV pages used 0 ${Date.now() - t0} ms after the socket dropped`);
 });
 
+await check("a turn with text.format streams JSON its schema admits; the next turn on the socket is free text", async () => {
+  const ws = await open(wsUrl(process.env.URL_TINY), { Authorization: "Bearer sk-ws" });
+  const schema = { type: "object", additionalProperties: false, required: ["done", "step"],
+                   properties: { done: { type: "boolean" }, step: { enum: ["plan", "act", "check"] } } };
+  ws.send(JSON.stringify({ type: "response.create", model: "tiny", max_output_tokens: 200, reasoning: { effort: "none" },
+                           input: "Where are you?", text: { format: { type: "json_schema", name: "state", schema } } }));
+  let text = "";
+  for (;;) {
+    const e = await ws.next((x) => x.type === "response.output_text.delta" || isEnd(x));
+    if (isEnd(e)) {
+      assert.equal(e.type, "response.completed");
+      assert.equal(e.response.text.format.type, "json_schema");
+      const first = e.response;
+      const v = JSON.parse(text);
+      assert.equal(typeof v.done, "boolean");
+      assert.ok(["plan", "act", "check"].includes(v.step), text);
+      ws.send(JSON.stringify({ type: "response.create", model: "tiny", max_output_tokens: 4, reasoning: { effort: "none" },
+                               previous_response_id: first.id, input: "And now?" }));
+      const next = (await ws.next(isEnd)).response;
+      assert.ok(["completed", "incomplete"].includes(next.status), next.status);  // 4 tokens: likely cut
+      assert.equal(next.text.format.type, "text");
+      break;
+    }
+    text += e.delta;
+  }
+  ws.close();
+});
+
 await check("a malformed event gets an error event and the socket stays usable", async () => {
   const ws = await open(wsUrl(process.env.URL_NULL));
   ws.send("{not json");
