@@ -374,3 +374,35 @@ TEST_CASE("scheduler: a grammar without the served vocabulary is refused") {
   CHECK(e.error().message.find("structured output") != std::string::npos);
   r.check_nothing_held();
 }
+
+TEST_CASE("scheduler: a grammar with a start token holds only what follows it (thinking mode)") {
+  engine_options o = small_options();
+  o.vocab = toy_json_vocab(test::toy_args().vocab_size);
+  rig r(o);
+  request_spec free_run;
+  free_run.prompt = {7, 8, 9, 10};
+  free_run.max_tokens = 3;
+  free_run.ignore_eos = true;
+  const uint64_t a = r.sched->submit(free_run).value();
+  r.run_all();
+  REQUIRE(r.out[a].size() == 3);
+  request_spec s = free_run;  // greedy: the same first token, which now opens the constraint
+  s.max_tokens = 200;
+  s.ignore_eos = false;
+  s.grammar = toy_schema();
+  s.grammar.start_after = r.out[a][0];
+  const std::string& opener = o.vocab->bytes(r.out[a][0]);  // a token the grammar itself would refuse
+  CHECK((opener.empty() || !value_may_start(s.grammar, s.grammar.root, uint8_t(opener[0]))));
+  const uint64_t b = r.sched->submit(s).value();
+  r.run_all();
+  REQUIRE(r.out[b].size() >= 2);
+  CHECK(r.out[b][0] == r.out[a][0]);
+  CHECK(r.reason[b] == "stop");
+  std::string text;
+  for (std::size_t i = 1; i + 1 < r.out[b].size(); ++i) text += o.vocab->bytes(r.out[b][i]);
+  json_matcher m;
+  bool fits = true;
+  for (char c : text) fits = fits && m.feed(s.grammar, uint8_t(c));
+  CHECK_MESSAGE((fits && m.can_end(s.grammar)), text);
+  r.check_nothing_held();
+}
