@@ -46,6 +46,7 @@ struct tiles {
   // are a mask and a shift, not a division in every step), else 5
   static constexpr int stages = BM <= 64 ? 8 : 5;
   static constexpr int ahead = stages - 2;                       // steps loaded before their use
+  static_assert(ahead >= 1 && ahead < stages, "a step in flight beside the one in use");
   static constexpr int smem_bytes = stages * slot_bytes + 1024;  // + alignment
   static constexpr int min_blocks = BM <= 128 ? 2 : 1;         // blocks a SM (registers, memory)
 };
@@ -98,7 +99,7 @@ struct decode_tables {
   uint32_t lo, hi;
 };
 
-__device__ __forceinline__ decode_tables load_tables(const decode_tables* shared) {
+[[maybe_unused]] __device__ __forceinline__ decode_tables load_tables(const decode_tables* shared) {
   decode_tables t;
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
                : "=r"(t.lo), "=r"(t.hi)
