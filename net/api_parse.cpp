@@ -282,7 +282,7 @@ opt_error parse_reasoning(dom::object obj, reasoning_options& r) {
     if (e.get(s) == simdjson::SUCCESS) {
       if (!parse_effort(s, r)) return bad_request("unknown reasoning_effort '" + std::string(s) + "'", name);
     } else if (e.is_int64() && (v = e.get_int64().value_unsafe()) >= 1 && v <= 100) {
-      r.effort = int(v);
+      r.effort = int(v), r.effort_name.clear();
     } else {
       return bad_request("'reasoning_effort' must be low, medium, high, max, none or 1-100", name);
     }
@@ -314,10 +314,18 @@ opt_error parse_root(std::string_view body, dom::parser& parser, dom::object& ro
 
 bool parse_effort(std::string_view name, reasoning_options& out) {
   if (name == "none") { out.thinking = false; return true; }
-  if (name == "minimal" || name == "low") { out.effort = 50; return true; }
-  if (name == "medium" || name == "high" || name == "xhigh") { out.effort = 75; return true; }
-  if (name == "max") { out.effort = 100; return true; }
-  return false;
+  if (name == "minimal" || name == "low") out.effort = 50;
+  else if (name == "medium" || name == "high" || name == "xhigh") out.effort = 75;
+  else if (name == "max") out.effort = 100;
+  else return false;
+  out.effort_name = name;
+  return true;
+}
+
+std::string effort_name(const reasoning_options& r) {
+  if (!r.thinking) return "none";
+  if (!r.effort_name.empty()) return r.effort_name;
+  return r.effort <= 62 ? "low" : r.effort < 88 ? "medium" : "max";
 }
 
 opt_error parse_chat_request(std::string_view body, chat_request& out) {

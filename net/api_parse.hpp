@@ -32,4 +32,9 @@ std::optional<api_error> parse_layout_request(std::string_view body, std::string
 /// "none" turns thinking off. Returns false for anything else.
 bool parse_effort(std::string_view name, reasoning_options& out);
 
+/// The effort as a Responses object echoes it (a string, as OpenAI's clients read it): "none"
+/// with thinking off, else the client's own word, else the nearest of "low" (50), "medium" (75,
+/// the default) and "max" (100).
+std::string effort_name(const reasoning_options& r);
+
 }  // namespace cedar::net

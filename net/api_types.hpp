@@ -37,6 +37,8 @@ struct tool_def {
 struct reasoning_options {
   bool thinking = true;
   int effort = 75;
+  /// the effort as the client named it ("low", "high", ...); empty: given as a number, or not given
+  std::string effort_name;
 };
 
 /// Everything a generation needs beyond the conversation.

@@ -1,6 +1,7 @@
 // The Responses API writer: the response object, its streaming events (created, output items,
 // reasoning / text / function-call argument deltas, completed with usage), and storing the turn
 // for previous_response_id when it ends.
+#include "net/api_parse.hpp"
 #include "net/api_writers.hpp"
 #include "net/json_writer.hpp"
 
@@ -200,7 +201,7 @@ class responses_writer final : public response_writer {
     }
     w.end_arr();
     w.key("reasoning").obj();
-    if (turn_.reasoning.thinking) w.kv("effort", int64_t{turn_.reasoning.effort}); else w.kv("effort", "none");
+    w.kv("effort", effort_name(turn_.reasoning));
     w.key("summary").null().end_obj();
     w.key("text").obj().key("format");
     if (turn_.format_json.empty()) w.obj().kv("type", "text").end_obj();

@@ -181,10 +181,12 @@ await check("responses: a three-turn chain with previous_response_id, usage and 
   const r2 = await tiny.responses.create({ model: "tiny", previous_response_id: r1.id, input: "What is my name?",
     max_output_tokens: 4, reasoning: { effort: "none" } });
   assert.equal(r2.previous_response_id, r1.id);
+  assert.equal(r1.reasoning.effort, "none");  // echoed as the string clients send, never a number
   assert.ok(r2.usage.input_tokens > r1.usage.input_tokens + r1.usage.output_tokens, "the chain was not carried");
   assert.ok(r2.usage.input_tokens_details.cached_tokens >= 256, "the earlier turn's KV was not reused");
   const r3 = await tiny.responses.create({ model: "tiny", previous_response_id: r2.id, input: "Again?",
-    max_output_tokens: 4, reasoning: { effort: "none" } });
+    max_output_tokens: 4, reasoning: { effort: "low" } });
+  assert.equal(r3.reasoning.effort, "low");
   assert.ok(r3.usage.input_tokens > r2.usage.input_tokens);
   const fetched = await tiny.responses.retrieve(r3.id);
   assert.equal(fetched.id, r3.id);

@@ -153,6 +153,22 @@ TEST_CASE("responses input items map to messages") {
   CHECK(r.previous_response_id == "resp_1");
 }
 
+TEST_CASE("responses: reasoning.effort is echoed as the string OpenAI's clients read") {
+  const auto echoed = [](const char* reasoning) {
+    responses_request r;
+    const std::string body = std::string(R"({"input":"q")") + reasoning + "}";
+    REQUIRE_FALSE(parse_responses_request(body, r).has_value());
+    return effort_name(r.reasoning);
+  };
+  CHECK(echoed("") == "medium");  // the default effort, 75
+  CHECK(echoed(R"(,"reasoning":{"effort":"low"})") == "low");
+  CHECK(echoed(R"(,"reasoning":{"effort":"high"})") == "high");  // the client's word, not 75's name
+  CHECK(echoed(R"(,"reasoning":{"effort":"xhigh"})") == "xhigh");
+  CHECK(echoed(R"(,"reasoning":{"effort":"none"})") == "none");
+  CHECK(echoed(R"(,"reasoning_effort":100)") == "max");  // a number: the nearest name
+  CHECK(echoed(R"(,"reasoning_effort":30)") == "low");
+}
+
 TEST_CASE("WebSocket events: create (flat or nested) and cancel") {
   ws_client_event e;
   REQUIRE_FALSE(parse_ws_event(R"({"type":"response.create","input":"hi","previous_response_id":null})", e));
