@@ -243,6 +243,8 @@ await check("responses with the parser path: reasoning item and function_call it
   const r = await nul.responses.create({ model: "null", input: "Weather?", tools: rtools, max_output_tokens: 500 });
   const kinds = r.output.map((o) => o.type);
   assert.deepEqual(kinds, ["reasoning", "function_call"]);
+  // the tools come back as given, parameters included
+  assert.deepEqual(r.tools, [{ type: "function", name: "get_weather", parameters: rtools[0].parameters }]);
   const call = r.output[1];
   assert.equal(call.name, "get_weather");
   assert.deepEqual(JSON.parse(call.arguments), { location: "Paris", days: 3 });
