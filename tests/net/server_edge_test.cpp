@@ -126,6 +126,9 @@ TEST_CASE("chat request: each wrongly-typed field is a 400 naming it") {
   }
   chat_request out;
   CHECK(parse_chat_request(R"({"messages":[]})", out)->code == "empty_messages");
+  // the range as a client reads it, not as "[0.000000, 2.000000]"
+  CHECK(parse_chat_request(std::string(base) + R"(,"temperature":3})", out)->message ==
+        "'temperature' is out of range [0, 2]");
   CHECK(parse_chat_request("{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", out)->code == "invalid_utf8");
   CHECK(parse_chat_request(R"({"messages":)", out)->code == "invalid_json");
 }
