@@ -320,6 +320,17 @@ opt_error parse_root(std::string_view body, dom::parser& parser, dom::object& ro
 
 }  // namespace
 
+opt_error check_tool_choice(const std::string& choice, const std::vector<tool_def>& tools) {
+  if (choice == "auto" || choice == "none") return {};
+  if (choice == "required") {
+    if (tools.empty()) return bad_request("'tool_choice' is 'required' but no tools are given", "tool_choice");
+    return {};
+  }
+  for (const tool_def& t : tools)
+    if (t.name == choice) return {};
+  return bad_request("'tool_choice' names '" + choice + "', which is not among the tools", "tool_choice");
+}
+
 bool parse_effort(std::string_view name, reasoning_options& out) {
   if (name == "none") { out.thinking = false; return true; }
   if (name == "minimal" || name == "low") out.effort = 50;
@@ -347,6 +358,7 @@ opt_error parse_chat_request(std::string_view body, chat_request& out) {
   if (auto err = parse_messages(msgs, out.messages)) return err;
   if (auto err = parse_tools(root, false, out.tools)) return err;
   if (auto err = parse_tool_choice(root, out.tool_choice)) return err;
+  if (auto err = check_tool_choice(out.tool_choice, out.tools)) return err;
   if (auto err = parse_generation(root, out.gen)) return err;
   if (auto err = parse_reasoning(root, out.reasoning)) return err;
   if (auto err = get_bool(root, "logprobs", out.gen.logprobs)) return err;
@@ -489,7 +501,7 @@ opt_error parse_responses_object(dom::object root, responses_request& out) {
   if (out.input.empty() && out.previous_response_id.empty())
     return bad_request("'input' is required", "input", "missing_required_parameter");
   if (auto err = parse_tools(root, true, out.tools)) return err;
-  if (auto err = parse_tool_choice(root, out.tool_choice)) return err;
+  if (auto err = parse_tool_choice(root, out.tool_choice)) return err;  // checked once tools are known
   if (auto err = parse_generation(root, out.gen)) return err;
   if (auto err = parse_reasoning(root, out.reasoning)) return err;
   dom::element r;

@@ -185,6 +185,7 @@ started start_responses(const std::shared_ptr<server_state>& state,
   } else {
     turn.session_id = state->next_id.fetch_add(1);
   }
+  if (auto err = check_tool_choice(req.tool_choice, req.tools)) return {nullptr, std::move(err)};
   for (auto& m : req.input) turn.conversation.push_back(m);
   // Continue the previous turn's rendered conversation when nothing that shapes the rendering
   // changed: only the new input is rendered and tokenized, and the prompt extends the ids the

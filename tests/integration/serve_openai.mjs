@@ -251,6 +251,15 @@ await check("responses with the parser path: reasoning item and function_call it
   const r2 = await nul.responses.create({ model: "null", previous_response_id: r.id, tools: rtools, max_output_tokens: 500,
     input: [{ type: "function_call_output", call_id: call.call_id, output: "sunny" }] });
   assert.ok(r2.usage.input_tokens > r.usage.input_tokens);
+  // a chained turn keeps the tools of the turn before it, so it may require one without naming them again
+  const r3 = await nul.responses.create({ model: "null", previous_response_id: r2.id, input: "And tomorrow?",
+    tool_choice: "required", max_output_tokens: 500 });
+  assert.equal(r3.tool_choice, "required");
+  // a tool_choice the tools cannot meet is a 400 naming tool_choice
+  await assert.rejects(nul.responses.create({ model: "null", input: "x", tools: rtools, max_output_tokens: 4,
+    tool_choice: { type: "function", name: "get_time" } }), (e) => e.status === 400 && e.param === "tool_choice");
+  await assert.rejects(nul.chat.completions.create({ model: "null", max_tokens: 4, tool_choice: "required",
+    messages: [{ role: "user", content: "x" }] }), (e) => e.status === 400 && e.param === "tool_choice");
 });
 
 // Structured output: the tiny model's weights are random, so only the grammar makes its text JSON.

@@ -115,7 +115,9 @@ TEST_CASE("chat request: each wrongly-typed field is a 400 naming it") {
                 {R"("max_tokens":1.5)", "max_tokens"}, {R"("stream":1)", "stream"}, {R"("n":2)", "n"},
                 {R"("stop":{"a":1})", "stop"}, {R"("tools":[{"type":"function"}])", "tools.function"},
                 {R"("tool_choice":"sometimes")", "tool_choice"}, {R"("top_logprobs":30)", "top_logprobs"},
-                {R"("reasoning_effort":0)", "reasoning_effort"}, {R"("seed":"s")", "seed"}};
+                {R"("reasoning_effort":0)", "reasoning_effort"}, {R"("seed":"s")", "seed"},
+                {R"("tool_choice":"required")", "tool_choice"},  // no tools to require
+                {R"("tool_choice":{"type":"function","function":{"name":"f"}})", "tool_choice"}};
   for (auto& r : rows) {
     chat_request out;
     std::string body = std::string(base) + "," + r.extra + "}";
@@ -125,6 +127,16 @@ TEST_CASE("chat request: each wrongly-typed field is a 400 naming it") {
     CHECK_MESSAGE(err->param == r.param, body);
   }
   chat_request out;
+  // a function tool_choice among the tools is fine; one that is not, is not
+  const auto parse = [](const std::string& body) {
+    chat_request fresh;
+    return parse_chat_request(body, fresh);
+  };
+  const std::string with_f = std::string(base) + R"(,"tools":[{"type":"function","function":{"name":"f"}}],)";
+  CHECK_FALSE(parse(with_f + R"("tool_choice":{"type":"function","function":{"name":"f"}}})"));
+  CHECK_FALSE(parse(with_f + R"("tool_choice":"required"})"));
+  CHECK(parse(with_f + R"("tool_choice":{"type":"function","function":{"name":"g"}}})")->message ==
+        "'tool_choice' names 'g', which is not among the tools");
   CHECK(parse_chat_request(R"({"messages":[]})", out)->code == "empty_messages");
   // the range as a client reads it, not as "[0.000000, 2.000000]"
   CHECK(parse_chat_request(std::string(base) + R"(,"temperature":3})", out)->message ==
