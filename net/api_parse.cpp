@@ -4,7 +4,6 @@
 #include <simdjson.h>
 
 #include <cmath>
-#include <cstdio>
 
 #include "net/json_writer.hpp"
 #include "net/response_format.hpp"
@@ -43,13 +42,6 @@ opt_error get_bool(dom::object obj, std::string_view name, bool& out) {
   return {};
 }
 
-/// A bound as a client reads it: 2, 0.5 or 1e+30, not 2.000000.
-std::string number_text(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
-
 opt_error get_number(dom::object obj, std::string_view name, double lo, double hi, double& out,
                      bool& present) {
   dom::element e;
@@ -61,8 +53,8 @@ opt_error get_number(dom::object obj, std::string_view name, double lo, double h
   else if (e.is_uint64()) v = double(e.get_uint64().value_unsafe());
   else return type_error(name, "a number");
   if (!(v >= lo && v <= hi))
-    return bad_request("'" + std::string(name) + "' is out of range [" + number_text(lo) + ", " +
-                           number_text(hi) + "]", std::string(name));
+    return bad_request("'" + std::string(name) + "' is out of range [" + json_writer().num(lo).take() + ", " +
+                           json_writer().num(hi).take() + "]", std::string(name));  // 2, not 2.000000
   out = v;
   present = true;
   return {};

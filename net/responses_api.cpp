@@ -196,12 +196,8 @@ class responses_writer final : public response_writer {
     w.kv("temperature", double(turn_.sampling.temperature)).kv("top_p", double(turn_.sampling.top_p))
         .kv("parallel_tool_calls", true).kv("tool_choice", turn_.tool_choice).kv("store", turn_.store);
     w.key("tools").arr();
-    for (auto& t : turn_.tools) {  // as given: name, description, parameters (function_json's members)
-      if (t.function_json.size() > 2 && t.function_json.front() == '{')
-        w.raw("{\"type\":\"function\"," + t.function_json.substr(1));
-      else
-        w.obj().kv("type", "function").kv("name", t.name).end_obj();
-    }
+    // as given: a Responses tool's function_json is {"name":..., "description":..., "parameters":...}
+    for (auto& t : turn_.tools) w.raw("{\"type\":\"function\"," + t.function_json.substr(1));
     w.end_arr();
     w.key("reasoning").obj();
     w.kv("effort", effort_name(turn_.reasoning));
