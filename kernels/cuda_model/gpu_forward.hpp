@@ -20,6 +20,10 @@
 #include "kernels/cuda_model/gpu_model.hpp"
 #include "kernels/model/weights.hpp"
 
+namespace cedar::cuda::fast {
+struct expert_plan;  // kernels/cuda/fast/fast_ops.hpp
+}
+
 namespace cedar {
 namespace gpu_detail {
 
@@ -281,9 +285,10 @@ struct gpu_model::impl {
   /// The attention output projection (cuda::grouped_output's contract).
   void grouped_output(const float* o, int m, const dev_layer& w, float* out) const;
   /// The routed and shared experts (cuda::moe_ffn's contract; sel, weights on the device), out
-  /// rounded to bf16.
+  /// rounded to bf16; plan: the fast set's grouping of sel by the router (or null).
   void experts(const float* y, int m, const int32_t* sel, const float* weights, const dev_layer& w,
-               float* out, const uint8_t* yq = nullptr, const float* ys = nullptr) const;
+               float* out, const uint8_t* yq = nullptr, const float* ys = nullptr,
+               const cuda::fast::expert_plan* plan = nullptr) const;
 
   // ---- forward steps ----
   void run_layer(int l, gbatch& b, forward_stats* stats) const;

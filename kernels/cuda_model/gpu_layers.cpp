@@ -261,16 +261,23 @@ void gpu_model::impl::moe(int l, const float* y, int n, float* out, const uint8_
   const int k = args.num_experts_per_tok;
   dvec<int32_t> sel(std::size_t(n) * k);
   dvec<float> weights(std::size_t(n) * k);
+  // at decode sizes the router's launch also groups the slots by expert for the experts' launches
+  cuda::fast::expert_plan plan;
+  const bool planned = kernels == gpu_kernels::fast && !sharded() && cuda::fast::route_makes_plan(n, k);
+  const int num_experts = int(w.experts.size());
+  dvec<uint8_t> plan_buffer(planned ? cuda::fast::expert_plan_bytes(n, k, num_experts) : 0);
+  if (planned) plan.experts = w.experts.data(), plan.num_experts = num_experts, plan.buffer = plan_buffer.get();
   if (n > 0) {
     phase_profile::scope t(profile, phase_profile::route);
     if (kernels == gpu_kernels::fast)
-      cuda::fast::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get());
+      cuda::fast::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get(),
+                            planned ? &plan : nullptr);
     else
       cuda::moe_route(y, n, w.gate, w.gate_bias, k, float(args.routed_scaling_factor), sel.get(), weights.get());
   }
   phase_profile::scope t(profile, phase_profile::experts);
   if (sharded()) moe_sharded(l, y, n, sel.get(), weights.get(), out, yq, ys);
-  else experts(y, n, sel.get(), weights.get(), w, out, yq, ys);  // rounded to bf16
+  else experts(y, n, sel.get(), weights.get(), w, out, yq, ys, planned ? &plan : nullptr);  // rounded to bf16
 }
 
 void gpu_model::impl::apply_engram(int l, gbatch& b) const {

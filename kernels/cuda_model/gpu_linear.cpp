@@ -42,11 +42,12 @@ void gpu_model::impl::grouped_output(const float* o, int m, const dev_layer& w, 
 }
 
 void gpu_model::impl::experts(const float* y, int m, const int32_t* sel, const float* weights, const dev_layer& w,
-                              float* out, const uint8_t* yq, const float* ys) const {
+                              float* out, const uint8_t* yq, const float* ys,
+                              const cuda::fast::expert_plan* plan) const {
   const cpu::shared_expert_weights* shared = args.n_shared_experts > 0 ? &w.shared : nullptr;
   if (kernels == gpu_kernels::fast) {
     cuda::fast::moe_ffn(y, m, args.hidden_size, sel, weights, args.num_experts_per_tok, w.experts.data(),
-                        int(w.experts.size()), shared, float(args.swiglu_limit), out, true, yq, ys);
+                        int(w.experts.size()), shared, float(args.swiglu_limit), out, true, yq, ys, plan);
   } else {
     cuda::moe_ffn(y, m, args.hidden_size, sel, weights, args.num_experts_per_tok, w.experts.data(),
                   int(w.experts.size()), shared, float(args.swiglu_limit), out);

@@ -15,6 +15,7 @@
 #include <random>
 
 #include "kernels/cuda/fast/fast_ops.hpp"
+#include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/formats.hpp"
 #include "tests/gpu/gpu_test_util.hpp"
 
@@ -406,6 +407,54 @@ TEST_CASE("fast moe_ffn: within 2^-8 of the CPU op's largest output, device grou
     fast::tuning_now().expert_wgmma = false;
     run("prefill, cuBLAS per expert");
     fast::tuning_now() = saved;
+  }
+}
+
+TEST_CASE("fast moe_route's expert plan: moe_ffn gives the bits of its own grouping, the picks unchanged") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(65);
+  const int d = 512, inter = 512, num_experts = 16, topk = 4;
+  const random_experts ex(rng, d, inter, num_experts);  // expert 3 held elsewhere (no weights)
+  const auto gate = ref::random_bf16(rng, num_experts, d, 0.1f);
+  auto bias = ref::random_floats(rng, num_experts, -0.05f, 0.05f);
+  bias[3] = 100.0f;  // every row picks the expert without weights: its slots go nowhere
+  const dev_bf16 dgate(gate);
+  dev<float> dbias(bias);
+  fast::tuning& tune = fast::tuning_now();
+  const fast::tuning saved = tune;
+  for (int m : {1, 2, 5, 8, 9}) {  // 9: more rows than the router's one block (no plan)
+    INFO("m = " << m);
+    const auto y = activations(rng, m, d);
+    dev<float> dy(y);
+    struct result {
+      bool made = false;
+      std::vector<int32_t> sel;
+      std::vector<float> weights, out;
+    };
+    const auto run = [&](bool in_route) {
+      tune.expert_plan_in_route = in_route;
+      dev<int32_t> ds(std::size_t(m) * topk);
+      dev<float> dw(std::size_t(m) * topk), out(std::size_t(m) * d);
+      dev<uint8_t> buffer(fast::expert_plan_bytes(m, topk, num_experts));
+      fast::expert_plan plan;
+      plan.experts = ex.gpu_e.data(), plan.num_experts = num_experts, plan.buffer = buffer.get();
+      fast::moe_route(dy.get(), m, dgate.view, dbias.get(), topk, 1.5f, ds.get(), dw.get(), &plan);
+      result r;
+      r.made = plan.rows == m;
+      fast::moe_ffn(dy.get(), m, d, ds.get(), dw.get(), topk, ex.gpu_e.data(), num_experts, &ex.gshared, 10.0f,
+                    out.get(), true, nullptr, nullptr, &plan);
+      tune = saved;
+      r.sel = ds.host(), r.weights = dw.host(), r.out = out.host();
+      return r;
+    };
+    const result apart = run(false), planned = run(true);
+    CHECK_FALSE(apart.made);
+    CHECK(planned.made == (m <= 8));
+    CHECK(planned.sel == apart.sel);
+    CHECK(std::count(apart.sel.begin(), apart.sel.end(), 3) == m);
+    CHECK(ref::same_bits(planned.weights.data(), apart.weights.data(), apart.weights.size()));
+    CHECK(ref::same_bits(planned.out.data(), apart.out.data(), apart.out.size()));
+    CHECK(std::any_of(planned.out.begin(), planned.out.end(), [](float v) { return v != 0.0f; }));
   }
 }
 

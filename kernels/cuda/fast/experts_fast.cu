@@ -261,27 +261,6 @@ bool wgmma_experts_allowed() {
 /// Rows per pass of the experts at prefill (bounds the [slots, 2 inter] fp32 buffer).
 constexpr int moe_chunk_rows = 8192;
 
-/// The device copy of a host table of expert views, kept per (table address, size) and
-/// checked byte for byte on each use, so a layer's table is uploaded once, not per call.
-const cpu::expert_weights* device_table(const cpu::expert_weights* experts, int num_experts) {
-  struct entry {
-    std::vector<cpu::expert_weights> host;
-    void* dev = nullptr;
-  };
-  static std::mutex mu;
-  // by host array and device: a model per device (multi-GPU layouts) has its own table there
-  static std::map<std::tuple<const void*, int, int>, entry> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  entry& e = cache[{experts, num_experts, cuda::current_device()}];
-  const std::size_t bytes = sizeof(cpu::expert_weights) * num_experts;
-  if (e.dev == nullptr || std::memcmp(e.host.data(), experts, bytes) != 0) {
-    if (e.dev == nullptr) e.dev = cuda::device_alloc(bytes);
-    e.host.assign(experts, experts + num_experts);
-    CEDAR_CUDA_CHECK(cudaMemcpyAsync(e.dev, e.host.data(), bytes, cudaMemcpyHostToDevice, stream()));
-  }
-  return static_cast<const cpu::expert_weights*>(e.dev);
-}
-
 /// Runs gemm(e, weights) for each expert with rows, its bf16 weights dequantized by
 /// dequant(e, into, side stream) into one of two buffers of `elems` values: expert j's
 /// dequantization runs on the side lane while expert j - 1's GEMM runs on the current stream,
@@ -311,6 +290,53 @@ void overlapped_experts(const std::vector<int>& counts, size_t elems, Dequant de
 
 }  // namespace
 
+/// The device copy of a host table of expert views, kept per (table address, size) and
+/// checked byte for byte on each use, so a layer's table is uploaded once, not per call.
+const cpu::expert_weights* detail::expert_table(const cpu::expert_weights* experts, int num_experts) {
+  struct entry {
+    std::vector<cpu::expert_weights> host;
+    void* dev = nullptr;
+  };
+  static std::mutex mu;
+  // by host array and device: a model per device (multi-GPU layouts) has its own table there
+  static std::map<std::tuple<const void*, int, int>, entry> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  entry& e = cache[{experts, num_experts, cuda::current_device()}];
+  const std::size_t bytes = sizeof(cpu::expert_weights) * num_experts;
+  if (e.dev == nullptr || std::memcmp(e.host.data(), experts, bytes) != 0) {
+    if (e.dev == nullptr) e.dev = cuda::device_alloc(bytes);
+    e.host.assign(experts, experts + num_experts);
+    CEDAR_CUDA_CHECK(cudaMemcpyAsync(e.dev, e.host.data(), bytes, cudaMemcpyHostToDevice, stream()));
+  }
+  return static_cast<const cpu::expert_weights*>(e.dev);
+}
+
+
+namespace {
+std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
+}  // namespace
+
+std::size_t expert_plan_bytes(int m, int topk, int num_experts) {
+  const std::size_t cap = std::size_t(m) * topk;
+  return align16(4 * cap * sizeof(int32_t)) + align16(3 * std::size_t(num_experts) * sizeof(expert_group)) +
+         (std::size_t(num_experts) + 1) * sizeof(int);
+}
+
+detail::plan_arrays detail::plan_layout(void* buffer, int m, int topk, int num_experts) {
+  const std::size_t cap = std::size_t(m) * topk;
+  auto* b = static_cast<unsigned char*>(buffer);
+  plan_arrays a;
+  a.slot_src = reinterpret_cast<int32_t*>(b);
+  a.slot_row = a.slot_src + cap, a.iota = a.slot_row + cap, a.slot_pos = a.iota + cap;
+  b += align16(4 * cap * sizeof(int32_t));
+  a.g1 = reinterpret_cast<expert_group*>(b);
+  a.g3 = a.g1 + num_experts, a.g2 = a.g3 + num_experts;
+  b += align16(3 * std::size_t(num_experts) * sizeof(expert_group));
+  a.counts = reinterpret_cast<int*>(b);
+  a.total = a.counts + num_experts;
+  return a;
+}
+
 namespace {
 
 /// Where moe_run leaves its results: combined into out (moe_ffn), or per slot (moe_slots).
@@ -323,14 +349,14 @@ struct moe_outputs {
 
 void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
              const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared, float limit,
-             const moe_outputs& res, const uint8_t* yq, const float* ys) {
+             const moe_outputs& res, const uint8_t* yq, const float* ys, const expert_plan* plan = nullptr) {
   const bool round_out = res.round_out;
   float* out = res.out;
   CEDAR_CUDA_REQUIRE(num_experts > 0 && num_experts <= max_experts, "expert count");
   if (m <= 0) return;
   const int inter = cuda::detail::expert_inter(experts, num_experts, d);
   CEDAR_CUDA_REQUIRE(d % 32 == 0 && inter % 32 == 0, "fast moe_ffn: d and inter multiples of 32");
-  const cpu::expert_weights* table = device_table(experts, num_experts);
+  const cpu::expert_weights* table = expert_table(experts, num_experts);
   // The grouped W4A8 kernels, on device-side groups: the narrow weight streams where the shapes
   // allow (2.4x the gemv tile on 64 experts x ~6 slots, `cedar kernel-lab --op moe`; 16 slots a
   // pass past expert_narrow_max_rows tokens, 32 past expert_narrow16_max_rows), else the gemv
@@ -360,11 +386,14 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
   const bool pairs = grouped && m >= tune.expert_pairs_min_rows && takes_x_pairs(tile);
   const int chunk = grouped ? m : std::min(m, moe_chunk_rows);
   const int cap = chunk * topk;
-  scratch<int32_t> slot_src(cap), slot_row(cap), iota(cap), slot_pos(cap);
-  scratch<expert_group> groups(size_t(3) * num_experts);
-  expert_group *g1 = groups.get(), *g3 = g1 + num_experts, *g2 = g3 + num_experts;
-  scratch<int> counts(num_experts + 1);
-  int* total = counts.get() + num_experts;
+  // the slots grouped by expert: moe_route's plan of these sel (one pass), else a launch here
+  const bool planned = plan != nullptr && plan->rows == m && plan->topk == topk && chunk == m &&
+                       plan->experts == experts && plan->num_experts == num_experts;
+  const size_t plan_bytes = planned ? 0 : expert_plan_bytes(chunk, topk, num_experts);
+  scratch<unsigned char> own_plan(plan_bytes);
+  const plan_arrays pa = plan_layout(planned ? plan->buffer : own_plan.get(), chunk, topk, num_experts);
+  expert_group *g1 = pa.g1, *g3 = pa.g3, *g2 = pa.g2;
+  int* total = pa.total;
   scratch<float> down(size_t(cap + 64) * d), shared_out(shared ? size_t(chunk) * d : 0);  // + padding rows
   std::vector<int> host_counts(num_experts);
   // the grouped path's x codes (one pass: chunk == m), which the shared expert reuses
@@ -377,9 +406,10 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
     const float* w_c = weights + size_t(r0) * topk;
     const float* y_c = y + size_t(r0) * d;
     if (inter > 0) {
-      cuda::detail::launch_dependent(group_kernel, dim3(num_experts), dim3(256), 0, sel_c, slots, topk, table,
-                                     num_experts, slot_src.get(), slot_row.get(), iota.get(), slot_pos.get(), g1, g3,
-                                     g2, counts.get(), total);
+      if (!planned)
+        cuda::detail::launch_dependent(group_kernel, dim3(num_experts), dim3(256), 0, sel_c, slots, topk, table,
+                                       num_experts, pa.slot_src, pa.slot_row, pa.iota, pa.slot_pos, g1, g3, g2,
+                                       pa.counts, total);
       if (grouped) {
         scratch<uint8_t> hq(size_t(slots) * inter);
         scratch<float> hs(size_t(slots) * (inter / 32));
@@ -400,17 +430,17 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
         }
         if (pairs) fp4_x_pairs(yq ? yq : xq.get(), yq ? ys : xs.get(), rows, d, xp.get(), xf.get());
         if (swiglu_in) {  // h's codes from the w1 | w3 launch (slots of no expert here: unwritten, unread)
-          grouped_fp4_swiglu(yq ? yq : xq.get(), yq ? ys : xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter,
-                             d, tile, slot_src.get(), w_c, limit, hq.get(), hs.get(), xp.get(), xf.get());
+          grouped_fp4_swiglu(yq ? yq : xq.get(), yq ? ys : xs.get(), pa.slot_row, g1, g3, busy, slots, rows, inter,
+                             d, tile, pa.slot_src, w_c, limit, hq.get(), hs.get(), xp.get(), xf.get());
         } else {
-          grouped_fp4_pair(yq ? yq : xq.get(), yq ? ys : xs.get(), slot_row.get(), g1, g3, busy, slots, rows, inter,
+          grouped_fp4_pair(yq ? yq : xq.get(), yq ? ys : xs.get(), pa.slot_row, g1, g3, busy, slots, rows, inter,
                            d, g.get(), u.get(), tile, xp.get(), xf.get());
           cuda::detail::launch_dependent(swiglu_codes_kernel, dim3(blocks_for((long long)slots * inter, 256)),
-                                         dim3(256), 0, g.get(), u.get(), slots, inter, slot_src.get(), w_c, total,
+                                         dim3(256), 0, g.get(), u.get(), slots, inter, pa.slot_src, w_c, total,
                                          limit, false, hq.get(), hs.get());
         }
         if (pairs) fp4_x_pairs(hq.get(), hs.get(), slots, inter, hp.get(), hf.get());
-        grouped_fp4(hq.get(), hs.get(), iota.get(), g2, busy, slots, rows, d, inter, down.get(), tile, hp.get(),
+        grouped_fp4(hq.get(), hs.get(), pa.iota, g2, busy, slots, rows, d, inter, down.get(), tile, hp.get(),
                     hf.get());
         if (shared_done) side_wait();
       } else if (wg_experts) {
@@ -418,17 +448,17 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
         // bf16 activations, the counts read on the device (no host round trip)
         scratch<uint16_t> xb(size_t(slots) * d), hb(size_t(slots) * inter);
         scratch<float> gu(size_t(slots) * 2 * inter);
-        fake_quant_bf16(y_c, d, slot_row.get(), total, slots, d, xb.get(), true);
-        detail::experts_wg(xb.get(), counts.get(), table, num_experts, 0, 2 * inter, d, slots, gu.get(), 2 * inter,
+        fake_quant_bf16(y_c, d, pa.slot_row, total, slots, d, xb.get(), true);
+        detail::experts_wg(xb.get(), pa.counts, table, num_experts, 0, 2 * inter, d, slots, gu.get(), 2 * inter,
                            tune.expert_wg_tile);
         cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(unsigned(slots), blocks_for(inter / 8, 256)),
-                                       dim3(256), 0, gu.get(), inter, slot_src.get(), w_c, total, limit, true,
+                                       dim3(256), 0, gu.get(), inter, pa.slot_src, w_c, total, limit, true,
                                        hb.get());
-        detail::experts_wg(hb.get(), counts.get(), table, num_experts, 1, d, inter, slots, down.get(), d,
+        detail::experts_wg(hb.get(), pa.counts, table, num_experts, 1, d, inter, slots, down.get(), d,
                            tune.expert_wg_tile);
       } else {
         // prefill: the 64 (or so) counts to the host, then per-expert bf16 GEMMs on sorted rows
-        CEDAR_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), counts.get(), sizeof(int) * num_experts,
+        CEDAR_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), pa.counts, sizeof(int) * num_experts,
                                          cudaMemcpyDeviceToHost, stream()));
         CEDAR_CUDA_CHECK(cudaStreamSynchronize(stream()));
         int used = 0;
@@ -444,7 +474,7 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
         scratch<float> gu(rows_alloc * 2 * inter);
         std::vector<int> first_row(num_experts, 0);
         for (int e = 1; e < num_experts; ++e) first_row[e] = first_row[e - 1] + host_counts[e - 1];
-        fake_quant_bf16(y_c, d, slot_row.get(), total, used, d, xb.get());
+        fake_quant_bf16(y_c, d, pa.slot_row, total, used, d, xb.get());
         overlapped_experts(
             host_counts, size_t(2) * inter * d,
             [&](int e, uint16_t* w, void* side) {
@@ -458,7 +488,7 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
             });
         if (used > 0) {  // none when this shard holds none of the chosen experts
           cuda::detail::launch_dependent(swiglu_bf16_kernel, dim3(unsigned(used), blocks_for(inter / 8, 256)),
-                                         dim3(256), 0, gu.get(), inter, slot_src.get(), w_c, total, limit, false,
+                                         dim3(256), 0, gu.get(), inter, pa.slot_src, w_c, total, limit, false,
                                          hb.get());
         }
         overlapped_experts(
@@ -478,13 +508,13 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
       float* dst = res.slots + size_t(r0) * topk * d;
       if (inter > 0 && slots > 0)
         cuda::detail::launch_dependent(slot_rows_kernel, dim3(unsigned(slots), blocks_for(d / 4, 256)), dim3(256), 0,
-                                       down.get(), slot_pos.get(), d, dst);
+                                       down.get(), pa.slot_pos, d, dst);
       else if (slots > 0)
         CEDAR_CUDA_CHECK(cudaMemsetAsync(dst, 0, sizeof(float) * slots * d, stream()));
       if (shared != nullptr) cuda::copy_device(res.shared + size_t(r0) * d, shared_out.get(), sizeof(float) * rows * d);
     } else if (inter > 0) {
       cuda::detail::launch_dependent(combine_kernel, dim3(unsigned(rows), blocks_for(d / 4, 256)), dim3(256), 0,
-                                     down.get(), slot_pos.get(), shared ? shared_out.get() : nullptr, topk, d,
+                                     down.get(), pa.slot_pos, shared ? shared_out.get() : nullptr, topk, d,
                                      round_out, out + size_t(r0) * d);
     } else if (shared != nullptr) {
       cuda::copy_device(out + size_t(r0) * d, shared_out.get(), sizeof(float) * rows * d);
@@ -499,10 +529,10 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
 
 void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
              const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared, float limit,
-             float* out, bool round_out, const uint8_t* yq, const float* ys) {
+             float* out, bool round_out, const uint8_t* yq, const float* ys, const expert_plan* plan) {
   moe_outputs res;
   res.out = out, res.round_out = round_out;
-  moe_run(y, m, d, sel, weights, topk, experts, num_experts, shared, limit, res, yq, ys);
+  moe_run(y, m, d, sel, weights, topk, experts, num_experts, shared, limit, res, yq, ys, plan);
 }
 
 void moe_slots(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,

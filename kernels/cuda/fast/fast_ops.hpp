@@ -82,6 +82,38 @@ struct expert_group {
   int num_slots = 0;
 };
 
+/// The routed slots of a batch grouped by expert, as moe_ffn's grouping launch leaves them, made
+/// by moe_route's top-k launch where that launch is one block (up to 8 rows): moe_ffn then starts
+/// at the products, one launch a layer less at decode, with the same groups (so the same bits).
+/// The caller sets experts and num_experts (moe_ffn's host array of the layer) and buffer
+/// (device memory of expert_plan_bytes(m, topk, num_experts), alive until moe_ffn has run);
+/// moe_route sets rows and topk when it wrote the plan, and leaves them 0 when it did not (then
+/// moe_ffn groups the slots itself).
+struct expert_plan {
+  const cpu::expert_weights* experts = nullptr;
+  int num_experts = 0;
+  void* buffer = nullptr;
+  int rows = 0, topk = 0;
+};
+std::size_t expert_plan_bytes(int m, int topk, int num_experts);
+/// Whether moe_route at m rows and topk writes an expert plan (tuning::expert_plan_in_route).
+bool route_makes_plan(int m, int topk);
+
+namespace detail {
+/// The arrays of a plan's buffer (moe_ffn's grouping): for the slots sorted by expert,
+/// slot_src[p] the slot, slot_row[p] its row, iota[p] = p; slot_pos[slot] its place (-1: no
+/// expert here); the three matrices' groups, compacted (experts with slots first, in expert
+/// order); counts [num_experts] slots an expert, and *total.
+struct plan_arrays {
+  int32_t *slot_src, *slot_row, *iota, *slot_pos;
+  expert_group *g1, *g3, *g2;
+  int *counts, *total;
+};
+plan_arrays plan_layout(void* buffer, int m, int topk, int num_experts);
+/// The device copy of a host table of expert views (uploaded once per table and device).
+const cpu::expert_weights* expert_table(const cpu::expert_weights* experts, int num_experts);
+}  // namespace detail
+
 /// x's codes and scales [rows, k] (k % 128 == 0) as the W4A8 narrow tiles' mma operand, made
 /// once for every weight that takes this x: pairs [rows, k] f16 in the tiles' K order, a K
 /// block's values times 2^(e_b - e_c + 7) (2^e_b its scale, 2^e_c the largest of its 128-wide
@@ -274,6 +306,10 @@ struct tuning {
   /// 17.40-17.59 against 17.58-17.84 at batch 8. $CEDAR_GPU_ATTENTION_ROTATES_Q=0 turns it off
   /// (A/B runs).
   bool attention_rotates_q = true;
+  /// Up to 8 decode rows: the router's top-k launch also groups the routed slots by expert
+  /// (expert_plan), and moe_ffn's grouping launch goes (the same groups; one launch a layer
+  /// less). $CEDAR_GPU_EXPERT_PLAN=0 turns it off (A/B runs).
+  bool expert_plan_in_route = true;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).
 tuning& tuning_now();
@@ -305,10 +341,11 @@ void grouped_output(const float* o, int m, int groups, const bf16_weight& wo_a, 
 /// experts and shared: HOST arrays of views with device pointers; sel, weights: device.
 /// round_out: out rounded to bf16 as cuda::round_bf16 (in the same launch). yq / ys, when given,
 /// are y's codes and scales (quantize_rows_fp8), used where the experts read codes (decode).
+/// plan: moe_route's grouping of these sel (made: rows == m), used in place of moe_ffn's own.
 void moe_ffn(const float* y, int m, int d, const int32_t* sel, const float* weights, int topk,
              const cpu::expert_weights* experts, int num_experts, const cpu::shared_expert_weights* shared,
              float limit, float* out, bool round_out = false, const uint8_t* yq = nullptr,
-             const float* ys = nullptr);
+             const float* ys = nullptr, const expert_plan* plan = nullptr);
 /// moe_ffn's parts, for layouts that split the experts over ranks (kernels/cuda_model): slots
 /// [m * topk, d] gets each slot's routed output, zeros for a slot whose expert this rank does not
 /// hold (a null entry of `experts`); shared_out [m, d] the shared expert's, when shared is given.

@@ -17,6 +17,8 @@ namespace cedar::cuda::fast {
 
 #ifdef CEDAR_HAVE_CUDA
 
+struct expert_plan;  // fast_ops.hpp
+
 /// The HCMix weights of one sublayer (device arrays) and its constants.
 struct hc_mix_params {
   const float* fn = nullptr;     // [hc * hc + 2 * hc, hc * d] fp32
@@ -47,8 +49,11 @@ void hc_boundary(float* X, int m, int hc, int d, const float* f, float* post /*[
 
 /// cuda::moe_route in two launches: s = sqrt(softplus(y gate^T)), top-k of s + bias (ties to the
 /// lowest expert), weights = s[sel] / sum * route_scale. gate.out <= 1024, topk <= 16.
+/// plan (experts and buffer set): where route_makes_plan(m, topk), the top-k launch also groups
+/// the slots by expert for moe_ffn (fast_ops.hpp, expert_plan), and sets plan's rows and topk.
 void moe_route(const float* y /*[m, gate.in]*/, int m, const bf16_weight& gate, const float* bias, int topk,
-               float route_scale, int32_t* sel /*[m, topk]*/, float* weights /*[m, topk]*/);
+               float route_scale, int32_t* sel /*[m, topk]*/, float* weights /*[m, topk]*/,
+               expert_plan* plan = nullptr);
 
 /// cuda::engram with the fast kernel set: the table rows gathered and dequantized, the wkv
 /// product by fast::linear_fp8, and each (row, copy)'s gate from block-parallel sums (another

@@ -297,6 +297,8 @@ tuning& tuning_now() {
     if (is_off("CEDAR_GPU_ATTENTION_ROTATES_Q")) d.attention_rotates_q = false;
     // CEDAR_GPU_SWIGLU_IN_TILE=0: the routed experts' SwiGLU in a launch of its own
     if (is_off("CEDAR_GPU_SWIGLU_IN_TILE")) d.expert_swiglu_in_tile = false;
+    // CEDAR_GPU_EXPERT_PLAN=0: moe_ffn groups the routed slots in a launch of its own
+    if (is_off("CEDAR_GPU_EXPERT_PLAN")) d.expert_plan_in_route = false;
     // CEDAR_GPU_GEMV_CODES=0: wo_a's one-row GEMV leaves wo_b's codes to their own launch
     if (is_off("CEDAR_GPU_GEMV_CODES")) d.gemv_codes = false;
     // CEDAR_GPU_GEMV_COLS=C[xU]: the one-row GEMV's columns a warp (1: one, gemv_bf16_kernel;

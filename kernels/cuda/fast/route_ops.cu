@@ -6,6 +6,7 @@
 // engram: the table rows gathered, their projection, then a block per (row, copy) for the gate.
 // greedy_rows: one block per row, argmax and the log-sum-exp by block reductions.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fast/expert_groups.cuh"
 #include "kernels/cuda/fast/fast_ops.hpp"
 #include "kernels/cuda/fast/layer_ops.hpp"
 #include "kernels/cuda/internal.cuh"
@@ -39,26 +40,17 @@ constexpr int max_route_experts = 1024;
 /// Rows up to which the gate logits come from the bf16 GEMV (a row's bits whatever the batch, as
 /// far as decode steps run under graphs); above, from the split bf16 GEMM (tensor cores).
 constexpr int route_gemv_max_rows = 64;
+/// Expert scores a lane keeps in registers over the top-k rounds (the first route_cached_q * 32).
+constexpr int route_cached_q = 4;
 
 __device__ __forceinline__ float softplus_fast(float x) { return x > 20.0f ? x : log1p_f(exp_f(x)); }
 
-/// grid ceil(m / 8): warp w of block x picks the experts of row 8 x + w from its gate logits
-/// s [m, n], which it turns into scores sqrt(softplus(.)) first (in registers, and in place past
-/// the first 128).
-__global__ void __launch_bounds__(route_warps * 32)
-    route_pick_kernel(float* s, int m, int n, const float* bias, int topk, float route_scale, int32_t* sel,
-                      float* weights) {
-  // the first cached_q * 32 experts' scores stay in registers over the rounds, and the picked
-  // scores in shared memory: each round and the weights wait on no load (64 experts: none);
-  // their biases (weights, which no kernel writes) are loaded before the wait
-  constexpr int cached_q = 4;
-  const int lane = threadIdx.x & 31, r = blockIdx.x * route_warps + int(threadIdx.x / 32);
-  float bias_c[cached_q];
-#pragma unroll
-  for (int q = 0; q < cached_q; ++q) bias_c[q] = lane + 32 * q < n ? bias[lane + 32 * q] : 0.0f;
-  cuda::detail::dependent_start();
-  if (r >= m) return;  // r is uniform across the warp
-  float* sr = s + size_t(r) * n;
+/// One warp: the experts of one row, from its gate logits sr [n] (turned into scores in place
+/// past the first cached_q * 32), into sel_r [topk] and weights_r [topk].
+__device__ __forceinline__ void pick_row(float* sr, int n, const float* bias, const float (&bias_c)[route_cached_q],
+                                         int topk, float route_scale, int32_t* sel_r, float* weights_r) {
+  constexpr int cached_q = route_cached_q;
+  const int lane = threadIdx.x & 31;
   float raw[cached_q], biased[cached_q];
 #pragma unroll
   for (int q = 0; q < cached_q; ++q) {
@@ -72,7 +64,6 @@ __global__ void __launch_bounds__(route_warps * 32)
   float* picked_r = picked[threadIdx.x / 32];
   uint32_t taken = 0;  // lane-local bit q: expert lane + 32 q was taken (n <= 1024)
   float sum = 0.0f;
-  int32_t* sel_r = sel + size_t(r) * topk;
   for (int t = 0; t < topk; ++t) {
     int best = -1;
     float best_v = 0.0f;
@@ -105,7 +96,34 @@ __global__ void __launch_bounds__(route_warps * 32)
   }
   __syncwarp();
   if (lane == 0)
-    for (int t = 0; t < topk; ++t) weights[size_t(r) * topk + t] = picked_r[t] / (sum + 1e-20f) * route_scale;
+    for (int t = 0; t < topk; ++t) weights_r[t] = picked_r[t] / (sum + 1e-20f) * route_scale;
+}
+
+/// grid ceil(m / 8): warp w of block x picks the experts of row 8 x + w from its gate logits
+/// s [m, n], which it turns into scores sqrt(softplus(.)) first (in registers, and in place past
+/// the first 128). Plan (one block): then the block groups the m * topk slots by expert into
+/// plan (expert_groups.cuh), over the device table of the layer's num_experts experts.
+template <bool Plan>
+__global__ void __launch_bounds__(route_warps * 32)
+    route_pick_kernel(float* s, int m, int n, const float* bias, int topk, float route_scale, int32_t* sel,
+                      float* weights, const cpu::expert_weights* table, int num_experts, plan_arrays plan) {
+  // the first cached_q * 32 experts' scores stay in registers over the rounds, and the picked
+  // scores in shared memory: each round and the weights wait on no load (64 experts: none);
+  // their biases (weights, which no kernel writes) are loaded before the wait
+  constexpr int cached_q = route_cached_q;
+  const int lane = threadIdx.x & 31, r = blockIdx.x * route_warps + int(threadIdx.x / 32);
+  float bias_c[cached_q];
+#pragma unroll
+  for (int q = 0; q < cached_q; ++q) bias_c[q] = lane + 32 * q < n ? bias[lane + 32 * q] : 0.0f;
+  cuda::detail::dependent_start();
+  if (r < m)  // r is uniform across the warp
+    pick_row(s + size_t(r) * n, n, bias, bias_c, topk, route_scale, sel + size_t(r) * topk, weights + size_t(r) * topk);
+  if constexpr (Plan) {
+    __shared__ int cnt[group_block_max_experts];
+    __shared__ int warp_sums[route_warps];
+    __syncthreads();  // every row's sel written
+    group_slots_block(sel, m * topk, topk, table, num_experts, plan, cnt, warp_sums);
+  }
 }
 
 // ---- Engram ----
@@ -216,8 +234,12 @@ void greedy_rows(const float* logits, int m, int vocab, int32_t* tokens, float* 
   cuda::detail::launch_dependent(greedy_kernel, dim3(m), dim3(greedy_threads), 0, logits, vocab, tokens, logprobs);
 }
 
+bool route_makes_plan(int m, int topk) {
+  return tuning_now().expert_plan_in_route && m >= 1 && m <= route_warps && m * topk <= route_warps * 32;
+}
+
 void moe_route(const float* y, int m, const bf16_weight& gate, const float* bias, int topk, float route_scale,
-               int32_t* sel, float* weights) {
+               int32_t* sel, float* weights, expert_plan* plan) {
   CEDAR_CUDA_REQUIRE(gate.out <= max_route_experts && topk >= 1 && topk <= 16 && topk <= gate.out,
                      "moe_route: at most 1024 experts, top-k 1..16");
   if (m <= 0) return;
@@ -226,8 +248,20 @@ void moe_route(const float* y, int m, const bf16_weight& gate, const float* bias
   if (m > route_gemv_max_rows ||
       !fast::detail::gemv_bf16(y, gate.in, m, g, gate.out, gate.in, s.get(), gate.out, 1, 0, 0, 0))
     linear_bf16(y, m, gate, s.get());
-  cuda::detail::launch_dependent(route_pick_kernel, dim3((m + route_warps - 1) / route_warps), dim3(route_warps * 32),
-                                 0, s.get(), m, gate.out, bias, topk, route_scale, sel, weights);
+  if (plan) plan->rows = plan->topk = 0;
+  if (plan && plan->experts && route_makes_plan(m, topk)) {
+    CEDAR_CUDA_REQUIRE(plan->num_experts >= 1 && plan->num_experts <= group_block_max_experts && plan->buffer,
+                       "moe_route: an expert plan needs 1..1024 experts and its buffer");
+    const cpu::expert_weights* table = expert_table(plan->experts, plan->num_experts);
+    cuda::detail::launch_dependent(route_pick_kernel<true>, dim3(1), dim3(route_warps * 32), 0, s.get(), m, gate.out,
+                                   bias, topk, route_scale, sel, weights, table, plan->num_experts,
+                                   plan_layout(plan->buffer, m, topk, plan->num_experts));
+    plan->rows = m, plan->topk = topk;
+    return;
+  }
+  cuda::detail::launch_dependent(route_pick_kernel<false>, dim3((m + route_warps - 1) / route_warps),
+                                 dim3(route_warps * 32), 0, s.get(), m, gate.out, bias, topk, route_scale, sel, weights,
+                                 static_cast<const cpu::expert_weights*>(nullptr), 0, plan_arrays{});
 }
 
 }  // namespace cedar::cuda::fast
