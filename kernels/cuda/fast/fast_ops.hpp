@@ -307,8 +307,10 @@ struct tuning {
   /// (A/B runs).
   bool attention_rotates_q = true;
   /// Up to 8 decode rows: the router's top-k launch also groups the routed slots by expert
-  /// (expert_plan), and moe_ffn's grouping launch goes (the same groups; one launch a layer
-  /// less). $CEDAR_GPU_EXPERT_PLAN=0 turns it off (A/B runs).
+  /// (expert_plan; the expert table read before its dependency wait), and moe_ffn's grouping
+  /// launch goes (the same groups; one launch a layer less). bench-40L-E64 on one H100 (Engram
+  /// tables in host memory): batch 1 8.22-8.30 against 8.30-8.33 ms a step, batch 8 18.65-18.76
+  /// against 18.71-18.77. $CEDAR_GPU_EXPERT_PLAN=0 turns it off (A/B runs).
   bool expert_plan_in_route = true;
 };
 /// The process's thresholds (tests and the lab may change them; set before use).

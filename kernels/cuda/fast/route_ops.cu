@@ -46,9 +46,11 @@ constexpr int route_cached_q = 4;
 __device__ __forceinline__ float softplus_fast(float x) { return x > 20.0f ? x : log1p_f(exp_f(x)); }
 
 /// One warp: the experts of one row, from its gate logits sr [n] (turned into scores in place
-/// past the first cached_q * 32), into sel_r [topk] and weights_r [topk].
+/// past the first cached_q * 32), into sel_r [topk] and weights_r [topk] (and sel_shared [topk]
+/// when given).
 __device__ __forceinline__ void pick_row(float* sr, int n, const float* bias, const float (&bias_c)[route_cached_q],
-                                         int topk, float route_scale, int32_t* sel_r, float* weights_r) {
+                                         int topk, float route_scale, int32_t* sel_r, float* weights_r,
+                                         int* sel_shared) {
   constexpr int cached_q = route_cached_q;
   const int lane = threadIdx.x & 31;
   float raw[cached_q], biased[cached_q];
@@ -91,7 +93,10 @@ __device__ __forceinline__ void pick_row(float* sr, int n, const float* bias, co
       if (best / 32 == q) mine = raw[q];
     if (best / 32 >= cached_q && best % 32 == lane) mine = sr[best];
     const float score = __shfl_sync(0xffffffffu, mine, best % 32);
-    if (lane == 0) sel_r[t] = best, picked_r[t] = score;
+    if (lane == 0) {
+      sel_r[t] = best, picked_r[t] = score;
+      if (sel_shared) sel_shared[t] = best;
+    }
     sum += score;
   }
   __syncwarp();
@@ -115,14 +120,24 @@ __global__ void __launch_bounds__(route_warps * 32)
   float bias_c[cached_q];
 #pragma unroll
   for (int q = 0; q < cached_q; ++q) bias_c[q] = lane + 32 * q < n ? bias[lane + 32 * q] : 0.0f;
+  // the plan's expert table (weights: no kernel writes it) before the wait too
+  using grouping = block_grouping<route_warps * 32, group_block_max_experts / (route_warps * 32)>;
+  [[maybe_unused]] grouping g;
+  [[maybe_unused]] typename grouping::shared_part* gsh = nullptr;
+  [[maybe_unused]] int* sel_s = nullptr;
+  if constexpr (Plan) {
+    __shared__ typename grouping::shared_part sh;
+    __shared__ int sel_shared[route_warps * 16];
+    gsh = &sh, sel_s = sel_shared;
+    g.load(table, num_experts, sh);
+  }
   cuda::detail::dependent_start();
   if (r < m)  // r is uniform across the warp
-    pick_row(s + size_t(r) * n, n, bias, bias_c, topk, route_scale, sel + size_t(r) * topk, weights + size_t(r) * topk);
+    pick_row(s + size_t(r) * n, n, bias, bias_c, topk, route_scale, sel + size_t(r) * topk, weights + size_t(r) * topk,
+             Plan ? sel_s + r * topk : nullptr);
   if constexpr (Plan) {
-    __shared__ int cnt[group_block_max_experts];
-    __shared__ int warp_sums[route_warps];
-    __syncthreads();  // every row's sel written
-    group_slots_block(sel, m * topk, topk, table, num_experts, plan, cnt, warp_sums);
+    __syncthreads();  // every row's experts in sel_s, every thread's part of the table loaded
+    g.group(sel_s, m * topk, topk, plan, *gsh);
   }
 }
 
@@ -235,7 +250,7 @@ void greedy_rows(const float* logits, int m, int vocab, int32_t* tokens, float* 
 }
 
 bool route_makes_plan(int m, int topk) {
-  return tuning_now().expert_plan_in_route && m >= 1 && m <= route_warps && m * topk <= route_warps * 32;
+  return tuning_now().expert_plan_in_route && m >= 1 && m <= route_warps && topk <= 16;
 }
 
 void moe_route(const float* y, int m, const bf16_weight& gate, const float* bias, int topk, float route_scale,
