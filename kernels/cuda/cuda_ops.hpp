@@ -68,6 +68,8 @@ void keep_scratch_mapped();
 /// Device allocation (aborts on failure) and release.
 void* device_alloc(std::size_t bytes);
 void device_free(void* p);
+/// Releases pinned host memory (cudaHostAlloc's).
+void host_free(void* p);
 /// Copies on the current stream, then waits for it (host memory may be pageable).
 void copy_to_device(void* dst, const void* src, std::size_t bytes);
 void copy_to_host(void* dst, const void* src, std::size_t bytes);

@@ -293,6 +293,10 @@ void device_free(void* p) {
   if (p) CEDAR_CUDA_CHECK(cudaFree(p));
 }
 
+void host_free(void* p) {
+  if (p) CEDAR_CUDA_CHECK(cudaFreeHost(p));
+}
+
 void copy_to_device(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   CEDAR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, current));

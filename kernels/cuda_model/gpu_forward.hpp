@@ -254,6 +254,11 @@ struct gpu_model::impl {
   void upload_positions(gbatch& b) const;
   std::vector<void*> allocations;
   uint64_t bytes = 0;
+  /// Pinned host memory the kernels read over the bus (the Engram tables, when they stay there:
+  /// gpu_weights.cpp) and its bytes.
+  std::vector<void*> host_allocations;
+  uint64_t host_bytes = 0;
+  void engram_tables_to_host(const model_detail::model_weights& w);
   bf16_weight embed, head;
   const float* norm = nullptr;
   std::vector<dev_layer> layers;
@@ -264,6 +269,7 @@ struct gpu_model::impl {
     for (auto& [key, g] : graphs) cuda::graph_destroy(g.exec);
     workspaces.clear();
     for (void* p : allocations) cuda::device_free(p);
+    for (void* p : host_allocations) cuda::host_free(p);
   }
 
   // ---- weight upload (gpu_weights.cpp) ----

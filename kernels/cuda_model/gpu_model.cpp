@@ -66,6 +66,7 @@ const model_args& gpu_model::args() const { return impl_->args; }
 const kv_layout& gpu_model::layout() const { return impl_->layout; }
 gpu_kernels gpu_model::kernels() const { return impl_->kernels; }
 uint64_t gpu_model::weight_bytes() const { return impl_->bytes; }
+uint64_t gpu_model::host_weight_bytes() const { return impl_->host_bytes; }
 int gpu_model::device() const { return impl_->device; }
 const gpu_placement& gpu_model::placement() const { return impl_->placement; }
 

@@ -77,6 +77,10 @@ class gpu_model {
   gpu_kernels kernels() const;
   /// Device bytes held by the weights.
   uint64_t weight_bytes() const;
+  /// Pinned host bytes the kernels read over the bus: the Engram tables where they stay in host
+  /// memory ($CEDAR_GPU_ENGRAM_TABLES=host, or auto when the weights with them do not fit the
+  /// device and without them do), else 0. Bits are the same either way.
+  uint64_t host_weight_bytes() const;
   int device() const;
   const gpu_placement& placement() const;
 

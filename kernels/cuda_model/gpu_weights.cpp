@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -110,6 +112,8 @@ class weight_image {
   }
 
   uint64_t tensor_bytes() const { return tensor_bytes_; }
+  /// The image's bytes so far (after the sizing pass: what allocate() will ask for).
+  uint64_t size() const { return size_; }
 
  private:
   struct piece {
@@ -153,9 +157,34 @@ bool fp8_is_bf16_exact(const fp8_weight& w) {
   return std::all_of(w.scale, w.scale + n, [](uint8_t c) { return c >= 3 && c <= 254; });
 }
 
+/// Where the Engram tables go: $CEDAR_GPU_ENGRAM_TABLES = device, host (pinned host memory
+/// the kernels read over the bus) or auto (the default: the device, unless the weights with
+/// them do not fit its free memory and without them do).
+enum class table_home { device, host, automatic };
+
+table_home engram_table_home() {
+  const char* env = std::getenv("CEDAR_GPU_ENGRAM_TABLES");
+  const std::string v = env ? env : "";
+  if (v == "device") return table_home::device;
+  if (v == "host") return table_home::host;
+  if (!v.empty() && v != "auto")
+    std::fprintf(stderr, "cedar: CEDAR_GPU_ENGRAM_TABLES='%s' is not device, host or auto; taken as auto\n", env);
+  return table_home::automatic;
+}
+
+uint64_t free_device_bytes() {
+  std::size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  return free_b;
+}
+
+uint64_t table_bytes(const cpu::engram_weights& e) { return uint64_t(e.num_rows) * e.head_dim; }
+uint64_t table_scale_bytes(const cpu::engram_weights& e) { return uint64_t(e.num_rows) * (e.head_dim / 32); }
+
 }  // namespace
 
 void gpu_model::impl::bind(const model_detail::model_weights& w) {
+  bool tables_on_host = false;  // the Engram tables in pinned host memory (engram_tables_to_host)
   const auto place_all = [&](weight_image& img) {
     embed = img.place(w.embed);
     head = img.place(w.head);
@@ -203,8 +232,8 @@ void gpu_model::impl::bind(const model_detail::model_weights& w) {
       if (li.has_engram) {
         const cpu::engram_weights& e = lw.engram;
         d.engram = e;
-        d.engram.table = img.place(e.table, std::size_t(e.num_rows) * e.head_dim);
-        d.engram.table_scale = img.place(e.table_scale, std::size_t(e.num_rows) * (e.head_dim / 32));
+        d.engram.table = tables_on_host ? nullptr : img.place(e.table, table_bytes(e));
+        d.engram.table_scale = tables_on_host ? nullptr : img.place(e.table_scale, table_scale_bytes(e));
         d.engram.wkv = img.place(e.wkv);
         d.engram.q_weight = img.place(lw.engram_q);
         d.engram.k_weight = img.place(lw.engram_k);
@@ -212,13 +241,51 @@ void gpu_model::impl::bind(const model_detail::model_weights& w) {
       layers.push_back(std::move(d));
     }
   };
+  uint64_t tables = 0;
+  for (std::size_t l = 0; l < w.layers.size(); ++l)
+    if (args.layers[l].has_engram) tables += table_bytes(w.layers[l].engram) + table_scale_bytes(w.layers[l].engram);
+  const table_home home = tables > 0 ? engram_table_home() : table_home::device;
+  tables_on_host = home == table_home::host;
+  if (home == table_home::automatic) {
+    weight_image whole;
+    place_all(whole);
+    if (const uint64_t free_b = free_device_bytes(); whole.size() > free_b && whole.size() - tables <= free_b) {
+      tables_on_host = true;
+      std::fprintf(stderr,
+                   "cedar: the Engram tables (%llu MiB) stay in host memory, read over the bus: the weights need "
+                   "%llu MiB of device memory with them, %llu MiB are free (CEDAR_GPU_ENGRAM_TABLES=device|host)\n",
+                   (unsigned long long)(tables >> 20), (unsigned long long)(whole.size() >> 20),
+                   (unsigned long long)(free_b >> 20));
+    }
+  }
   weight_image img;
   place_all(img);
   img.allocate();
   place_all(img);
   allocations.push_back(img.stream(progress));
   bytes = img.tensor_bytes();
+  if (tables_on_host) engram_tables_to_host(w);
   if (dense_bf16) keep_dense_bf16();
+}
+
+void gpu_model::impl::engram_tables_to_host(const model_detail::model_weights& w) {
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    if (!args.layers[l].has_engram) continue;
+    const cpu::engram_weights& e = w.layers[l].engram;
+    const uint64_t tb = (table_bytes(e) + image_align - 1) / image_align * image_align, sb = table_scale_bytes(e);
+    void* p = nullptr;
+    check(cudaHostAlloc(&p, tb + sb, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc of an Engram table");
+    host_allocations.push_back(p);
+    auto* at = static_cast<uint8_t*>(p);
+    parallel_for_chunks(0, int64_t(table_bytes(e)), fill_grain,
+                        [&](int64_t a, int64_t b) { std::memcpy(at + a, e.table + a, std::size_t(b - a)); });
+    std::memcpy(at + tb, e.table_scale, sb);
+    void* dev = nullptr;
+    check(cudaHostGetDevicePointer(&dev, p, 0), "cudaHostGetDevicePointer of an Engram table");
+    layers[l].engram.table = static_cast<const uint8_t*>(dev);
+    layers[l].engram.table_scale = static_cast<const uint8_t*>(dev) + tb;
+    host_bytes += tb + sb;
+  }
 }
 
 void gpu_model::impl::keep_dense_bf16() {

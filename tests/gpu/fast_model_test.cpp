@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -164,6 +165,33 @@ TEST_CASE("gpu model, fast kernels: as close to the CPU model as a one-code weig
   const comparison c = greedy_prompts("micro", 20, 6, "bf16");
   cuda::fast::tuning_now() = saved;
   c.check();
+}
+
+TEST_CASE("gpu model, fast kernels: Engram tables in host memory give the bits of tables on the device") {
+  if (!have_gpu()) return;
+  fast_pair& p = load("micro");
+  REQUIRE(p.gpu->host_weight_bytes() == 0);  // auto: micro fits the device with its tables
+  ::setenv("CEDAR_GPU_ENGRAM_TABLES", "host", 1);
+  const gpu_model host(p.cpu->args(), p.weights, kv_dtype::fp4, upload_progress_fn{}, gpu_kernels::fast);
+  ::unsetenv("CEDAR_GPU_ENGRAM_TABLES");
+  // the tables left the device image for host memory (there each one's codes padded to 256 bytes)
+  REQUIRE(host.weight_bytes() < p.gpu->weight_bytes());
+  const uint64_t moved = p.gpu->weight_bytes() - host.weight_bytes();
+  CHECK(host.host_weight_bytes() >= moved);
+  CHECK(host.host_weight_bytes() < moved + 2 * 256);
+  gpu_kv_arena arena(host.layout(), 0.05);
+  const int vocab = p.cpu->args().vocab_size;
+  const auto prompt = test::random_tokens(23, vocab, 77);
+  gpu_request on_device(*p.arena, 23 + 4), on_host(arena, 23 + 4);
+  auto want = on_device.run(*p.gpu, prompt), got = on_host.run(host, prompt);
+  for (int s = 0; s <= 4; ++s) {
+    INFO("step " << s);
+    REQUIRE(got.size() == want.size());
+    CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * want.size()) == 0);
+    if (s == 4) break;
+    const int32_t next[1] = {int32_t(test::argmax(want))};
+    want = on_device.run(*p.gpu, next), got = on_host.run(host, next);
+  }
 }
 
 TEST_CASE("gpu model, fast kernels: a batch gives each request the bits it gets alone") {

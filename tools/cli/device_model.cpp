@@ -86,6 +86,9 @@ std::unique_ptr<gpu_model> upload(const model_args& args, std::shared_ptr<const 
                  "= %.1f GB/s) (%s)\n",
                  double(m->weight_bytes()) / gib, s, prepare_s, copy_s, double(m->weight_bytes()) / 1e9 / copy_s,
                  cuda::status().c_str());
+  if (verbose && m->host_weight_bytes() > 0)
+    std::fprintf(stderr, "cedar: %.2f GiB of Engram tables in pinned host memory, read over the bus\n",
+                 double(m->host_weight_bytes()) / gib);
   return m;
 }
 
