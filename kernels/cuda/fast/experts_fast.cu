@@ -44,7 +44,8 @@ __device__ __forceinline__ bool expert_valid(int e, int num_experts, const cpu::
 /// before e): slot_src[p] = slot, slot_row[p] = slot / topk, slot_pos[slot] = p (-1 for slots
 /// of no present expert), and the groups of the three matrices. counts[e] = count_e; *total.
 /// The groups are compacted: the experts with slots come first (in expert order), so a launch
-/// over the first min(num_experts, slots) groups covers every slot.
+/// over the first min(num_experts, slots) groups covers every slot. (Up to 8 rows the router's
+/// block writes the same arrays instead: expert_groups.cuh.)
 __global__ void group_kernel(const int32_t* sel, int slots, int topk, const cpu::expert_weights* table, int num_experts,
                              int32_t* slot_src, int32_t* slot_row, int32_t* iota, int32_t* slot_pos, expert_group* g1,
                              expert_group* g3, expert_group* g2, int* counts, int* total) {
@@ -310,7 +311,6 @@ const cpu::expert_weights* detail::expert_table(const cpu::expert_weights* exper
   }
   return static_cast<const cpu::expert_weights*>(e.dev);
 }
-
 
 namespace {
 std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
