@@ -31,6 +31,12 @@ void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string("weight upload: ") + what + ": " + cudaGetErrorString(err));
 }
 
+uint64_t free_device_bytes() {
+  std::size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  return free_b;
+}
+
 /// The device image of the weights. Placing runs twice over the same views: the first pass only
 /// sizes the image (pointers come back null), then allocate(), then the second pass hands out
 /// device addresses and records where each tensor's bytes come from.
@@ -72,11 +78,11 @@ class weight_image {
   /// After the sizing pass: one device allocation for the image, the staging buffers and the
   /// stream; the next pass starts at offset 0.
   void allocate() {
-    std::size_t free_b = 0, total_b = 0;
-    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-    if (size_ > free_b)
+    if (const uint64_t free_b = free_device_bytes(); size_ > free_b)
       throw std::runtime_error("the weights need " + std::to_string(size_ >> 20) + " MiB of device memory, " +
-                               std::to_string(free_b >> 20) + " MiB are free");
+                               std::to_string(free_b >> 20) +
+                               " MiB are free (--layout tpN or depN keeps a device's share of the routed "
+                               "experts only)");
     void* p = nullptr;
     check(cudaMalloc(&p, std::max<uint64_t>(size_, 1)), "cudaMalloc of the weight image");
     base_ = static_cast<uint8_t*>(p);
@@ -170,12 +176,6 @@ table_home engram_table_home() {
   if (!v.empty() && v != "auto")
     std::fprintf(stderr, "cedar: CEDAR_GPU_ENGRAM_TABLES='%s' is not device, host or auto; taken as auto\n", env);
   return table_home::automatic;
-}
-
-uint64_t free_device_bytes() {
-  std::size_t free_b = 0, total_b = 0;
-  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  return free_b;
 }
 
 uint64_t table_bytes(const cpu::engram_weights& e) { return uint64_t(e.num_rows) * e.head_dim; }
