@@ -356,7 +356,6 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
   if (m <= 0) return;
   const int inter = cuda::detail::expert_inter(experts, num_experts, d);
   CEDAR_CUDA_REQUIRE(d % 32 == 0 && inter % 32 == 0, "fast moe_ffn: d and inter multiples of 32");
-  const cpu::expert_weights* table = expert_table(experts, num_experts);
   // The grouped W4A8 kernels, on device-side groups: the narrow weight streams where the shapes
   // allow (2.4x the gemv tile on 64 experts x ~6 slots, `cedar kernel-lab --op moe`; 16 slots a
   // pass past expert_narrow_max_rows tokens, 32 past expert_narrow16_max_rows), else the gemv
@@ -389,6 +388,8 @@ void moe_run(const float* y, int m, int d, const int32_t* sel, const float* weig
   // the slots grouped by expert: moe_route's plan of these sel (one pass), else a launch here
   const bool planned = plan != nullptr && plan->rows == m && plan->topk == topk && chunk == m &&
                        plan->experts == experts && plan->num_experts == num_experts;
+  // (the plan looked the device table up already: one lookup a layer on the host)
+  const cpu::expert_weights* table = planned ? plan->table : expert_table(experts, num_experts);
   const size_t plan_bytes = planned ? 0 : expert_plan_bytes(chunk, topk, num_experts);
   scratch<unsigned char> own_plan(plan_bytes);
   const plan_arrays pa = plan_layout(planned ? plan->buffer : own_plan.get(), chunk, topk, num_experts);

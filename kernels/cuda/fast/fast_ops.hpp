@@ -88,12 +88,13 @@ struct expert_group {
 /// The caller sets experts and num_experts (moe_ffn's host array of the layer) and buffer
 /// (device memory of expert_plan_bytes(m, topk, num_experts), alive until moe_ffn has run);
 /// moe_route sets rows and topk when it wrote the plan, and leaves them 0 when it did not (then
-/// moe_ffn groups the slots itself).
+/// moe_ffn groups the slots itself); table is the device copy of experts it grouped over.
 struct expert_plan {
   const cpu::expert_weights* experts = nullptr;
   int num_experts = 0;
   void* buffer = nullptr;
   int rows = 0, topk = 0;
+  const cpu::expert_weights* table = nullptr;
 };
 std::size_t expert_plan_bytes(int m, int topk, int num_experts);
 /// Whether moe_route at m rows and topk writes an expert plan (tuning::expert_plan_in_route).

@@ -267,9 +267,9 @@ void moe_route(const float* y, int m, const bf16_weight& gate, const float* bias
   if (plan && plan->experts && route_makes_plan(m, topk)) {
     CEDAR_CUDA_REQUIRE(plan->num_experts >= 1 && plan->num_experts <= group_block_max_experts && plan->buffer,
                        "moe_route: an expert plan needs 1..1024 experts and its buffer");
-    const cpu::expert_weights* table = expert_table(plan->experts, plan->num_experts);
+    plan->table = expert_table(plan->experts, plan->num_experts);
     cuda::detail::launch_dependent(route_pick_kernel<true>, dim3(1), dim3(route_warps * 32), 0, s.get(), m, gate.out,
-                                   bias, topk, route_scale, sel, weights, table, plan->num_experts,
+                                   bias, topk, route_scale, sel, weights, plan->table, plan->num_experts,
                                    plan_layout(plan->buffer, m, topk, plan->num_experts));
     plan->rows = m, plan->topk = topk;
     return;
