@@ -1,7 +1,7 @@
 // GPU test of the routed experts' wgmma products (kernels/cuda/fast/experts_wg.cu) on their own:
 // experts of zero, one, 129 and 300 rows (whole and partial pieces of each token tile: 64, 128 and
 // 256 rows), an expert another shard holds, weight scales from 2^-7 to 2^4, K over more steps
-// than the pipeline has slots.
+// than any tile's pipeline has slots.
 // Each output within 2^-16 of sum_k |x_k w_k| of the CPU's W4A8 linear (the products are exact,
 // only the order of the fp32 sums differs), every row of every expert written, nothing past the
 // last row.
@@ -25,7 +25,7 @@ namespace ref = cedar::op_reference;
 
 TEST_CASE("fast experts wgmma: every expert's rows within 2^-16 of sum|xw| of the CPU op, no row past them") {
   if (!have_gpu()) return;
-  const int d = 512, inter = 256;
+  const int d = 1024, inter = 256;  // d: 16 steps of 64, past every tile's 5 or 8 slots
   const std::vector<int> counts = {300, 0, 129, 1, 200};
   const int experts = int(counts.size()), held_elsewhere = 1, large_scales = 2;
   std::mt19937_64 rng(71);
