@@ -302,6 +302,22 @@ TEST_CASE("scheduler: bad input gets a clear error and leaves the runtime workin
   r.check_nothing_held();
 }
 
+TEST_CASE("scheduler: a max_tokens past the context window ends the answer with length where the window fills") {
+  rig r(small_options());
+  const int64_t window = r.sched->context_tokens();
+  REQUIRE(window > 8);
+  request_spec s;
+  s.prompt.assign(size_t(window - 5), 7);
+  s.max_tokens = int(window) * 4;  // far past the window: taken, not refused
+  s.ignore_eos = true;
+  const auto id = r.sched->submit(s);
+  REQUIRE(id.ok());
+  r.run_all();
+  CHECK(r.out[id.value()].size() == 5);  // prompt + answer fill the window exactly
+  CHECK(r.reason[id.value()] == "length");
+  r.check_nothing_held();
+}
+
 namespace {
 
 /// The toy vocabulary as JSON pieces (id 1, the end token, has no bytes), every character of
