@@ -29,7 +29,7 @@ generation::~generation() {
   state_->metrics.num_active_generations.fetch_sub(1);
 }
 
-std::optional<api_error> generation::start(generate_request request) {
+std::optional<api_error> generation::start(generate_request request, const std::string& prompt_param) {
   auto& m = state_->metrics;
   if (m.num_active_generations.load() > state_->options.max_active_generations)
     return overloaded("too many requests in flight; retry later");
@@ -46,7 +46,7 @@ std::optional<api_error> generation::start(generate_request request) {
     case submit_status::overloaded: return overloaded(submitted.message);
     case submit_status::not_ready: return not_ready(submitted.message);
     case submit_status::too_long:
-      return bad_request(submitted.message, "messages", "context_length_exceeded");
+      return bad_request(submitted.message, prompt_param, "context_length_exceeded");
     case submit_status::invalid: return bad_request(submitted.message);
   }
   request_id_ = submitted.request_id;

@@ -43,12 +43,13 @@ generate_request make_request(const server_state& state, std::vector<int32_t> id
   return req;
 }
 
+/// prompt_param: the request field the prompt came from (errors about the prompt name it).
 started launch(const std::shared_ptr<server_state>& state, boost::asio::any_io_executor strand,
                std::unique_ptr<output_stream> parser, std::unique_ptr<response_writer> writer,
-               const generation_options& g, generate_request req, frame_sink* sink) {
+               const generation_options& g, generate_request req, frame_sink* sink, const std::string& prompt_param) {
   auto gen = std::make_shared<generation>(state, std::move(strand), std::move(parser),
                                           std::move(writer), g.stop, sink);
-  if (auto err = gen->start(std::move(req))) return {nullptr, std::move(err), g.stream};
+  if (auto err = gen->start(std::move(req), prompt_param)) return {nullptr, std::move(err), g.stream};
   return {std::move(gen), {}, g.stream};
 }
 
@@ -129,7 +130,8 @@ started start_chat(const std::shared_ptr<server_state>& state, boost::asio::any_
   if (!prompt.error.empty()) return {nullptr, bad_request(prompt.error, "messages")};
   auto writer = make_chat_writer(context(*state, state->new_id("chatcmpl-"), req.gen));
   return launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),
-                std::move(writer), req.gen, make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning), sink);
+                std::move(writer), req.gen, make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning), sink,
+                "messages");
 }
 
 started start_completion(const std::shared_ptr<server_state>& state,
@@ -157,7 +159,7 @@ started start_completion(const std::shared_ptr<server_state>& state,
   std::string echo = req.echo ? (req.prompt_is_ids ? std::string() : req.prompt_text) : std::string();
   auto writer = make_completion_writer(context(*state, state->new_id("cmpl-"), req.gen), echo);
   return launch(state, std::move(strand), state->codec->text_output(), std::move(writer), req.gen,
-                make_request(*state, std::move(ids), req.gen), sink);
+                make_request(*state, std::move(ids), req.gen), sink, "prompt");
 }
 
 started start_responses(const std::shared_ptr<server_state>& state,
@@ -217,7 +219,7 @@ started start_responses(const std::shared_ptr<server_state>& state,
   const uint64_t session_id = turn.session_id;
   auto writer = make_responses_writer(context(*state, state->new_id("resp_"), req.gen), std::move(turn));
   auto s = launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),
-                  std::move(writer), req.gen, std::move(gen_request), sink);
+                  std::move(writer), req.gen, std::move(gen_request), sink, "input");
   if (s.error && !previous) state->responses->release(session_id);
   s.session_id = session_id;
   return s;

@@ -349,4 +349,28 @@ await check("POST /admin/layout switches TP -> DEP while a stream runs; the stre
   assert.equal((await bad.json()).error.param, "layout");
 });
 
+await check("the context window: a prompt past it is a 400 naming its field; a max_tokens past it ends with length", async () => {
+  // a server whose KV budget makes the window small (max_model_len)
+  const win = new OpenAI({ baseURL: process.env.URL_WINDOW + "/v1", apiKey: "unused", maxRetries: 0 });
+  const window = (await win.models.list()).data[0].max_model_len;
+  assert.ok(window > 16 && window < 4096, `max_model_len ${window}`);
+  const tooLong = (e, param) => e.status === 400 && e.code === "context_length_exceeded" && e.param === param &&
+    /prompt/.test(e.message);
+  await assert.rejects(win.completions.create({ model: "tiny", prompt: Array(window + 1).fill(5), max_tokens: 4 }),
+    (e) => tooLong(e, "prompt"));
+  await assert.rejects(win.chat.completions.create({ model: "tiny", max_tokens: 4, ...chatMode,
+    messages: [{ role: "user", content: "word ".repeat(2 * window) }] }), (e) => tooLong(e, "messages"));
+  await assert.rejects(win.responses.create({ model: "tiny", input: "word ".repeat(2 * window), max_output_tokens: 4 }),
+    (e) => tooLong(e, "input"));
+  // far past the window: taken, and cut where prompt and answer fill it
+  const r = await win.completions.create({ model: "tiny", prompt: Array(window - 3).fill(5), max_tokens: 100000,
+    temperature: 0 });
+  assert.equal(r.choices[0].finish_reason, "length");
+  assert.equal(r.usage.completion_tokens, 3);
+  assert.equal(r.usage.total_tokens, window);
+  // nothing held by the refused or cut requests: a whole-window request still fits
+  const again = await win.completions.create({ model: "tiny", prompt: Array(window - 1).fill(6), max_tokens: 4 });
+  assert.equal(again.usage.completion_tokens, 1);
+});
+
 console.log(`serve_openai: ${passed} checks passed${skipped ? `, ${skipped} skipped` : ""}`);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `cedar serve` driven by the official openai npm SDK: chat (plain and streaming, usage and
-# cached tokens), a tool-call round trip, completions, and the Responses API with
-# previous_response_id. The tiny model answers real requests; the null model, scripted with
-# --null-output, emits reasoning and a DSML tool call so the output parser path is end to end.
+# cached tokens), a tool-call round trip, completions, the Responses API with
+# previous_response_id, and the context window's limits (a tiny server with a small KV budget).
+# The tiny model answers real requests; the null model, scripted with --null-output, emits
+# reasoning and a DSML tool call so the output parser path is end to end.
 # usage: tests/integration/serve_openai.sh path/to/cedar
 set -euo pipefail
 cedar="$(realpath "${1:?usage: serve_openai.sh path/to/cedar}")"
@@ -13,4 +14,6 @@ source "$here/serve_lib.bash"
 dsml=$'I should call the weather tool.</think>\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="get_weather">\n<｜DSML｜ parameter name="location" string="true">Paris</｜DSML｜ parameter>\n<｜DSML｜ parameter name="days" string="false">3</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>'
 start_server tiny --api-key sk-test --swa-replay full --admin-key adm "${model_args[@]}"
 start_server null --model null --null-output "$dsml" --null-step-us 200
-CEDAR_ROOT="$CEDAR_ROOT" URL_TINY="$url_tiny" URL_NULL="$url_null" node "$here/serve_openai.mjs"
+# a KV budget of 700 kB: a context window of a few hundred tokens at most
+start_server window --model tiny --kv-budget-bytes 700000
+CEDAR_ROOT="$CEDAR_ROOT" URL_TINY="$url_tiny" URL_NULL="$url_null" URL_WINDOW="$url_window" node "$here/serve_openai.mjs"
