@@ -80,7 +80,7 @@ class generation : public std::enable_shared_from_this<generation> {
   /// Submits to the engine; an error (429/503/400) means nothing was started. prompt_param: the
   /// request field the prompt came from (messages, prompt, input), which a prompt past the
   /// context window's 400 names.
-  std::optional<api_error> start(generate_request request, const std::string& prompt_param = "messages");
+  std::optional<api_error> start(generate_request request, const std::string& prompt_param);
   /// Sends the opening frames (e.g. response.created); call once the sink is ready for them.
   void open_stream();
   /// Stops early (client gone, response.cancel): the engine request is cancelled and the

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -246,24 +247,24 @@ void gpu_model::impl::bind(const model_detail::model_weights& w) {
     if (args.layers[l].has_engram) tables += table_bytes(w.layers[l].engram) + table_scale_bytes(w.layers[l].engram);
   const table_home home = tables > 0 ? engram_table_home() : table_home::device;
   tables_on_host = home == table_home::host;
+  std::optional<weight_image> img(std::in_place);
+  place_all(*img);  // the sizing pass
   if (home == table_home::automatic) {
-    weight_image whole;
-    place_all(whole);
-    if (const uint64_t free_b = free_device_bytes(); whole.size() > free_b && whole.size() - tables <= free_b) {
-      tables_on_host = true;
+    if (const uint64_t free_b = free_device_bytes(); img->size() > free_b && img->size() - tables <= free_b) {
       std::fprintf(stderr,
                    "cedar: the Engram tables (%llu MiB) stay in host memory, read over the bus: the weights need "
                    "%llu MiB of device memory with them, %llu MiB are free (CEDAR_GPU_ENGRAM_TABLES=device|host)\n",
-                   (unsigned long long)(tables >> 20), (unsigned long long)(whole.size() >> 20),
+                   (unsigned long long)(tables >> 20), (unsigned long long)(img->size() >> 20),
                    (unsigned long long)(free_b >> 20));
+      tables_on_host = true;
+      img.emplace();  // sized again without them
+      place_all(*img);
     }
   }
-  weight_image img;
-  place_all(img);
-  img.allocate();
-  place_all(img);
-  allocations.push_back(img.stream(progress));
-  bytes = img.tensor_bytes();
+  img->allocate();
+  place_all(*img);
+  allocations.push_back(img->stream(progress));
+  bytes = img->tensor_bytes();
   if (tables_on_host) engram_tables_to_host(w);
   if (dense_bf16) keep_dense_bf16();
 }
