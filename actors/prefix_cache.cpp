@@ -18,19 +18,24 @@ uint64_t prefix_cache::chain_hash(uint64_t parent, std::span<const int32_t> toke
   return h ^ (h >> 33);
 }
 
-prefix_cache::lru_key prefix_cache::key_of(int32_t page_id, const entry& e) const {
-  return {live_sessions_.count(e.session_id) > 0, e.last_use, page_id};
+prefix_cache::lru_key prefix_cache::key_of(int32_t page_id, const entry& e) {
+  return {!e.sessions.empty(), e.last_use, page_id};
 }
 
-void prefix_cache::touch(int32_t page_id, uint64_t session_id) {
+void prefix_cache::add_user(int32_t page_id, entry& e, uint64_t session_id) {
+  if (session_id == 0) return;
+  e.last_session = session_id;
+  if (!live_sessions_.count(session_id)) return;
+  if (std::find(e.sessions.begin(), e.sessions.end(), session_id) != e.sessions.end()) return;
+  e.sessions.push_back(session_id);
+  session_pages_[session_id].insert(page_id);
+}
+
+void prefix_cache::touch(int32_t page_id, uint64_t session_id, uint64_t stamp) {
   entry& e = entries_.at(page_id);
   lru_.erase(key_of(page_id, e));
-  if (session_id != 0 && e.session_id != session_id) {  // a sessionless hit keeps the owner
-    session_pages_[e.session_id].erase(page_id);
-    e.session_id = session_id;
-    session_pages_[session_id].insert(page_id);
-  }
-  e.last_use = ++clock_;
+  add_user(page_id, e, session_id);
+  e.last_use = std::max(e.last_use, stamp);
   lru_.insert(key_of(page_id, e));
 }
 
@@ -48,9 +53,10 @@ std::vector<int32_t> prefix_cache::lookup(std::span<const int32_t> tokens, int64
     hit.push_back(it->second);
     parent = h;
   }
-  for (int32_t p : hit) {
-    pool_.retain(p);
-    touch(p, session_id);
+  // tail first: the root gets the newest stamp
+  for (auto p = hit.rbegin(); p != hit.rend(); ++p) {
+    pool_.retain(*p);
+    touch(*p, session_id, ++clock_);
   }
   if (count) {
     queried_tokens_ += int64_t(tokens.size());
@@ -62,21 +68,25 @@ std::vector<int32_t> prefix_cache::lookup(std::span<const int32_t> tokens, int64
 void prefix_cache::publish(std::span<const int32_t> tokens, std::span<const int32_t> page_ids,
                            int64_t num_full_pages, uint64_t session_id) {
   CEDAR_CHECK(num_full_pages * page_tokens_ <= int64_t(tokens.size()) && num_full_pages <= int64_t(page_ids.size()));
+  // Page i is stamped newer than page i+1 (tail first, as lookup does).
+  const uint64_t base = clock_;
+  clock_ += uint64_t(std::max<int64_t>(num_full_pages, 0));
   uint64_t parent = 0;
   for (int64_t i = 0; i < num_full_pages; ++i) {
     auto page = tokens.subspan(i * page_tokens_, page_tokens_);
     const uint64_t h = chain_hash(parent, page);
     const int32_t p = page_ids[i];
+    const uint64_t stamp = base + uint64_t(num_full_pages - i);
     auto it = by_hash_.find(h);
     if (it == by_hash_.end() && !pool_.is_cached(p)) {
       by_hash_.emplace(h, p);
-      entry e{h, parent, std::vector<int32_t>(page.begin(), page.end()), session_id, ++clock_};
-      session_pages_[session_id].insert(p);
+      entry e{h, parent, std::vector<int32_t>(page.begin(), page.end()), {}, 0, stamp};
+      add_user(p, e, session_id);
       lru_.insert(key_of(p, e));
       entries_.emplace(p, std::move(e));
       pool_.set_cached(p, true);
-    } else if (it != by_hash_.end() && it->second == p) {
-      touch(p, session_id);
+    } else if (it != by_hash_.end()) {
+      touch(it->second, session_id, stamp);  // this prefix, cached here or on another page
     }
     parent = h;
   }
@@ -88,7 +98,7 @@ bool prefix_cache::evict_one() {
     if (pool_.ref_count(p) > 0) continue;
     const entry& e = entries_.at(p);
     by_hash_.erase(e.hash);
-    session_pages_[e.session_id].erase(p);
+    for (uint64_t s : e.sessions) session_pages_[s].erase(p);
     lru_.erase(it);
     entries_.erase(p);
     pool_.set_cached(p, false);
@@ -98,21 +108,20 @@ bool prefix_cache::evict_one() {
 }
 
 void prefix_cache::session_opened(uint64_t session_id) {
-  if (session_id == 0 || !live_sessions_.insert(session_id).second) return;
-  for (int32_t p : session_pages_[session_id]) {
-    const entry& e = entries_.at(p);
-    lru_.erase({false, e.last_use, p});
-    lru_.insert(key_of(p, e));
-  }
+  if (session_id != 0) live_sessions_.insert(session_id);
 }
 
 void prefix_cache::session_closed(uint64_t session_id) {
   if (!live_sessions_.erase(session_id)) return;
-  for (int32_t p : session_pages_[session_id]) {
-    const entry& e = entries_.at(p);
-    lru_.erase({true, e.last_use, p});
+  auto pages = session_pages_.find(session_id);
+  if (pages == session_pages_.end()) return;
+  for (int32_t p : pages->second) {
+    entry& e = entries_.at(p);
+    lru_.erase(key_of(p, e));
+    std::erase(e.sessions, session_id);
     lru_.insert(key_of(p, e));
   }
+  session_pages_.erase(pages);
 }
 
 }  // namespace cedar

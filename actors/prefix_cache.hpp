@@ -1,8 +1,10 @@
 // Prefix cache over global-KV pages: a chained hash per full page (hash of the previous
 // page's hash and this page's token ids) maps to the page holding that prefix's KV. Only
 // global KV is cached, never SWA (rings are rebuilt by replay). Token ids are re-checked on a
-// hit. Idle pages are evicted LRU, pages of closed sessions before pages of live ones (a page
-// belongs to the last session that published or hit it).
+// hit. Idle pages are evicted LRU, pages no live session used before pages of live ones (a page
+// counts as live while any open session that published or hit it stays open). Every publish and
+// hit stamps a chain's pages tail first, so a page is always older than its parent and eviction
+// takes a chain from its tail: an evicted page never cuts a cached prefix off its root.
 // Plain C++, owned by the scheduler's thread, together with the kv_pool it marks pages in.
 #pragma once
 
@@ -36,12 +38,12 @@ class prefix_cache {
   void publish(std::span<const int32_t> tokens, std::span<const int32_t> page_ids, int64_t num_full_pages,
                uint64_t session_id);
 
-  /// Frees one idle cached page (closed sessions' first, then least recently used). False
-  /// when no cached page is idle.
+  /// Frees one idle cached page (pages of no live session first, then least recently used; a
+  /// chain's tail before its parent). False when no cached page is idle.
   bool evict_one();
 
   void session_opened(uint64_t session_id);
-  /// The session's pages become evictable ahead of live sessions' pages.
+  /// The pages only this session kept live become evictable ahead of live sessions' pages.
   void session_closed(uint64_t session_id);
 
   /// Every chain from the root to a cached page no other cached page extends, most recently
@@ -58,13 +60,16 @@ class prefix_cache {
     uint64_t hash = 0;
     uint64_t parent_hash = 0;
     std::vector<int32_t> tokens;  ///< the page's token ids, re-checked on a hit
-    uint64_t session_id = 0;
+    std::vector<uint64_t> sessions;  ///< open sessions that published or hit it
+    uint64_t last_session = 0;       ///< the last session that used it (exported with its chain)
     uint64_t last_use = 0;
   };
-  using lru_key = std::tuple<bool, uint64_t, int32_t>;  ///< (session live, last use, page)
+  using lru_key = std::tuple<bool, uint64_t, int32_t>;  ///< (any session live, last use, page)
 
-  lru_key key_of(int32_t page_id, const entry& e) const;
-  void touch(int32_t page_id, uint64_t session_id);
+  static lru_key key_of(int32_t page_id, const entry& e);
+  /// Stamps the page `stamp` and records `session_id` as a user of it.
+  void touch(int32_t page_id, uint64_t session_id, uint64_t stamp);
+  void add_user(int32_t page_id, entry& e, uint64_t session_id);
   static uint64_t chain_hash(uint64_t parent, std::span<const int32_t> tokens);
 
   int page_tokens_;
@@ -73,7 +78,7 @@ class prefix_cache {
   std::unordered_map<int32_t, entry> entries_;
   std::set<lru_key> lru_;  ///< every cached page, evictable ones found by ref count
   std::unordered_set<uint64_t> live_sessions_;
-  std::unordered_map<uint64_t, std::set<int32_t>> session_pages_;
+  std::unordered_map<uint64_t, std::set<int32_t>> session_pages_;  ///< live sessions only
   uint64_t clock_ = 0;
   int64_t queried_tokens_ = 0;
   int64_t hit_tokens_ = 0;

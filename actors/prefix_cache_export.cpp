@@ -23,7 +23,7 @@ std::vector<page_chain> prefix_cache::export_chains() const {
     }
     if (entries_.at(path.back()).parent_hash != 0) continue;  // the root was evicted
     page_chain c;
-    c.session_id = entries_.at(leaf).session_id;
+    c.session_id = entries_.at(leaf).last_session;
     for (auto p = path.rbegin(); p != path.rend(); ++p) {
       const entry& e = entries_.at(*p);
       c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());

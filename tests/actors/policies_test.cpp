@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <set>
 
 #include "actors/batch_plan.hpp"
 #include "actors/prefix_cache.hpp"
@@ -179,6 +180,127 @@ TEST_CASE("prefix_cache: chained full-page hits, token re-check, LRU that keeps 
   CHECK(cache.evict_one());
   CHECK(!cache.evict_one());
   CHECK(pool.num_pages_free() == 6);
+}
+
+namespace {
+
+/// A pool of `num_pages` pages of 4 tokens for prefix-cache tests.
+kv_pool small_pool(int num_pages) {
+  const auto args = test::toy_args();
+  const kv_layout layout = kv_layout::make(args, kv_dtype::fp4, 4);
+  const std::size_t slot = layout.ring_bytes() + layout.tail_floats() * sizeof(float);
+  return kv_pool(plan_kv_capacity(layout, int64_t(layout.page_bytes * num_pages + slot), 1));
+}
+
+/// Tokens of `n` pages of 4: page i of branch b is {b, i, 0, 0}, so branches share nothing.
+std::vector<int32_t> chain_tokens(int branch, int n) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.insert(t.end(), {branch, i, 0, 0});
+  return t;
+}
+
+/// Runs one request through the cache the way the scheduler does: hit, compute the rest on
+/// fresh pages (evicting for them), publish, finish. False when the pool could not hold it.
+bool run_request(prefix_cache& cache, kv_pool& pool, const std::vector<int32_t>& tokens, uint64_t session) {
+  const int64_t n = int64_t(tokens.size()) / 4;
+  std::vector<int32_t> pages = cache.lookup(tokens, n, session);
+  while (int64_t(pages.size()) < n) {
+    int32_t p = pool.alloc_page();
+    if (p < 0 && cache.evict_one()) p = pool.alloc_page();
+    if (p < 0) break;
+    pages.push_back(p);
+  }
+  const bool fits = int64_t(pages.size()) == n;
+  if (fits) cache.publish(tokens, pages, n, session);
+  for (int32_t p : pages) pool.release(p);
+  return fits;
+}
+
+/// Pages reachable from a root: an evicted parent would leave its descendants unreachable.
+int64_t reachable_pages(const prefix_cache& cache) {
+  std::set<int32_t> pages;
+  for (const auto& c : cache.export_chains()) pages.insert(c.page_ids.begin(), c.page_ids.end());
+  return int64_t(pages.size());
+}
+
+}  // namespace
+
+TEST_CASE("prefix_cache: eviction takes a chain from its tail, so what stays is still a prefix") {
+  kv_pool pool = small_pool(12);
+  prefix_cache cache(4, pool);
+  const auto a = chain_tokens(1, 6), b = chain_tokens(2, 6);
+  REQUIRE(run_request(cache, pool, a, 0));
+  REQUIRE(run_request(cache, pool, b, 0));  // fills the pool: 12 pages cached
+  CHECK(cache.num_cached_pages() == 12);
+  // a is older: each eviction takes its last page, and what is left still hits from the root
+  for (int kept = 5; kept >= 3; --kept) {
+    REQUIRE(cache.evict_one());
+    auto hit = cache.lookup(a, 6, 0, false);
+    CHECK(int(hit.size()) == kept);
+    for (int32_t p : hit) pool.release(p);
+    // the lookup made a newer than b: touch b again so a stays the older one
+    hit = cache.lookup(b, 6, 0, false);
+    CHECK(hit.size() == 6);
+    for (int32_t p : hit) pool.release(p);
+  }
+  CHECK(reachable_pages(cache) == cache.num_cached_pages());
+}
+
+TEST_CASE("prefix_cache: a prefix shared with a closed session stays live while another session uses it") {
+  kv_pool pool = small_pool(8);
+  prefix_cache cache(4, pool);
+  cache.session_opened(1);
+  cache.session_opened(2);
+  auto shared_then = [](int32_t tail) { return std::vector<int32_t>{7, 7, 7, 7, tail, 0, 0, 0}; };
+  REQUIRE(run_request(cache, pool, shared_then(1), 1));  // session 1: shared page + its own
+  REQUIRE(run_request(cache, pool, shared_then(2), 2));  // session 2 hits the shared page last
+  cache.session_closed(2);
+  // session 2's own page goes first, then session 1's tail; the shared root outlives both
+  REQUIRE(cache.evict_one());
+  auto hit = cache.lookup(shared_then(2), 2, 0, false);
+  CHECK(hit.size() == 1);
+  for (int32_t p : hit) pool.release(p);
+  hit = cache.lookup(shared_then(1), 2, 0, false);
+  CHECK(hit.size() == 2);
+  for (int32_t p : hit) pool.release(p);
+  REQUIRE(cache.evict_one());
+  hit = cache.lookup(shared_then(1), 2, 0, false);
+  CHECK(hit.size() == 1);
+  for (int32_t p : hit) pool.release(p);
+  CHECK(reachable_pages(cache) == cache.num_cached_pages());
+}
+
+TEST_CASE("prefix_cache: under random traffic no cached page is ever cut off from its root") {
+  std::mt19937 rng(11);
+  kv_pool pool = small_pool(24);
+  prefix_cache cache(4, pool);
+  std::set<uint64_t> open;
+  int64_t hits = 0, evicting_runs = 0;
+  for (int step = 0; step < 3000; ++step) {
+    const uint64_t session = 1 + rng() % 6;
+    if (rng() % 10 == 0) {  // sessions come and go
+      if (open.erase(session)) cache.session_closed(session);
+      else open.insert(session), cache.session_opened(session);
+      continue;
+    }
+    // a path down a binary tree of pages: requests share prefixes of random lengths
+    std::vector<int32_t> tokens;
+    int32_t node = 1;
+    const int n = 1 + int(rng() % 10);
+    for (int i = 0; i < n; ++i) {
+      node = node * 2 + int32_t(rng() % 2);
+      tokens.insert(tokens.end(), {node, i, 3, 4});
+    }
+    const int64_t before = cache.hit_tokens();
+    const int64_t free_before = pool.num_pages_free();
+    run_request(cache, pool, tokens, open.count(session) ? session : 0);
+    hits += cache.hit_tokens() - before;
+    evicting_runs += free_before < n;
+    REQUIRE(reachable_pages(cache) == cache.num_cached_pages());
+    REQUIRE(pool.num_pages_idle_cached() == cache.num_cached_pages());
+  }
+  CHECK(hits > 0);
+  CHECK(evicting_runs > 100);  // the pool was under pressure most of the time
 }
 
 TEST_CASE("replay: bounded replays the last window, full the whole layer halo; short hits are not taken") {
