@@ -102,6 +102,7 @@ struct metrics_snapshot {
   int64_t replay_tokens = 0;
   int64_t preemptions = 0;
   int64_t steps = 0;
+  int64_t context_tokens = 0;     ///< the longest prompt + output one request can hold (smallest group)
   std::vector<double> ttft_ms;    ///< recent samples, submit -> first token
   std::vector<double> itl_ms;     ///< recent samples, between tokens of a request
   double prefix_hit_rate() const {

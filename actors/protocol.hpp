@@ -17,6 +17,9 @@ namespace cedar {
 /// request's token_batch events.
 struct submit_request {
   request_spec spec;
+  /// How long the sender waits for the reply (0: as long as it takes). A submit held by a layout
+  /// switch for longer is refused when admission reopens, never run for a sender that gave up.
+  int64_t wait_ms = 0;
 };
 /// Command: open a session turn: spec.prompt holds only the new tokens.
 struct submit_turn {
@@ -136,11 +139,11 @@ typename Inspector::result_type inspect(Inspector& f, metrics_snapshot& x) {
   return f(caf::meta::type_name("metrics_snapshot"), x.requests_running, x.requests_waiting, x.pages_total,
            x.pages_used, x.pages_cached_idle, x.pages_free, x.ring_slots_used, x.kv_bytes_used, x.kv_budget_bytes,
            x.prefix_queried_tokens, x.prefix_hit_tokens, x.tokens_in, x.tokens_out, x.replay_tokens, x.preemptions,
-           x.steps, x.ttft_ms, x.itl_ms);
+           x.steps, x.context_tokens, x.ttft_ms, x.itl_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, submit_request& x) {
-  return f(caf::meta::type_name("submit_request"), x.spec);
+  return f(caf::meta::type_name("submit_request"), x.spec, x.wait_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, submit_turn& x) {

@@ -27,6 +27,12 @@ submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_act
   return {r.value(), -1, {}};
 }
 
+void add_counters(metrics_snapshot& m, const metrics_snapshot& x) {
+  m.prefix_queried_tokens += x.prefix_queried_tokens, m.prefix_hit_tokens += x.prefix_hit_tokens;
+  m.tokens_in += x.tokens_in, m.tokens_out += x.tokens_out, m.replay_tokens += x.replay_tokens;
+  m.preemptions += x.preemptions, m.steps += x.steps;
+}
+
 }  // namespace runtime_detail
 
 namespace {
@@ -38,14 +44,15 @@ status_reply to_reply(const status& s) {
 
 metrics_snapshot sum_metrics(const runtime_state& st) {
   metrics_snapshot m;
+  add_counters(m, st.retired);  // counters only go up, across switches too
   for (const auto& g : st.groups) {
     const metrics_snapshot x = g->metrics();
+    m.context_tokens = m.context_tokens ? std::min(m.context_tokens, x.context_tokens) : x.context_tokens;
     m.requests_running += x.requests_running, m.requests_waiting += x.requests_waiting;
     m.pages_total += x.pages_total, m.pages_used += x.pages_used, m.pages_cached_idle += x.pages_cached_idle;
     m.pages_free += x.pages_free, m.ring_slots_used += x.ring_slots_used, m.kv_bytes_used += x.kv_bytes_used;
-    m.kv_budget_bytes += x.kv_budget_bytes, m.prefix_queried_tokens += x.prefix_queried_tokens;
-    m.prefix_hit_tokens += x.prefix_hit_tokens, m.tokens_in += x.tokens_in, m.tokens_out += x.tokens_out;
-    m.replay_tokens += x.replay_tokens, m.preemptions += x.preemptions, m.steps += x.steps;
+    m.kv_budget_bytes += x.kv_budget_bytes;
+    add_counters(m, x);
     m.ttft_ms.insert(m.ttft_ms.end(), x.ttft_ms.begin(), x.ttft_ms.end());
     m.itl_ms.insert(m.itl_ms.end(), x.itl_ms.begin(), x.itl_ms.end());
   }
@@ -97,7 +104,9 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<ran
           // held submit without it would run with nowhere to send its tokens
           caf::strong_actor_ptr sink = self->current_sender();
           auto rp = self->make_response_promise<submit_reply>();
-          st.held.push_back({std::move(msg), std::move(sink), rp});
+          std::optional<std::chrono::steady_clock::time_point> deadline;
+          if (msg.wait_ms > 0) deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(msg.wait_ms);
+          st.held.push_back({std::move(msg), std::move(sink), rp, deadline});
           return rp;
         }
         return do_submit(self, msg, self->current_sender());

@@ -46,6 +46,7 @@ struct held_submit {
   submit_request msg;
   caf::strong_actor_ptr sink;
   caf::typed_response_promise<submit_reply> rp;
+  std::optional<std::chrono::steady_clock::time_point> deadline;  ///< when its sender stops waiting
 };
 
 /// A switch (or rebuild) waiting for the step boundary.
@@ -76,6 +77,7 @@ struct runtime_state {
   bool draining = false;
   std::optional<pending_switch> sw;
   std::vector<held_submit> held;
+  metrics_snapshot retired;  ///< the counters of groups a switch or rebuild replaced
   int64_t switches = 0, rebuilds = 0;
   double last_switch_ms = 0;
   std::string last_fault;
@@ -93,6 +95,10 @@ void deliver_events(self_ptr self);
 void on_step_output(self_ptr self, const step_output& out);
 /// A shard died, timed out or failed: abort the collectives and rebuild at the boundary.
 void on_fault(self_ptr self, int rank, const std::string& reason, bool kv_lost);
+
+// runtime_actor.cpp
+/// Adds x's counters (prefix lookups and hits, tokens, replays, preemptions, steps) to m.
+void add_counters(metrics_snapshot& m, const metrics_snapshot& x);
 
 // runtime_switch_actor.cpp
 /// The shards and schedulers of `spec` (generation `gen`), spawned and monitored.

@@ -25,7 +25,16 @@ void resume_admission(self_ptr self) {
   st.paused = false;
   std::vector<held_submit> held = std::move(st.held);
   st.held.clear();
-  for (held_submit& h : held) h.rp.deliver(do_submit(self, h.msg, h.sink));
+  // a sender that stopped waiting has rolled its turn back: running the request now would
+  // stream to nobody, or append to a session behind its back (a margin covers the reply's trip)
+  const auto late = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  for (held_submit& h : held) {
+    if (h.deadline && late > *h.deadline)
+      h.rp.deliver(submit_reply{0, int32_t(engine_errc::cancelled),
+                                "the request waited for a layout switch longer than its sender would; not started"});
+    else
+      h.rp.deliver(do_submit(self, h.msg, h.sink));
+  }
   pump(self);
 }
 
@@ -122,6 +131,7 @@ void run_switch(self_ptr self) {
     self->send_exit(r.actor, caf::exit_reason::user_shutdown);
   }
   st.ranks = std::move(ranks);
+  for (const auto& g : st.groups) add_counters(st.retired, g->metrics());
   st.groups = std::move(groups);
   st.comm = std::move(comm);
   st.layout = st.sw->target;

@@ -245,6 +245,7 @@ metrics_snapshot scheduler::metrics() const {
   m.requests_running = int64_t(running_.size());
   m.requests_waiting = int64_t(waiting_.size());
   m.pages_total = pool_.capacity().num_pages;
+  m.context_tokens = context_tokens_;
   m.pages_free = pool_.num_pages_free();
   m.pages_cached_idle = pool_.num_pages_idle_cached();
   m.pages_used = pool_.num_pages_referenced();

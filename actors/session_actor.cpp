@@ -35,7 +35,7 @@ caf::result<submit_reply> start_turn(self_ptr self, submit_turn& msg, int64_t ti
   msg.spec.session_id = st.session_id;
   st.active_request = turn_starting;
   auto rp = self->make_response_promise<submit_reply>();
-  self->request(st.sched, std::chrono::milliseconds(timeout_ms), submit_request{std::move(msg.spec)})
+  self->request(st.sched, std::chrono::milliseconds(timeout_ms), submit_request{std::move(msg.spec), timeout_ms})
       .then(
           [=](submit_reply& r) mutable {
             if (r.error_code >= 0) {

@@ -61,7 +61,8 @@ class runtime_bridge final : public engine_bridge {
     if (auto l = runtime_->layout_info())
       layout = l.value().layout + " on " + std::to_string(l.value().shards.size()) + " shard(s), " + layout_;
     return {name_, layout, m.pages_total * page_tokens_, a.vocab_size,
-            int(std::min<int64_t>(a.max_position_embeddings, int64_t(m.pages_total) * page_tokens_))};
+            int(m.context_tokens ? m.context_tokens
+                                 : std::min<int64_t>(a.max_position_embeddings, m.pages_total * page_tokens_))};
   }
 
   submit_result submit(generate_request r, token_callback on_tokens) override {

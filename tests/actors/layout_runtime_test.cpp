@@ -257,32 +257,92 @@ TEST_CASE("runtime: 32 streaming sessions survive tp4 -> dep2 -> tp4 -> tp1 swit
   }
 }
 
-TEST_CASE("runtime: a submit held by a pending switch streams to its session") {
-  // A long prefill step is in flight when the switch arrives, so the switch waits for it and
-  // the submit that follows is held; once the switch runs, the held request must stream its
-  // tokens to the session that sent it (its sender was once lost with the promise).
-  engine_options o = options();
-  o.max_batched_tokens = 4096;
-  o.max_prefill_tokens_per_request = 4096;
-  rig r("tp2", o);
-  client& first = r.open(0);
-  r.turn(first, tokens_for(700, 3000), 2);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the 3000-token step is running
+/// A 3000-token prefill step is in flight when a switch to tp1 arrives, so the switch waits for
+/// it and a submit sent meanwhile is held (`held` says whether it was: the step may be quicker).
+struct switch_waiting_for_a_step {
+  rig r;
+  client& first;
   switch_result sw;
-  std::thread switcher([&] { sw = r.ask<switch_result>(r.rt, switch_layout{"tp1"}); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the switch waits for that step
-  const bool held = r.ask<layout_status>(r.rt, layout_atom::value).switching;
-  client& second = r.open(0);
-  r.turn(second, tokens_for(701, 9), 4);
-  switcher.join();
-  CHECK_MESSAGE(sw.error_code < 0, sw.error_message);
-  REQUIRE(rig::wait(first, 30000));
+  std::thread switcher;
+  bool held = false;
+
+  static engine_options long_steps() {
+    engine_options o = options();
+    o.max_batched_tokens = 4096;
+    o.max_prefill_tokens_per_request = 4096;
+    return o;
+  }
+  switch_waiting_for_a_step() : r("tp2", long_steps()), first(r.open(0)) {
+    r.turn(first, tokens_for(700, 3000), 2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the 3000-token step is running
+    switcher = std::thread([this] { sw = r.ask<switch_result>(r.rt, switch_layout{"tp1"}); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the switch waits for that step
+    held = r.ask<layout_status>(r.rt, layout_atom::value).switching;
+  }
+  ~switch_waiting_for_a_step() {
+    if (switcher.joinable()) switcher.join();
+  }
+  /// The switch went through and the first request finished whole.
+  void finish() {
+    switcher.join();
+    CHECK_MESSAGE(sw.error_code < 0, sw.error_message);
+    REQUIRE(rig::wait(first, 30000));
+    CHECK(first.reasons[0] == "length");
+  }
+};
+
+TEST_CASE("runtime: a submit held by a pending switch streams to its session") {
+  // the held request must stream its tokens to the session that sent it (its sender was once
+  // lost with the promise)
+  switch_waiting_for_a_step s;
+  client& second = s.r.open(0);
+  s.r.turn(second, tokens_for(701, 9), 4);
+  s.finish();
   REQUIRE(rig::wait(second, 30000));
-  CHECK(first.reasons[0] == "length");
   CHECK(second.reasons[0] == "length");
   CHECK(second.turns[0].size() == 4u);
-  const std::string when = held ? "while the switch waited (held)" : "outside the switch's wait";
+  const std::string when = s.held ? "while the switch waited (held)" : "outside the switch's wait";
   MESSAGE("the second submit arrived " << when);
+}
+
+TEST_CASE("runtime: a submit held past its sender's wait is refused when admission reopens, never run") {
+  switch_waiting_for_a_step s;
+  request_spec spec;
+  spec.prompt = tokens_for(702, 9);
+  spec.max_tokens = 4;
+  spec.ignore_eos = true;
+  // its sender waits 1 ms: by the time the switch is done it has long given up
+  const submit_reply reply = s.r.ask<submit_reply>(s.r.rt, submit_request{spec, 1});
+  s.finish();
+  if (s.held) CHECK(reply.error_code == int32_t(engine_errc::cancelled));
+  else MESSAGE("the submit arrived outside the switch's wait; nothing to check");
+}
+
+TEST_CASE("runtime: counters survive a switch, and dep2's context is one group's KV, not both") {
+  engine_options o = options();
+  o.max_num_seqs = 4;
+  o.kv_budget_bytes = int64_t(4) << 20;  // the KV, not the position limit, bounds the context
+  rig r("tp2", o);
+  client& c = r.open(1);
+  r.turn(c, tokens_for(900, 100), 4);
+  REQUIRE(rig::wait(c, 30000));
+  r.turn(c, tokens_for(901, 40), 4);  // the session's second turn hits its first turn's pages
+  REQUIRE(rig::wait(c, 30000));
+  const auto before = r.ask<metrics_snapshot>(r.rt, metrics_atom::value);
+  REQUIRE(before.prefix_hit_tokens > 0);
+  REQUIRE(before.pages_total * page_tokens < micro_model()->args().max_position_embeddings);
+  CHECK(before.context_tokens == before.pages_total * page_tokens);
+  const switch_result sw = r.ask<switch_result>(r.rt, switch_layout{"dep2"});
+  REQUIRE_MESSAGE(sw.error_code < 0, sw.error_message);
+  const auto after = r.ask<metrics_snapshot>(r.rt, metrics_atom::value);
+  CHECK(after.steps >= before.steps);
+  CHECK(after.tokens_in >= before.tokens_in);
+  CHECK(after.tokens_out >= before.tokens_out);
+  CHECK(after.prefix_queried_tokens >= before.prefix_queried_tokens);
+  CHECK(after.prefix_hit_tokens >= before.prefix_hit_tokens);
+  // two groups, each with the whole budget: a request still fits in one
+  CHECK(after.pages_total == 2 * before.pages_total);
+  CHECK(after.context_tokens == before.context_tokens);
 }
 
 /// The CPU model's layouts, but building `refused` throws (as a GPU layout without the device
