@@ -30,6 +30,11 @@ inline api_error unauthorized() {
 inline api_error overloaded(std::string message) {
   return {429, "rate_limit_error", std::move(message), {}, "overloaded"};
 }
+/// The engine failed a request it had accepted (a shard lost, an output it could not continue).
+inline api_error engine_failed(std::string message) {
+  if (message.empty()) message = "the engine failed while generating";
+  return {500, "server_error", std::move(message), {}, "engine_error"};
+}
 inline api_error not_ready(std::string message) {
   return {503, "server_error", std::move(message), {}, "not_ready"};
 }

@@ -145,7 +145,9 @@ class engine_bridge {
 /// request, with no model and no KV: `token` until max_tokens, or, when `script` is not empty,
 /// the script's tokens and then the request's first stop id. Measures what the server itself
 /// costs per streamed token; a script drives the output parser end to end (tool calls).
-std::unique_ptr<engine_bridge> make_null_engine(int step_us, int32_t token, std::vector<int32_t> script = {});
+/// fail_after > 0: every request ends with an engine error after that many tokens (tests).
+std::unique_ptr<engine_bridge> make_null_engine(int step_us, int32_t token, std::vector<int32_t> script = {},
+                                                int fail_after = 0);
 
 /// Wraps the runtime (actors/engine.hpp), built by the caller from a model. page_tokens sizes
 /// the reported KV capacity; layout is a line for the start-up banner.

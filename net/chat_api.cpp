@@ -37,6 +37,38 @@ void write_logprobs(json_writer& w, const prompt_codec& codec, const token_logpr
   w.end_arr().end_obj();
 }
 
+/// An engine failure mid-answer: the error object as the body (the session answers 500), or as
+/// the stream's last event before [DONE], which the SDKs raise as an APIError.
+void fail(const turn_result& r, const writer_context& ctx, frame_sink& sink) {
+  const auto now = std::chrono::steady_clock::now();
+  sink.send_frame({}, engine_failed(r.error).to_json(), now);
+  if (ctx.stream) sink.send_frame({}, "[DONE]", now);
+}
+
+/// The Completions form: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `offset`
+/// (characters of text before the first of these tokens) moves past them.
+void write_completion_logprobs(json_writer& w, const prompt_codec& codec, const token_logprobs* begin,
+                               const token_logprobs* end, int64_t& offset) {
+  std::vector<std::string> texts;
+  for (auto* p = begin; p != end; ++p) texts.push_back(codec.token_text(p->id));
+  w.key("logprobs").obj().key("tokens").arr();
+  for (auto& t : texts) w.str(t);
+  w.end_arr().key("token_logprobs").arr();
+  for (auto* p = begin; p != end; ++p) w.num(double(p->logprob));
+  w.end_arr().key("top_logprobs").arr();
+  for (auto* p = begin; p != end; ++p) {
+    w.obj();
+    for (auto& t : p->top) w.kv(codec.token_text(t.id), double(t.logprob));
+    w.end_obj();
+  }
+  w.end_arr().key("text_offset").arr();
+  for (auto& t : texts) {
+    w.num(offset);
+    for (unsigned char c : t) offset += (c & 0xC0) != 0x80;  // characters: UTF-8 lead bytes
+  }
+  w.end_arr().end_obj();
+}
+
 class chat_writer final : public response_writer {
  public:
   explicit chat_writer(writer_context ctx) : ctx_(std::move(ctx)) {}
@@ -72,6 +104,7 @@ class chat_writer final : public response_writer {
   }
 
   void end(const turn_result& r, frame_sink& sink) override {
+    if (r.finished == finish_reason::error) return fail(r, ctx_, sink);
     if (!ctx_.stream) { sink.send_frame({}, full(r), now()); return; }
     pending_logprobs_ = &r.logprobs;
     std::string reason = r.finish_reason_text();
@@ -147,27 +180,30 @@ class completion_writer final : public response_writer {
  public:
   completion_writer(writer_context ctx, std::string echo) : ctx_(std::move(ctx)), echo_(std::move(echo)) {}
 
-  void deltas(const std::vector<stream_delta>& deltas, const token_batch&, const turn_result&,
+  void deltas(const std::vector<stream_delta>& deltas, const token_batch&, const turn_result& r,
               frame_sink& sink) override {
     if (!ctx_.stream) return;
     std::string text = std::exchange(echo_pending_, {});
     for (auto& d : deltas) text += d.text;
-    if (!text.empty()) chunk(sink, text, nullptr, nullptr);
+    const bool new_logprobs = ctx_.logprobs && logprobs_sent_ < r.logprobs.size();
+    if (!text.empty() || new_logprobs) chunk(sink, text, nullptr, nullptr, &r);
   }
 
   void end(const turn_result& r, frame_sink& sink) override {
+    if (r.finished == finish_reason::error) return fail(r, ctx_, sink);
     std::string reason = r.finish_reason_text();
     if (!ctx_.stream) {
       json_writer w;
       head(w);
-      w.key("choices").arr().obj().kv("index", 0).kv("text", echo_ + r.content).key("logprobs").null()
-          .kv("finish_reason", reason).end_obj().end_arr();
+      w.key("choices").arr().obj().kv("index", 0).kv("text", echo_ + r.content);
+      logprobs(w, r);
+      w.kv("finish_reason", reason).end_obj().end_arr();
       write_chat_usage(w, r);
       sink.send_frame({}, w.end_obj().take(), std::chrono::steady_clock::now());
       return;
     }
-    chunk(sink, std::exchange(echo_pending_, {}), &reason, nullptr);
-    if (ctx_.include_usage) chunk(sink, {}, nullptr, &r);
+    chunk(sink, std::exchange(echo_pending_, {}), &reason, nullptr, &r);
+    if (ctx_.include_usage) chunk(sink, {}, nullptr, &r, nullptr);
     sink.send_frame({}, "[DONE]", std::chrono::steady_clock::now());
   }
 
@@ -176,13 +212,23 @@ class completion_writer final : public response_writer {
     w.obj().kv("id", ctx_.id).kv("object", "text_completion").kv("created", ctx_.created)
         .kv("model", ctx_.model);
   }
+  /// The logprobs of the tokens not sent yet (null unless asked for).
+  void logprobs(json_writer& w, const turn_result& r) {
+    if (!ctx_.logprobs) { w.key("logprobs").null(); return; }
+    write_completion_logprobs(w, *ctx_.codec, r.logprobs.data() + logprobs_sent_,
+                              r.logprobs.data() + r.logprobs.size(), text_offset_);
+    logprobs_sent_ = r.logprobs.size();
+  }
+
   void chunk(frame_sink& sink, const std::string& text, const std::string* finish,
-             const turn_result* usage) {
+             const turn_result* usage, const turn_result* tokens) {
     json_writer w;
     head(w);
     w.key("choices").arr();
     if (!usage) {
-      w.obj().kv("index", 0).kv("text", text).key("logprobs").null().key("finish_reason");
+      w.obj().kv("index", 0).kv("text", text);
+      if (tokens) logprobs(w, *tokens); else w.key("logprobs").null();
+      w.key("finish_reason");
       if (finish) w.str(*finish); else w.null();
       w.end_obj();
     }
@@ -194,6 +240,12 @@ class completion_writer final : public response_writer {
   writer_context ctx_;
   std::string echo_;
   std::string echo_pending_ = echo_;
+  size_t logprobs_sent_ = 0;
+  int64_t text_offset_ = [this] {  // the generated text starts after the echoed prompt
+    int64_t n = 0;
+    for (unsigned char c : echo_) n += (c & 0xC0) != 0x80;
+    return n;
+  }();
 };
 
 }  // namespace

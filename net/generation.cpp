@@ -26,7 +26,7 @@ generation::generation(std::shared_ptr<server_state> state, boost::asio::any_io_
 
 generation::~generation() {
   detach();
-  state_->metrics.num_active_generations.fetch_sub(1);
+  if (!done_) state_->metrics.num_active_generations.fetch_sub(1);
 }
 
 std::optional<api_error> generation::start(generate_request request, const std::string& prompt_param) {
@@ -88,6 +88,7 @@ void generation::on_batch(token_batch batch) {
     if (result_.num_completion_tokens == 0) {
       ttft_s_ = std::chrono::duration<double>(now - started_at_).count();
       state_->metrics.ttft.observe(ttft_s_);
+      state_->metrics.num_cached_prompt_tokens.fetch_add(batch.num_cached_tokens);
     } else {
       state_->metrics.inter_token.observe(std::chrono::duration<double>(now - last_token_at_).count());
     }
@@ -99,17 +100,26 @@ void generation::on_batch(token_batch batch) {
                                   i < batch.top.size() ? batch.top[i] : std::vector<token_logprob>{}});
   }
   std::vector<stream_delta> deltas;
-  parser_->push(batch.ids, deltas);
+  if (batch.ids.size() == 1 || !parser_->in_reasoning()) {
+    result_.num_reasoning_tokens += parser_->in_reasoning() ? int(batch.ids.size()) : 0;
+    parser_->push(batch.ids, deltas);
+  } else {  // the reasoning may end inside the batch: count id by id
+    for (int32_t id : batch.ids) {
+      result_.num_reasoning_tokens += parser_->in_reasoning();
+      parser_->push({id}, deltas);
+    }
+  }
   bool final = batch.finished != finish_reason::none;
   if (final) parser_->finish(deltas);
-  bool all_reasoning = !deltas.empty();
-  for (auto& d : deltas) all_reasoning &= d.type == stream_delta::kind::reasoning;
-  if (all_reasoning) result_.num_reasoning_tokens += int(batch.ids.size());
   filter_stop(deltas, final);
   apply(deltas);
   if (!deltas.empty() || !batch.ids.empty()) writer_->deltas(deltas, batch, result_, *sink_);
   if (result_.stopped_by_string) {
-    if (!cancel_sent_) { cancel_sent_ = true; state_->engine->cancel(request_id_); }
+    if (!cancel_sent_) {
+      cancel_sent_ = true;
+      state_->engine->cancel(request_id_);
+      state_->metrics.num_requests_cancelled.fetch_add(1);
+    }
     finish(finish_reason::stop);
   } else if (final) {
     finish(batch.finished, batch.error);
@@ -137,7 +147,14 @@ void generation::filter_stop(std::vector<stream_delta>& deltas, bool final) {
   for (auto& s : stop_) longest = std::max(longest, s.size());
   std::vector<stream_delta> out;
   for (auto& d : deltas) {
-    if (d.type != stream_delta::kind::content) { out.push_back(std::move(d)); continue; }
+    if (d.type != stream_delta::kind::content) {
+      // Content held for a possible stop string is complete once anything else follows it: it
+      // goes out first, so the order of text and tool calls stays the model's.
+      if (!stop_hold_.empty())
+        out.push_back({stream_delta::kind::content, std::exchange(stop_hold_, {}), -1, {}});
+      out.push_back(std::move(d));
+      continue;
+    }
     stop_hold_ += d.text;
     size_t cut = std::string::npos;
     for (auto& s : stop_) cut = std::min(cut, stop_hold_.find(s));
@@ -161,6 +178,10 @@ void generation::filter_stop(std::vector<stream_delta>& deltas, bool final) {
 void generation::finish(finish_reason why, std::string error) {
   if (done_) return;
   done_ = true;
+  // A finished generation no longer counts as active, even while its socket keeps it for the
+  // next turn: --max-active and the drain count only work still in flight.
+  state_->metrics.num_active_generations.fetch_sub(1);
+  if (why == finish_reason::error) state_->metrics.num_requests_failed.fetch_add(1);
   result_.finished = why;
   result_.error = std::move(error);
   if (!sink_) return;

@@ -22,6 +22,31 @@ std::optional<api_error> check_model(const server_state& state, const std::strin
   return not_found("The model '" + model + "' does not exist", "model", "model_not_found");
 }
 
+/// The served model as /v1/models lists it.
+void model_object(server_state& state, json_writer& w) {
+  auto s = state.engine->summary();
+  w.obj().kv("id", state.model_name).kv("object", "model")
+      .kv("created", int64_t(std::chrono::system_clock::to_time_t(state.started)))
+      .kv("owned_by", "cedar").kv("max_model_len", int64_t{s.max_context_tokens}).end_obj();
+}
+
+/// `text` with each %XX escape replaced by its byte (a malformed escape stays as written).
+std::string percent_decoded(std::string_view text) {
+  auto hex = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  };
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
+      out += char(hex(text[i + 1]) * 16 + hex(text[i + 2]));
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
 std::optional<api_error> check_ready(const server_state& state) {
   if (state.draining.load()) return not_ready("server is shutting down");
   if (!state.engine->ready()) return not_ready("engine is not ready");
@@ -85,13 +110,19 @@ std::optional<simple_response> handle_get(server_state& state, std::string_view 
                            state.metrics.render(state.engine->metrics(), state.engine->ready(),
                                                 state.draining)};
   if (path == "/v1/models") {
-    auto s = state.engine->summary();
     json_writer w;
-    w.obj().kv("object", "list").key("data").arr().obj().kv("id", state.model_name)
-        .kv("object", "model")
-        .kv("created", int64_t(std::chrono::system_clock::to_time_t(state.started)))
-        .kv("owned_by", "cedar").kv("max_model_len", int64_t{s.max_context_tokens}).end_obj()
-        .end_arr().end_obj();
+    w.obj().kv("object", "list").key("data").arr();
+    model_object(state, w);
+    w.end_arr().end_obj();
+    return simple_response{200, "application/json", w.take()};
+  }
+  if (path.substr(0, 11) == "/v1/models/") {
+    // The served model under any of its names; ids such as "org/name" keep their slash.
+    std::string id = percent_decoded(path.substr(11));
+    if (id.empty()) return error_response(not_found("No model id given", "model", "model_not_found"));
+    if (auto err = check_model(state, id)) return error_response(*err);
+    json_writer w;
+    model_object(state, w);
     return simple_response{200, "application/json", w.take()};
   }
   if (path.substr(0, 14) == "/v1/responses/") {

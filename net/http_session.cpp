@@ -234,12 +234,14 @@ void http_session::generation_done() {
   if (closed_) return;
   auto& r = gen_->result();
   state_->metrics.request_duration.observe(std::chrono::duration<double>(clock::now() - request_start_).count());
-  log_request(200, r.finish_reason_text());
+  const bool failed = r.finished == finish_reason::error && !named_events_ && !streaming_;
+  log_request(failed ? 500 : 200, failed ? r.error : r.finish_reason_text());
   if (streaming_) {
     enqueue("0\r\n\r\n");
     streaming_ = false;
   } else {
-    enqueue(head(200, "application/json", body_.size(), keep_alive_, request_id_) + body_);
+    // chat and completions answer an engine failure with its error object (Responses: a failed response)
+    enqueue(head(failed ? 500 : 200, "application/json", body_.size(), keep_alive_, request_id_) + body_);
     body_.clear();
   }
   if (!keep_alive_) close_after_write_ = true;

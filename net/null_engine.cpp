@@ -1,7 +1,9 @@
 // The null engine behind `--model null`: no model, no KV. One thread runs a step loop; each step
 // emits the fixed token to every running request, so streaming cost is all that is measured.
+// Conversations are counted as they are named and closed, as the real engine's are.
 #include <condition_variable>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -13,8 +15,9 @@ namespace {
 
 class null_engine final : public engine_bridge {
  public:
-  null_engine(int step_us, int32_t token, std::vector<int32_t> script)
-      : step_(std::chrono::microseconds(step_us)), token_(token), script_(std::move(script)) {
+  null_engine(int step_us, int32_t token, std::vector<int32_t> script, int fail_after)
+      : step_(std::chrono::microseconds(step_us)), token_(token), script_(std::move(script)),
+        fail_after_(fail_after) {
     thread_ = std::thread([this] { loop(); });
   }
   ~null_engine() override { shutdown(); }
@@ -29,6 +32,7 @@ class null_engine final : public engine_bridge {
     if (request.grammar.active())
       return {submit_status::invalid, 0, "structured output needs a model: the null engine replays a script"};
     uint64_t id = ++last_id_;
+    if (request.session_id) sessions_.insert(request.session_id);
     live_[id] = live_request{std::move(request), std::move(on_tokens)};
     wake_.notify_one();
     return {submit_status::ok, id, {}};
@@ -39,12 +43,16 @@ class null_engine final : public engine_bridge {
     if (auto it = live_.find(request_id); it != live_.end()) it->second.cancelled = true;
   }
 
-  void close_session(uint64_t) override {}
+  void close_session(uint64_t key) override {
+    std::lock_guard lock(mutex_);
+    sessions_.erase(key);
+  }
 
   engine_metrics metrics() const override {
     std::lock_guard lock(mutex_);
     engine_metrics m;
     m.num_running = int(live_.size());
+    m.num_sessions_open = int64_t(sessions_.size());
     m.topology = "null";
     return m;
   }
@@ -106,6 +114,9 @@ class null_engine final : public engine_bridge {
     b.num_prompt_tokens = int(r.request.prompt_ids.size());
     if (r.cancelled) {
       b.finished = finish_reason::cancelled;
+    } else if (fail_after_ > 0 && r.num_emitted >= fail_after_) {
+      b.finished = finish_reason::error;
+      b.error = "the null engine failed after " + std::to_string(fail_after_) + " tokens (--null-fail-after)";
     } else {
       int32_t id = token_;
       bool last = false;
@@ -128,9 +139,11 @@ class null_engine final : public engine_bridge {
   const std::chrono::microseconds step_;
   const int32_t token_;
   const std::vector<int32_t> script_;
+  const int fail_after_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::map<uint64_t, live_request> live_;
+  std::set<uint64_t> sessions_;  ///< conversations named by requests and not closed
   uint64_t last_id_ = 0;
   bool stopping_ = false;
   std::thread thread_;
@@ -138,8 +151,9 @@ class null_engine final : public engine_bridge {
 
 }  // namespace
 
-std::unique_ptr<engine_bridge> make_null_engine(int step_us, int32_t token, std::vector<int32_t> script) {
-  return std::make_unique<null_engine>(step_us, token, std::move(script));
+std::unique_ptr<engine_bridge> make_null_engine(int step_us, int32_t token, std::vector<int32_t> script,
+                                                int fail_after) {
+  return std::make_unique<null_engine>(step_us, token, std::move(script), fail_after);
 }
 
 }  // namespace cedar::net

@@ -44,6 +44,8 @@ class output_parser {
 
   /// True once the end-of-sentence marker was seen in the text.
   bool saw_eos() const { return state_ == state::done; }
+  /// True while the text so far is inside the reasoning (before "</think>").
+  bool in_reasoning() const { return state_ == state::reasoning; }
   size_t num_tool_calls() const { return num_calls_; }
 
  private:

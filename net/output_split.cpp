@@ -36,6 +36,7 @@ class chat_stream final : public output_stream {
     convert(parser_.feed(dec_.finish()), out);
     convert(parser_.finish(), out);
   }
+  bool in_reasoning() const override { return parser_.in_reasoning(); }
 
  private:
   static void convert(output_delta d, std::vector<stream_delta>& out) {

@@ -32,6 +32,9 @@ class output_stream {
   virtual void push(const std::vector<int32_t>& ids, std::vector<stream_delta>& out) = 0;
   /// Flushes whatever is held (the generation ended).
   virtual void finish(std::vector<stream_delta>& out) = 0;
+  /// True while the ids pushed so far are inside the reasoning: the next id counts as a
+  /// reasoning token (text held back, such as a paragraph break, included).
+  virtual bool in_reasoning() const { return false; }
 };
 
 /// Result of rendering a conversation: prompt ids, or an error message for a 400.

@@ -23,6 +23,11 @@ class responses_writer final : public response_writer {
  public:
   responses_writer(writer_context ctx, responses_turn turn)
       : ctx_(std::move(ctx)), turn_(std::move(turn)) {}
+  /// A turn that never ended (its connection closed, or it never started) keeps no engine
+  /// session, unless a stored turn or the WebSocket that opened it still holds it.
+  ~responses_writer() override {
+    if (!ended_ && !turn_.on_stored) turn_.state->responses->release(turn_.session_id);
+  }
 
   void begin(frame_sink& sink) override {
     if (!ctx_.stream) return;
@@ -56,6 +61,7 @@ class responses_writer final : public response_writer {
   }
 
   void end(const turn_result& r, frame_sink& sink) override {
+    ended_ = true;
     if (!items_.empty()) close_current(sink);
     status_ = r.finished == finish_reason::cancelled ? "cancelled"
               : r.finished == finish_reason::length  ? "incomplete"
@@ -243,6 +249,7 @@ class responses_writer final : public response_writer {
   writer_context ctx_;
   responses_turn turn_;
   std::vector<output_item> items_;
+  bool ended_ = false;
   std::vector<int32_t> generated_;  ///< the reply's ids as the model emitted them
   std::string status_ = "in_progress";
   int64_t seq_ = 0;

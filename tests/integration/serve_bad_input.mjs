@@ -151,6 +151,32 @@ await row("more generations than --max-active -> 429 overloaded", async () => {
   assert.equal(await metric(BUSY, "cedar_requests_running"), 0, "disconnected streams were not cancelled");
 });
 
+await row("an engine failure mid-answer: a 500 error object, or an error event before [DONE]; nothing stays running", async () => {
+  const FAILING = process.env.URL_FAILING, json = { "Content-Type": "application/json" };
+  const failed0 = await metric(FAILING, "cedar_http_requests_failed_total");
+  for (const path of ["/v1/chat/completions", "/v1/completions"]) {
+    const body = path.endsWith("chat/completions") ? chat({ max_tokens: 50 }) : JSON.stringify({ prompt: "hi", max_tokens: 50 });
+    const r = await post(path, body, json, FAILING);
+    expectError(r, 500, "engine_error");
+    assert.equal(r.json.error.type, "server_error");
+    assert.match(r.json.error.message, /failed after 3 tokens/);
+    const s = await post(path, JSON.stringify({ ...JSON.parse(body), stream: true }), json, FAILING);
+    assert.equal(s.status, 200);
+    const events = s.text.split("\n\n").filter((e) => e.startsWith("data: ")).map((e) => e.slice(6));
+    assert.equal(events.at(-1), "[DONE]");
+    const last = JSON.parse(events.at(-2));
+    assert.equal(last.error?.code, "engine_error", s.text);
+    assert.ok(events.slice(0, -2).every((e) => !JSON.parse(e).error), "the error is the stream's last event");
+  }
+  // Responses report the failure in their own shape: a failed response
+  const resp = await post("/v1/responses", JSON.stringify({ input: "hi", max_output_tokens: 50 }), json, FAILING);
+  assert.equal(resp.status, 200);
+  assert.equal(resp.json.status, "failed");
+  assert.equal(await metric(FAILING, "cedar_http_requests_failed_total") - failed0, 5);
+  assert.equal(await metric(FAILING, "cedar_requests_running"), 0);
+  assert.equal(await metric(FAILING, "cedar_active_generations"), 0);
+});
+
 await row(`${process.env.IDLE} concurrent idle connections; the server keeps serving`, async () => {
   const { host, port } = hostPort(MAIN);
   const n = Number(process.env.IDLE), sockets = [];

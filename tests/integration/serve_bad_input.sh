@@ -3,8 +3,8 @@
 # while a healthy client streams from the same servers the whole time and must see no failure.
 # Rows: malformed JSON, wrong field types, unknown fields (ignored), empty messages, invalid
 # UTF-8, prompt token ids outside the vocabulary or naming the image token, a 100 MB body, oversized headers, unknown model / response id, a wrong key, overload
-# (429), 10,000 concurrent idle connections, a WebSocket frame announcing 1 GB, and a client
-# that never reads its stream.
+# (429), 10,000 concurrent idle connections, a WebSocket frame announcing 1 GB, a client
+# that never reads its stream, and an engine that fails mid-answer (--null-fail-after).
 # usage: tests/integration/serve_bad_input.sh path/to/cedar
 set -euo pipefail
 cedar="$(realpath "${1:?usage: serve_bad_input.sh path/to/cedar}")"
@@ -26,5 +26,6 @@ fi
 start_server main --model null --null-step-us 1000 --api-key sk-bad
 start_server flood --model null --null-step-us 0 --write-timeout-s 2
 start_server busy --model null --null-step-us 1000 --max-active 8
-CEDAR_ROOT="$CEDAR_ROOT" URL_MAIN="$url_main" URL_FLOOD="$url_flood" URL_BUSY="$url_busy" IDLE="$idle" \
+start_server failing --model null --null-step-us 200 --null-fail-after 3
+CEDAR_ROOT="$CEDAR_ROOT" URL_MAIN="$url_main" URL_FLOOD="$url_flood" URL_BUSY="$url_busy" URL_FAILING="$url_failing" IDLE="$idle" \
   node "$here/serve_bad_input.mjs"

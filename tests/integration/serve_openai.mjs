@@ -32,6 +32,16 @@ await check("models lists the served model", async () => {
   assert.equal(models.data[0].id, "tiny");
 });
 
+await check("models.retrieve answers for the served name and its aliases; another name is a 404", async () => {
+  for (const name of ["tiny", "cedar", "default"]) {
+    const m = await tiny.models.retrieve(name);
+    assert.equal(m.id, "tiny");
+    assert.equal(m.object, "model");
+    assert.ok(m.max_model_len > 0);
+  }
+  await assert.rejects(tiny.models.retrieve("gpt-7"), (e) => e.status === 404 && e.code === "model_not_found");
+});
+
 await check("a wrong API key is refused with 401", async () => {
   const bad = new OpenAI({ baseURL: process.env.URL_TINY + "/v1", apiKey: "sk-wrong", maxRetries: 0 });
   await assert.rejects(bad.models.list(), (e) => e.status === 401 && e.code === "invalid_api_key");
@@ -107,7 +117,8 @@ await check("the parser path: a scripted DSML call comes back as tool_calls, rea
     messages: [{ role: "user", content: "Weather in Paris?" }] });
   const m = r.choices[0].message;
   assert.equal(r.choices[0].finish_reason, "tool_calls");
-  assert.equal(m.reasoning_content, "I should call the weather tool.");
+  assert.equal(m.reasoning_content, "I should call\n\nthe weather tool.");
+  assert.equal(m.content, "Let me check.");
   assert.equal(m.tool_calls.length, 1);
   assert.equal(m.tool_calls[0].type, "function");
   assert.equal(m.tool_calls[0].function.name, "get_weather");
@@ -136,7 +147,7 @@ await check("the parser path, streamed: tool_calls deltas with index, id and nam
     }
     if (c.finish_reason) finish = c.finish_reason;
   }
-  assert.equal(reasoning, "I should call the weather tool.");
+  assert.equal(reasoning, "I should call\n\nthe weather tool.");
   assert.equal(name, "get_weather");
   assert.ok(id);
   assert.deepEqual(JSON.parse(args), { location: "Paris", days: 3 });
@@ -145,7 +156,7 @@ await check("the parser path, streamed: tool_calls deltas with index, id and nam
 
 await check("stop strings cut the text and end the request with finish_reason stop", async () => {
   const r = await nul.completions.create({ model: "null", prompt: "x", max_tokens: 500, stop: ["weather", "zzz"] });
-  assert.equal(r.choices[0].text, "I should call the ");
+  assert.equal(r.choices[0].text, "I should call\n\nthe ");
   assert.equal(r.choices[0].finish_reason, "stop");
   assert.ok(r.usage.completion_tokens < 20);
 });
@@ -169,6 +180,62 @@ await check("logprobs with top_logprobs", async () => {
     assert.equal(e.top_logprobs.length, 2);
     assert.ok(e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob);
   }
+});
+
+await check("completions logprobs: tokens, their logprobs, the top ones and text offsets, streamed or not", async () => {
+  const r = await nul.completions.create({ model: "null", prompt: "x", max_tokens: 5, logprobs: 2 });
+  const lp = r.choices[0].logprobs;
+  assert.ok(lp, "no logprobs object");
+  assert.equal(lp.tokens.length, r.usage.completion_tokens);
+  assert.equal(lp.tokens.join(""), r.choices[0].text);  // the script is plain ASCII
+  assert.equal(lp.token_logprobs.length, lp.tokens.length);
+  for (const v of lp.token_logprobs) assert.ok(v <= 0);
+  for (const top of lp.top_logprobs) assert.ok(Object.keys(top).length >= 1 && Object.keys(top).length <= 2);
+  let at = 0;
+  lp.tokens.forEach((t, i) => { assert.equal(lp.text_offset[i], at); at += t.length; });
+  // streamed: each chunk carries its own tokens; together they are the same answer
+  const stream = await nul.completions.create({ model: "null", prompt: "x", max_tokens: 5, logprobs: 2, stream: true });
+  const tokens = [], offsets = [];
+  let text = "";
+  for await (const c of stream) {
+    const ch = c.choices[0];
+    if (!ch) continue;
+    text += ch.text;
+    if (ch.logprobs) tokens.push(...ch.logprobs.tokens), offsets.push(...ch.logprobs.text_offset);
+  }
+  assert.equal(text, r.choices[0].text);
+  assert.deepEqual(tokens, lp.tokens);
+  assert.deepEqual(offsets, lp.text_offset);
+  const plain = await nul.completions.create({ model: "null", prompt: "x", max_tokens: 2 });
+  assert.equal(plain.choices[0].logprobs, null);
+});
+
+await check("reasoning_tokens counts every token of the reasoning, paragraph breaks included", async () => {
+  // the script's reasoning is "I should call\n\nthe weather tool.": a cut inside it is all reasoning
+  for (let k = 1; k <= 6; k++) {
+    const r = await nul.chat.completions.create({ model: "null", max_tokens: k, messages: [{ role: "user", content: "x" }] });
+    assert.equal(r.choices[0].finish_reason, "length");
+    assert.equal(r.usage.completion_tokens_details.reasoning_tokens, r.usage.completion_tokens, `cut after ${k} tokens`);
+  }
+  const whole = await nul.chat.completions.create({ model: "null", tools, max_tokens: 500, messages: [{ role: "user", content: "x" }] });
+  const u = whole.usage;
+  assert.ok(u.completion_tokens_details.reasoning_tokens > 6 && u.completion_tokens_details.reasoning_tokens < u.completion_tokens);
+});
+
+await check("text held for a stop string streams before the tool call that follows it", async () => {
+  const stream = await nul.chat.completions.create({ model: "null", tools, max_tokens: 500, stream: true,
+    stop: ["no such stop string"], messages: [{ role: "user", content: "Weather?" }] });
+  const order = [];
+  let content = "";
+  for await (const chunk of stream) {
+    const d = chunk.choices[0]?.delta;
+    if (!d) continue;
+    if (d.content) content += d.content, order.push("content");
+    if (d.tool_calls) order.push("tool");
+  }
+  assert.equal(content, "Let me check.");
+  assert.ok(order.includes("tool"));
+  assert.ok(order.lastIndexOf("content") < order.indexOf("tool"), order.join(","));
 });
 
 await check("responses: a three-turn chain with previous_response_id, usage and cached tokens", async () => {
@@ -242,10 +309,10 @@ await check("responses with the parser path: reasoning item and function_call it
   const rtools = [{ type: "function", name: "get_weather", parameters: tools[0].function.parameters }];
   const r = await nul.responses.create({ model: "null", input: "Weather?", tools: rtools, max_output_tokens: 500 });
   const kinds = r.output.map((o) => o.type);
-  assert.deepEqual(kinds, ["reasoning", "function_call"]);
+  assert.deepEqual(kinds, ["reasoning", "message", "function_call"]);
   // the tools come back as given, parameters included
   assert.deepEqual(r.tools, [{ type: "function", name: "get_weather", parameters: rtools[0].parameters }]);
-  const call = r.output[1];
+  const call = r.output[2];
   assert.equal(call.name, "get_weather");
   assert.deepEqual(JSON.parse(call.arguments), { location: "Paris", days: 3 });
   const r2 = await nul.responses.create({ model: "null", previous_response_id: r.id, tools: rtools, max_output_tokens: 500,

@@ -182,6 +182,47 @@ await check("a turn with text.format streams JSON its schema admits; the next tu
   ws.close();
 });
 
+await check("a finished turn is not an active generation while its socket stays open", async () => {
+  const base = process.env.URL_NULL;
+  const sockets = [];
+  for (let i = 0; i < 3; i++) {
+    const ws = await open(wsUrl(base));
+    ws.send(JSON.stringify({ type: "response.create", input: "hi", max_output_tokens: 2 }));
+    assert.ok(isEnd(await ws.next(isEnd)));
+    sockets.push(ws);
+  }
+  assert.ok(await metric(base, "cedar_open_websockets") >= 3);
+  await until(async () => (await metric(base, "cedar_active_generations")) === 0, 2000,
+              "finished turns on open sockets counted as active");
+  for (const ws of sockets) ws.close();
+});
+
+await check("an HTTP Responses stream dropped mid-answer keeps no engine session; a finished one keeps its chain's", async () => {
+  const base = process.env.URL_NULL;
+  const sessions0 = await metric(base, "cedar_sessions_open");
+  const done = await (await fetch(base + "/v1/responses", { method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ input: "short", max_output_tokens: 2 }) })).json();
+  assert.equal(done.status, "incomplete");
+  assert.equal(await metric(base, "cedar_sessions_open"), sessions0 + 1, "a stored turn keeps its session");
+  for (let i = 0; i < 3; i++) {
+    const abort = new AbortController();
+    const r = await fetch(base + "/v1/responses", { method: "POST", signal: abort.signal,
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ input: "long", max_output_tokens: 100000, stream: true, previous_response_id: i ? undefined : done.id }) });
+    const reader = r.body.getReader();
+    let seen = "";
+    while (!seen.includes("_text.delta")) {  // the first reasoning or text delta
+      const { done, value } = await reader.read();
+      assert.ok(!done, "the stream ended before its first delta: " + seen);
+      seen += new TextDecoder().decode(value);
+    }
+    abort.abort();
+  }
+  await until(async () => (await metric(base, "cedar_requests_running")) === 0, 2000, "streams cancelled");
+  await until(async () => (await metric(base, "cedar_sessions_open")) === sessions0 + 1, 2000,
+              "dropped streams' sessions closed, the stored chain's kept");
+});
+
 await check("a malformed event gets an error event and the socket stays usable", async () => {
   const ws = await open(wsUrl(process.env.URL_NULL));
   ws.send("{not json");

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@ struct model_choice {
   uint64_t seed = 1234;
   int null_step_us = 1000;
   std::string null_output;  ///< null model: this text (then EOS) instead of a repeated token
+  int null_fail_after = 0;  ///< null model: end each request with an engine error after N tokens
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
   cedar::gpu_kernels kernels = cedar::gpu_kernels::fast;
   bool dense_bf16 = false;           ///< --gpu-dense-bf16
@@ -48,9 +50,8 @@ std::shared_ptr<const cedar::tensor_map> load_weights(const model_choice& c, con
     return std::make_shared<const cedar::tensor_map>(cedar::make_random_weights(args, c.seed));
   auto weights = std::make_shared<cedar::tensor_map>();
   std::string error;
-  for (auto& entry : fs::directory_iterator(c.model))
-    if (entry.path().extension() == ".safetensors" && !cedar::read_safetensors(entry.path(), *weights, &error))
-      throw std::runtime_error(error);
+  // the directory as every command reads it: the files its index names, or model.safetensors
+  if (!cedar::read_safetensors(c.model, *weights, &error)) throw std::runtime_error(error);
   return weights;
 }
 
@@ -90,7 +91,8 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& give
       auto ids = codec.encode_text(c.null_output).ids;
       script.assign(ids.begin() + 1, ids.end());  // without the BOS encode_text puts first
     }
-    return cedar::net::make_null_engine(c.null_step_us, codec.filler_token_id(), std::move(script));
+    return cedar::net::make_null_engine(c.null_step_us, codec.filler_token_id(), std::move(script),
+                                        c.null_fail_after);
   }
   std::string error;
   auto args = cedar::load_model_args(c.model, &error);
@@ -174,6 +176,8 @@ void print_help(FILE* out) {
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
       "  --null-output TEXT             null model: answer with the tokens of TEXT, then EOS (default: the\n"
       "                                 token \" hi\" until max_tokens); drives the output parser in tests\n"
+      "  --null-fail-after N            null model: fail each request with an engine error after N\n"
+      "                                 tokens (default 0 = never); drives the error paths in tests\n"
       "server:\n"
       "  --host ADDR                    listen address (default %s)\n"
       "  --port N                       listen port, 0 = any free port (default %d)\n"
@@ -215,8 +219,7 @@ int serve_main(int argc, char** argv) {
   for (auto& a : args)
     if (a == "--help" || a == "-h") { print_help(stdout); return 0; }
   auto parsed = cedar::parse_engine_options(args);
-  std::vector<std::string> errors = parsed.errors;
-  for (auto& e : cedar::validate(parsed.options)) errors.push_back(e);
+  std::vector<std::string> errors = parsed.errors;  // validated as they were parsed
   cedar::net::serve_options o;
   model_choice engine;
   engine.options = parsed.options;
@@ -236,13 +239,24 @@ int serve_main(int argc, char** argv) {
       return true;
     };
     auto number = [&](auto& field) {
+      using T = std::remove_reference_t<decltype(field)>;
       long long v = 0;
       if (!next()) return;
-      if (!to_int(value, v) || v < 0) errors.push_back(flag + ": not a non-negative integer: " + value);
-      else field = static_cast<std::remove_reference_t<decltype(field)>>(v);
+      if (!to_int(value, v) || v < 0 || (unsigned long long)v > (unsigned long long)std::numeric_limits<T>::max())
+        errors.push_back(flag + ": not an integer in [0, " + std::to_string(std::numeric_limits<T>::max()) +
+                         "]: " + value);
+      else field = static_cast<T>(v);
     };
-    if (flag == "--no-request-log") o.log_requests = false;
-    else if (flag == "--gpu-dense-bf16") engine.dense_bf16 = true;
+    // a switch takes no value: "--gpu-dense-bf16=off" is refused, not read as on
+    auto is_switch = [&](const char* name) {
+      if (flag != name) return false;
+      if (has_value) errors.push_back(flag + " takes no value (given " + value + ")");
+      return !has_value;
+    };
+    if (flag == "--no-request-log" || flag == "--gpu-dense-bf16") {
+      if (is_switch("--no-request-log")) o.log_requests = false;
+      else if (is_switch("--gpu-dense-bf16")) engine.dense_bf16 = true;
+    }
     else if (flag == "--gpu-batch-invariant") {
       if (next()) {
         if (bool on = true; cedar::parse_on_off(value, on)) engine.batch_invariant = on;
@@ -277,6 +291,7 @@ int serve_main(int argc, char** argv) {
     else if (flag == "--tokenizer") { if (next()) o.tokenizer_path = value; }
     else if (flag == "--null-step-us") number(engine.null_step_us);
     else if (flag == "--null-output") { if (next()) engine.null_output = value; }
+    else if (flag == "--null-fail-after") number(engine.null_fail_after);
     else if (flag == "--host") { if (next()) o.host = value; }
     else if (flag == "--port") number(o.port);
     else if (flag == "--threads") number(o.num_threads);
