@@ -46,16 +46,8 @@ int run_server(const serve_options& options, const engine_factory& make_engine) 
     std::fprintf(stderr, "cedar serve: cannot load the tokenizer: %s\n", error.c_str());
     return 1;
   }
-  try {
-    state->engine = make_engine(*state->codec);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cedar serve: cannot start the engine: %s\n", e.what());
-    return 1;
-  }
-  auto summary = state->engine->summary();
-  state->model_name = options.served_model_name.empty() ? summary.model_name : options.served_model_name;
-  state->responses = std::make_unique<response_store>(size_t(options.max_stored_responses), state->engine.get());
-
+  // The address is bound before the engine loads: a bad --host or a port in use is reported at
+  // once, not after the weights; connections wait in the backlog until the engine is up.
   asio::io_context ioc(options.num_threads);
   auto lst = std::make_shared<listener>(ioc, state);
   boost::system::error_code ec;
@@ -67,9 +59,17 @@ int run_server(const serve_options& options, const engine_factory& make_engine) 
   if (auto err = lst->open({address, uint16_t(options.port)}); !err.empty()) {
     std::fprintf(stderr, "cedar serve: cannot listen on %s:%d: %s\n", options.host.c_str(), options.port,
                  err.c_str());
-    state->engine->shutdown();
     return 1;
   }
+  try {
+    state->engine = make_engine(*state->codec);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cedar serve: cannot start the engine: %s\n", e.what());
+    return 1;
+  }
+  auto summary = state->engine->summary();
+  state->model_name = options.served_model_name.empty() ? summary.model_name : options.served_model_name;
+  state->responses = std::make_unique<response_store>(size_t(options.max_stored_responses), state->engine.get());
   lst->run();
   std::string url = "http://" + options.host + ":" + std::to_string(lst->port());
   std::fprintf(stderr,

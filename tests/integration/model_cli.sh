@@ -7,8 +7,11 @@
 # or a tokenizer that folds into another class count is refused; kernel-lab
 # refuses options it does not take with its usage (exit 2) before it looks for a device and takes
 # those it does (--tokens with moe, prefill and gemv, --tile with moe), and the GPU-only
-# --gpu-dense-bf16 and --gpu-batch-invariant off are refused on the CPU backend; prefix-bench
-# takes --page-tokens.
+# --gpu-dense-bf16 and --gpu-batch-invariant off are refused on the CPU backend; numeric flags
+# are read whole (no silent 0), switches take no value, a bad --host is refused before the
+# engine loads, an engine flag's error prints once,
+# replay-quality --help prints its usage, every command reads a checkpoint directory by its own
+# layout (stale shards beside model.safetensors are not read); prefix-bench takes --page-tokens.
 # usage: tests/integration/model_cli.sh path/to/cedar
 set -euo pipefail
 cedar="${1:?usage: model_cli.sh path/to/cedar}"
@@ -116,6 +119,53 @@ for value in off maybe; do
   [[ $rc == 2 ]] && grep -q -- "--gpu-batch-invariant" "$tmp/err" ||
     { echo "serve --gpu-batch-invariant $value on the CPU: exit $rc"; cat "$tmp/err"; exit 1; }
 done
+# numbers are read whole: "abc", "5x", a negative seed or a value past the field's range is
+# refused with exit 2, never taken as 0 or wrapped
+for cmd in "generate --model micro --prompt-ids 5 --max-tokens 1 --seed abc" \
+           "generate --model micro --prompt-ids 5 --max-tokens 5x" \
+           "generate --model micro --prompt-ids 5 --max-tokens 1 --seed -1" \
+           "logits --model micro --prompt-ids 5 --out $tmp/x.bin --chunk 2y" \
+           "ckpt --preset micro --out $tmp/never --seed 12z" \
+           "gpu-bench --phases floor --steps 3q" \
+           "replay-quality --page-tokens 0" "replay-quality --conversations many" \
+           "serve --model micro --port 4294975296" "serve --model micro --idle-timeout-s 99999999999" \
+           "serve --model micro --gpu-dense-bf16=off" "serve --model micro --no-request-log=false"; do
+  rc=0
+  # shellcheck disable=SC2086
+  "$cedar" $cmd > /dev/null 2> "$tmp/err" || rc=$?
+  [[ $rc == 2 ]] || { echo "$cmd: exit $rc, not 2"; cat "$tmp/err"; exit 1; }
+  [[ ! -e "$tmp/never" ]] || { echo "$cmd wrote a checkpoint"; exit 1; }
+done
+grep -q "takes no value" "$tmp/err" || { echo "a switch given a value does not say so"; cat "$tmp/err"; exit 1; }
+# the address is checked before the engine loads: a bad --host is the answer even for a model
+# that would not load (a directory with a config and no weights)
+mkdir -p "$tmp/noweights" && cp "$tmp/ckpt/config.json" "$tmp/noweights/"
+rc=0
+"$cedar" serve --model "$tmp/noweights" --host 256.0.0.1 > /dev/null 2> "$tmp/err" || rc=$?
+[[ $rc == 2 ]] && grep -q "bad --host" "$tmp/err" || { echo "serve --host 256.0.0.1: exit $rc"; cat "$tmp/err"; exit 1; }
+# an engine flag's error is printed once
+"$cedar" serve --model micro --max-num-seqs 0 > /dev/null 2> "$tmp/err" || true
+[[ "$(grep -c -- "--max-num-seqs must be" "$tmp/err")" == 1 ]] || { echo "the error is not printed once"; cat "$tmp/err"; exit 1; }
+# --help answers at once with the usage (replay-quality once ran its whole benchmark instead)
+timeout 10 "$cedar" replay-quality --help > "$tmp/out" || { echo "replay-quality --help failed"; exit 1; }
+grep -q "usage: cedar replay-quality" "$tmp/out" || { echo "replay-quality --help printed no usage"; exit 1; }
+# a directory rewritten unsharded keeps its old shards beside model.safetensors: every command
+# (serve and shard too) reads what the directory's own layout says, not every *.safetensors
+"$cedar" ckpt --preset micro --out "$tmp/resharded" --seed 1 --shard-gib 0.002 > /dev/null 2>&1
+"$cedar" ckpt --preset micro --out "$tmp/resharded" --seed 1 > /dev/null 2>&1
+(( $(ls "$tmp/resharded"/*.safetensors | wc -l) > 1 )) || { echo "the first write was not sharded"; exit 1; }
+"$cedar" serve --model "$tmp/resharded" --host 127.0.0.1 --port 0 > "$tmp/serve.log" 2>&1 &
+serve_pid=$!
+for _ in $(seq 1 300); do
+  grep -q "listening on" "$tmp/serve.log" && break
+  kill -0 "$serve_pid" 2> /dev/null || break
+  sleep 0.1
+done
+listening=0
+grep -q "listening on" "$tmp/serve.log" && listening=1
+kill -TERM "$serve_pid" 2> /dev/null || true
+wait "$serve_pid" 2> /dev/null || true
+((listening)) || { echo "serve could not load a rewritten checkpoint directory"; cat "$tmp/serve.log"; exit 1; }
 # prefix-bench builds its model with the pages it is given: a turn's hit is the whole pages of
 # what the turn before left (320 tokens: 320 with pages of 16, 256 with pages of 256)
 for pages in 16:320 256:256; do

@@ -7,11 +7,14 @@
 #include <string>
 
 #include "tools/bench/bench_run.hpp"
+#include "tools/cli/flags.hpp"
 #include "tools/cli/registry.hpp"
 
 namespace {
 
 using namespace cedar::bench;
+using cedar::cli::read_integer;
+using cedar::cli::read_number;
 
 constexpr const char* kUsage =
     "usage: cedar bench --url URL --out DIR [options]\n"
@@ -62,22 +65,22 @@ bool parse_bench_args(int argc, char** argv, bench_options& o) {
     else if (arg == "--api-key") o.api_key = v;
     else if (arg == "--model") o.model = v;
     else if (arg == "--traces") o.traces = v;
-    else if (arg == "--sessions") o.num_synthetic_sessions = std::atoi(v);
-    else if (arg == "--scale") o.scale = std::atof(v);
-    else if (arg == "--warmup") o.warmup_s = std::atof(v);
-    else if (arg == "--duration") o.duration_s = std::atof(v);
+    else if (arg == "--sessions" && read_integer(v, o.num_synthetic_sessions, 1)) {}
+    else if (arg == "--scale" && read_number(v, o.scale, 1e-9)) {}
+    else if (arg == "--warmup" && read_number(v, o.warmup_s, 0)) {}
+    else if (arg == "--duration" && read_number(v, o.duration_s, 1e-9)) {}
     else if (arg == "--label") o.label = v;
     else if (arg == "--out") o.out_dir = v;
-    else if (arg == "--think-scale") o.think_scale = std::atof(v);
-    else if (arg == "--max-think") o.max_think_s = std::atof(v);
-    else if (arg == "--max-context") o.max_context_tokens = std::atoll(v);
-    else if (arg == "--timeout") o.request_timeout_s = std::atof(v);
-    else if (arg == "--seed") o.seed = std::strtoull(v, nullptr, 10);
+    else if (arg == "--think-scale" && read_number(v, o.think_scale, 0)) {}
+    else if (arg == "--max-think" && read_number(v, o.max_think_s, 0)) {}
+    else if (arg == "--max-context" && read_integer(v, o.max_context_tokens, 0)) {}
+    else if (arg == "--timeout" && read_number(v, o.request_timeout_s, 1e-9)) {}
+    else if (arg == "--seed" && read_integer(v, o.seed)) {}
     else if (arg == "--metrics-path") o.metrics_path = v;
     else if ((arg == "--concurrency" || arg == "--sweep") && parse_list(v, items)) {
       o.concurrency.clear();
       for (auto& c : items)
-        if (std::atoi(c.c_str()) > 0) o.concurrency.push_back(std::atoi(c.c_str()));
+        if (int n = 0; read_integer(c, n, 1)) o.concurrency.push_back(n);
         else return false;
     } else if (arg == "--api" && parse_list(v, items)) {
       o.apis.clear();

@@ -20,6 +20,7 @@
 #include "config/model_config.hpp"
 #include "kernels/checkpoint/safetensors.hpp"
 #include "kernels/model/random_weights.hpp"
+#include "tools/cli/flags.hpp"
 #include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
@@ -232,7 +233,11 @@ int churn_main(int argc, char** argv) {
   auto parsed = parse_engine_options(rest, a.options);
   for (std::size_t i = 0; i + 1 < parsed.rest.size(); i += 2) {
     const std::string& key = parsed.rest[i];
-    const int v = std::atoi(parsed.rest[i + 1].c_str());
+    int v = 0;
+    if (key != "--model" && !cedar::cli::read_integer(parsed.rest[i + 1], v, 0)) {
+      parsed.errors.push_back(key + ": not a non-negative integer: " + parsed.rest[i + 1]);
+      continue;
+    }
     if (key == "--model") a.model = parsed.rest[i + 1];
     else if (key == "--seed") a.seed = uint64_t(v);
     else if (key == "--requests") a.requests = v;

@@ -8,6 +8,7 @@
 
 #include "config/model_config.hpp"
 #include "kernels/model/random_weights.hpp"
+#include "tools/cli/flags.hpp"
 #include "tools/cli/registry.hpp"
 
 namespace {
@@ -45,9 +46,9 @@ int ckpt_main(int argc, char** argv) {
     if (a == "--help" || a == "-h") return ckpt_usage(stdout), 0;
     if (a == "--preset" && has_value) preset = argv[++i];
     else if (a == "--out" && has_value) out = argv[++i];
-    else if (a == "--seed" && has_value) seed = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--shard-gib" && has_value) shard_gib = std::atof(argv[++i]);
-    else if (a == "--threads" && has_value) threads = std::atoi(argv[++i]);
+    else if (a == "--seed" && has_value && cedar::cli::read_integer(argv[i + 1], seed)) ++i;
+    else if (a == "--shard-gib" && has_value && cedar::cli::read_number(argv[i + 1], shard_gib, 0)) ++i;
+    else if (a == "--threads" && has_value && cedar::cli::read_integer(argv[i + 1], threads, 0)) ++i;
     else return std::fprintf(stderr, "cedar ckpt: unknown or incomplete option '%s'\n", a.c_str()), ckpt_usage(stderr), 2;
   }
   if (preset.empty() || out.empty()) return ckpt_usage(stderr), 2;

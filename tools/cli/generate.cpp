@@ -15,6 +15,7 @@
 #include "net/json_writer.hpp"
 #include "net/tokenizer.hpp"
 #include "tools/cli/device_model.hpp"
+#include "tools/cli/flags.hpp"
 #include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
@@ -68,12 +69,12 @@ bool parse(int argc, char** argv, generate_args& a) {
     if (i + 1 >= argc) return false;
     const std::string v = argv[++i];
     if (k == "--model") a.model = v;
-    else if (k == "--seed") a.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--seed" && cedar::cli::read_integer(v, a.seed)) {}
     else if (k == "--prompt-ids") a.prompt_ids = v;
     else if (k == "--prompt") a.prompt = v;
-    else if (k == "--max-tokens") a.max_tokens = std::atoi(v.c_str());
-    else if (k == "--chunk") a.chunk = std::atoi(v.c_str());
-    else if (k == "--max-prefill-s") a.max_prefill_s = std::atof(v.c_str());
+    else if (k == "--max-tokens" && cedar::cli::read_integer(v, a.max_tokens, 1)) {}
+    else if (k == "--chunk" && cedar::cli::read_integer(v, a.chunk, 0)) {}
+    else if (k == "--max-prefill-s" && cedar::cli::read_number(v, a.max_prefill_s, 0)) {}
     else if (k == "--device" && cedar::cli::parse_device(v)) a.device = *cedar::cli::parse_device(v);
     else if (k == "--gpu-kernels" && cedar::cli::parse_gpu_kernels(v)) a.kernels = *cedar::cli::parse_gpu_kernels(v);
     else if (k == "--truncate" && (v == "on" || v == "off")) a.truncate = v == "on";

@@ -12,6 +12,7 @@
 
 #include "actors/layout.hpp"
 #include "config/model_config.hpp"
+#include "tools/cli/flags.hpp"
 #include "tools/cli/gpu_bench.hpp"
 #include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
@@ -89,25 +90,26 @@ bool parse(int argc, char** argv, options& o) {
     if (k == "--gpu-dense-bf16") { o.dense_bf16 = true; continue; }
     if (i + 1 >= argc) return false;
     const std::string v = argv[++i];
-    const long long n = std::atoll(v.c_str());
+    long long n = 0;
+    const bool is_integer = read_integer(v, n);
     bool ok = true;
     if (k == "--model") o.model = v;
-    else if (k == "--seed") o.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--seed") ok = read_integer(v, o.seed);
     else if (k == "--device" && parse_device(v)) o.device = *parse_device(v);
     else if (k == "--gpu-kernels" && parse_gpu_kernels(v)) o.kernels = *parse_gpu_kernels(v);
     else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8")) o.kv = v == "fp4" ? kv_dtype::fp4 : kv_dtype::fp8;
-    else if (k == "--page-tokens") o.page_tokens = int(n), ok = n >= 2 && n % 2 == 0 && n <= (1 << 20);
+    else if (k == "--page-tokens") o.page_tokens = int(n), ok = is_integer && n >= 2 && n % 2 == 0 && n <= (1 << 20);
     else if (k == "--phases") ok = parse_phases(v, o.phases);
     else if (k == "--batch") ok = parse_list(v, o.batches);
     else if (k == "--prefill") ok = parse_list(v, o.prefills);
-    else if (k == "--context") o.context = n, ok = n >= 1;
-    else if (k == "--chunk") o.chunk = int(n), ok = n >= 1;
-    else if (k == "--steps") o.steps = int(n), ok = n >= 1;
-    else if (k == "--warmup-steps") o.warmup_steps = int(n), ok = n >= 0;
-    else if (k == "--prefix-tokens") o.prefix_tokens = n, ok = n >= 1;
-    else if (k == "--new-tokens") o.new_tokens = int(n), ok = n >= 1;
-    else if (k == "--gen-prompt") o.gen_prompt = n, ok = n >= 1;
-    else if (k == "--gen-tokens") o.gen_tokens = int(n), ok = n >= 1;
+    else if (k == "--context") o.context = n, ok = is_integer && n >= 1;
+    else if (k == "--chunk") o.chunk = int(n), ok = is_integer && n >= 1;
+    else if (k == "--steps") o.steps = int(n), ok = is_integer && n >= 1;
+    else if (k == "--warmup-steps") o.warmup_steps = int(n), ok = is_integer && n >= 0;
+    else if (k == "--prefix-tokens") o.prefix_tokens = n, ok = is_integer && n >= 1;
+    else if (k == "--new-tokens") o.new_tokens = int(n), ok = is_integer && n >= 1;
+    else if (k == "--gen-prompt") o.gen_prompt = n, ok = is_integer && n >= 1;
+    else if (k == "--gen-tokens") o.gen_tokens = int(n), ok = is_integer && n >= 1;
     else if (k == "--truncate" && (v == "on" || v == "off")) o.truncate = v == "on";
     else if (bool on = true; k == "--gpu-batch-invariant" && parse_on_off(v, on)) o.batch_invariant = on;
     else if (k == "--out") o.out = v;

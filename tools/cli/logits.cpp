@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/cli/flags.hpp"
 #include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
@@ -33,10 +34,10 @@ bool parse(int argc, char** argv, logits_args& a) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") a.model = v;
-    else if (k == "--seed") a.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (k == "--seed" && cedar::cli::read_integer(v, a.seed)) {}
     else if (k == "--prompt-ids") a.prompt_ids = v;
     else if (k == "--out") a.out = v;
-    else if (k == "--chunk") a.chunk = std::atoi(v.c_str());
+    else if (k == "--chunk" && cedar::cli::read_integer(v, a.chunk, 0)) {}
     else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8"))
       a.kv = v == "fp4" ? cedar::kv_dtype::fp4 : cedar::kv_dtype::fp8;
     else return false;

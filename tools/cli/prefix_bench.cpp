@@ -13,6 +13,7 @@
 #include "actors/engine.hpp"
 #include "actors/shard.hpp"
 #include "config/model_config.hpp"
+#include "tools/cli/flags.hpp"
 #include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
@@ -87,7 +88,11 @@ int prefix_bench_main(int argc, char** argv) {
   auto parsed = parse_engine_options(rest, a.options);
   for (std::size_t i = 0; i + 1 < parsed.rest.size(); i += 2) {
     const std::string& k = parsed.rest[i];
-    const int v = std::atoi(parsed.rest[i + 1].c_str());
+    int v = 0;
+    if (k != "--model" && !cedar::cli::read_integer(parsed.rest[i + 1], v, 0)) {
+      parsed.errors.push_back(k + ": not a non-negative integer: " + parsed.rest[i + 1]);
+      continue;
+    }
     if (k == "--model") a.model = parsed.rest[i + 1];
     else if (k == "--seed") a.seed = uint64_t(v);
     else if (k == "--turns") a.turns = v;

@@ -14,6 +14,7 @@
 #include "actors/replay.hpp"
 #include "config/model_config.hpp"
 #include "kernels/model/random_weights.hpp"
+#include "tools/cli/flags.hpp"
 #include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
@@ -54,15 +55,22 @@ int replay_quality_main(int argc, char** argv) {
   std::string preset = "tiny";
   int convs = 100, page_tokens = 32, max_len = 160;
   uint64_t seed = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  const char* usage = "usage: cedar replay-quality [--model tiny] [--conversations 100] [--page-tokens 32] "
+                      "[--max-len 160] [--seed 1]\n"
+                      "  bounded SWA replay's logits against full replay's on random conversations\n";
+  for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
-    if (k == "--model") preset = argv[i + 1];
-    else if (k == "--conversations") convs = std::atoi(argv[i + 1]);
-    else if (k == "--page-tokens") page_tokens = std::atoi(argv[i + 1]);
-    else if (k == "--max-len") max_len = std::atoi(argv[i + 1]);
-    else if (k == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
-    else return std::fprintf(stderr, "usage: cedar replay-quality [--model tiny] [--conversations 100] "
-                                     "[--page-tokens 32] [--max-len 160] [--seed 1]\n"), 2;
+    if (k == "--help" || k == "-h") return std::fputs(usage, stdout), 0;
+    const std::string v = i + 1 < argc ? argv[i + 1] : "";
+    bool ok = i + 1 < argc;
+    if (!ok) {}
+    else if (k == "--model") preset = v;
+    else if (k == "--conversations") ok = cli::read_integer(v, convs, 1);
+    else if (k == "--page-tokens") ok = cli::read_integer(v, page_tokens, 2) && page_tokens % 2 == 0;
+    else if (k == "--max-len") ok = cli::read_integer(v, max_len, 1);
+    else if (k == "--seed") ok = cli::read_integer(v, seed);
+    else ok = false;
+    if (!ok) return std::fprintf(stderr, "cedar replay-quality: bad or incomplete option '%s'\n%s", k.c_str(), usage), 2;
   }
   std::string error;
   auto args = load_model_args(preset, &error);

@@ -35,9 +35,8 @@ std::shared_ptr<const cedar::tensor_map> load_weights(const std::string& model, 
   if (!fs::is_directory(model, ec))
     return std::make_shared<const cedar::tensor_map>(cedar::make_random_weights(args, seed));
   auto weights = std::make_shared<cedar::tensor_map>();
-  for (auto& entry : fs::directory_iterator(model))
-    if (entry.path().extension() == ".safetensors" && !cedar::read_safetensors(entry.path(), *weights, error))
-      return nullptr;
+  // the directory as every command reads it: the files its index names, or model.safetensors
+  if (!cedar::read_safetensors(model, *weights, error)) return nullptr;
   return weights;
 }
 
