@@ -39,6 +39,22 @@ std::vector<budget_slice> plan_token_budget(std::span<const budget_candidate> ca
                                             int64_t per_request_cap) {
   std::vector<budget_slice> out;
   int64_t left = token_budget;
+  // The first replay goes first when it does not fit beside every decode: decodes fill what it
+  // leaves, and the rest wait one step. (Behind the decodes it would wait as long as any
+  // request decodes, holding its slot and pages.)
+  int64_t num_decoding = 0;
+  for (const auto& c : candidates) num_decoding += c.decoding;
+  for (const auto& c : candidates) {
+    if (!c.replay) continue;
+    if (c.pending_tokens > token_budget - std::min(num_decoding, token_budget)) {
+      out.push_back({c.request_id, c.pending_tokens});
+      left -= c.pending_tokens;
+      for (const auto& d : candidates)
+        if (d.decoding && left > 0) out.push_back({d.request_id, 1}), --left;
+      return out;
+    }
+    break;
+  }
   for (const auto& c : candidates)
     if (c.decoding && left > 0) out.push_back({c.request_id, 1}), --left;
   for (const auto& c : candidates) {

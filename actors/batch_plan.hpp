@@ -3,7 +3,8 @@
 //    pool cannot hold everyone's next chunk) and which waiting requests are admitted;
 // 2. token budget: how many tokens each scheduled request runs this step: every decode
 //    first (one token each), then replays (whole), then prefill chunks capped per request,
-//    so a long prompt never stalls running decodes. Plain C++.
+//    so a long prompt never stalls running decodes; a replay too big to fit beside the decodes
+//    goes first instead, once. Plain C++.
 #pragma once
 
 #include <cstdint>
@@ -47,8 +48,8 @@ struct budget_slice {
   int64_t num_tokens = 0;
 };
 
-/// Candidates in priority order. A replay larger than the whole budget still runs when it
-/// is the first thing scheduled (so it cannot starve).
+/// Candidates in priority order. The first replay that does not fit beside every decode runs
+/// first (whole, even past the budget) with the decodes that fit after it, so it cannot starve.
 std::vector<budget_slice> plan_token_budget(std::span<const budget_candidate> candidates, int64_t token_budget,
                                             int64_t per_request_cap);
 

@@ -39,8 +39,7 @@ void prefix_cache::touch(int32_t page_id, uint64_t session_id, uint64_t stamp) {
   lru_.insert(key_of(page_id, e));
 }
 
-std::vector<int32_t> prefix_cache::lookup(std::span<const int32_t> tokens, int64_t max_pages, uint64_t session_id,
-                                          bool count) {
+std::vector<int32_t> prefix_cache::hit_pages(std::span<const int32_t> tokens, int64_t max_pages) const {
   std::vector<int32_t> hit;
   uint64_t parent = 0;
   for (int64_t i = 0; i < max_pages && (i + 1) * page_tokens_ <= int64_t(tokens.size()); ++i) {
@@ -53,6 +52,18 @@ std::vector<int32_t> prefix_cache::lookup(std::span<const int32_t> tokens, int64
     hit.push_back(it->second);
     parent = h;
   }
+  return hit;
+}
+
+prefix_cache::peek_result prefix_cache::peek(std::span<const int32_t> tokens, int64_t max_pages) const {
+  peek_result r;
+  for (int32_t p : hit_pages(tokens, max_pages)) ++r.pages, r.idle_pages += pool_.ref_count(p) == 0;
+  return r;
+}
+
+std::vector<int32_t> prefix_cache::lookup(std::span<const int32_t> tokens, int64_t max_pages, uint64_t session_id,
+                                          bool count) {
+  std::vector<int32_t> hit = hit_pages(tokens, max_pages);
   // tail first: the root gets the newest stamp
   for (auto p = hit.rbegin(); p != hit.rend(); ++p) {
     pool_.retain(*p);

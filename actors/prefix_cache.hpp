@@ -32,6 +32,13 @@ class prefix_cache {
   std::vector<int32_t> lookup(std::span<const int32_t> tokens, int64_t max_pages, uint64_t session_id,
                               bool count = true);
 
+  /// What lookup() would hit, without retaining, stamping or counting anything.
+  struct peek_result {
+    int64_t pages = 0;       ///< hit pages
+    int64_t idle_pages = 0;  ///< of those, referenced by no request (taking them uses idle KV)
+  };
+  peek_result peek(std::span<const int32_t> tokens, int64_t max_pages) const;
+
   /// Registers full pages [0, num_full_pages) of a request whose KV is computed: page i
   /// holds tokens[i*P, (i+1)*P). Pages already cached (or whose prefix is cached on another
   /// page) are left as they are. Does not change ref counts.
@@ -67,6 +74,8 @@ class prefix_cache {
   using lru_key = std::tuple<bool, uint64_t, int32_t>;  ///< (any session live, last use, page)
 
   static lru_key key_of(int32_t page_id, const entry& e);
+  /// The cached pages that prefix `tokens` (at most max_pages), in order.
+  std::vector<int32_t> hit_pages(std::span<const int32_t> tokens, int64_t max_pages) const;
   /// Stamps the page `stamp` and records `session_id` as a user of it.
   void touch(int32_t page_id, uint64_t session_id, uint64_t stamp);
   void add_user(int32_t page_id, entry& e, uint64_t session_id);

@@ -43,9 +43,11 @@ int32_t pick_random(std::span<const float> logits, const sampling_params& p, int
   const std::size_t k = p.top_k > 0 ? std::size_t(p.top_k) : logits.size();
   const auto ids = order_by_logit(logits, k);
   std::vector<double> prob(ids.size());
-  const double mx = logits[ids[0]] / p.temperature;
+  // in double: a tiny temperature overflows a float quotient to inf, and inf - inf is NaN
+  const double t = p.temperature;
+  const double mx = logits[ids[0]] / t;
   double total = 0;
-  for (std::size_t i = 0; i < ids.size(); ++i) total += prob[i] = std::exp(logits[ids[i]] / p.temperature - mx);
+  for (std::size_t i = 0; i < ids.size(); ++i) total += prob[i] = std::exp(logits[ids[i]] / t - mx);
   std::size_t n = ids.size();
   if (p.top_p < 1.f) {
     double cum = 0;

@@ -12,8 +12,13 @@ namespace cedar {
 std::optional<run_step> scheduler::next_step() {
   CEDAR_CHECK(!in_flight_);
   reap_cancelled();
-  run_capacity_stage();
-  std::vector<step_item> items = run_budget_stage();
+  // A step that only preempted admits nothing; a second pass then admits into what it freed,
+  // so the step is not empty while requests wait (nothing else would start the next one).
+  std::vector<step_item> items;
+  for (int pass = 0; pass < 2 && items.empty(); ++pass) {
+    run_capacity_stage();
+    items = run_budget_stage();
+  }
   if (items.empty()) return std::nullopt;
   run_step step{next_step_id_++, std::move(items)};
   in_flight_step flight{step.step_id, {}};
@@ -32,21 +37,40 @@ void scheduler::reap_cancelled() {
 void scheduler::run_capacity_stage() {
   const int P = layout_.page_tokens;
   const int64_t cap = options_.max_prefill_tokens_per_request;
-  std::vector<capacity_candidate> running, waiting;
-  for (uint64_t id : running_) {
-    const request_state& r = requests_.at(id);
-    const int64_t next = r.has_replay() ? 0 : std::min(r.pending_tokens(), cap);
-    int64_t sole = 0;
-    for (int32_t p : r.pages) sole += pool_.ref_count(p) == 1;
-    running.push_back({id, std::max<int64_t>(0, pages_for(r.num_computed + next, P) - int64_t(r.pages.size())), sole});
+  // Victims go one at a time, newest first, each planned against the pool as the previous
+  // left it: pages shared among victims (a common prefix) are freed only when the last of
+  // them goes, which no estimate made up front sees.
+  bool preempted = false;
+  for (;;) {
+    std::vector<capacity_candidate> running, waiting;
+    for (uint64_t id : running_) {
+      const request_state& r = requests_.at(id);
+      const int64_t next = r.has_replay() ? 0 : std::min(r.pending_tokens(), cap);
+      int64_t sole = 0;
+      for (int32_t p : r.pages) sole += pool_.ref_count(p) == 1;
+      running.push_back({id, std::max<int64_t>(0, pages_for(r.num_computed + next, P) - int64_t(r.pages.size())), sole});
+    }
+    for (uint64_t id : waiting_) {
+      // its first chunk's new pages, plus the idle cached pages its prefix hit takes out of use
+      const request_state& r = requests_.at(id);
+      prefix_cache::peek_result hit;
+      if (options_.prefix_cache) hit = cache_.peek(r.tokens, (int64_t(r.tokens.size()) - 1) / P);
+      const int64_t from = hit.pages * P;
+      const int64_t chunk = std::min(int64_t(r.tokens.size()) - from, cap);
+      waiting.push_back({id, hit.idle_pages + pages_for(from + chunk, P) - hit.pages, 0});
+    }
+    const int64_t available = pool_.num_pages_free() + pool_.num_pages_idle_cached();
+    const capacity_plan plan =
+        plan_capacity(running, waiting, available, pool_.num_slots_free(), options_.max_num_seqs);
+    if (!plan.preempt.empty()) {
+      preempt(plan.preempt.front());
+      preempted = true;
+      continue;
+    }
+    if (!preempted)
+      for (uint64_t id : plan.admit) admit(id);
+    return;
   }
-  for (uint64_t id : waiting_)
-    waiting.push_back({id, pages_for(std::min(requests_.at(id).pending_tokens(), cap), P), 0});
-  const int64_t available = pool_.num_pages_free() + pool_.num_pages_idle_cached();
-  const capacity_plan plan =
-      plan_capacity(running, waiting, available, pool_.num_slots_free(), options_.max_num_seqs);
-  for (uint64_t id : plan.preempt) preempt(id);
-  for (uint64_t id : plan.admit) admit(id);
 }
 
 void scheduler::preempt(uint64_t request_id) {
@@ -89,8 +113,8 @@ std::vector<step_item> scheduler::run_budget_stage() {
     const request_state& r = requests_.at(id);
     if (r.has_replay())
       candidates.push_back({id, r.replay_to - r.replay_from, false, true});
-    else
-      candidates.push_back({id, r.pending_tokens(), r.num_computed >= r.prompt_len, false});
+    else  // one token left is a decode; a resumed request's generated tokens go in prefill chunks
+      candidates.push_back({id, r.pending_tokens(), r.pending_tokens() == 1, false});
   }
   std::vector<step_item> items;
   for (const budget_slice& s :

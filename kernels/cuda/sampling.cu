@@ -34,9 +34,10 @@ __global__ void draw_kernel(const float* l, int vocab, const int32_t* ids, sampl
     chosen = ids[0];
   } else {
     const int k = p.top_k > 0 ? min(p.top_k, vocab) : vocab;
-    const double mx = l[ids[0]] / p.temperature;
+    const double t = p.temperature;  // in double, as on the host (a tiny temperature)
+    const double mx = l[ids[0]] / t;
     double total = 0;
-    for (int i = 0; i < k; ++i) total += prob[i] = exp(l[ids[i]] / p.temperature - mx);
+    for (int i = 0; i < k; ++i) total += prob[i] = exp(l[ids[i]] / t - mx);
     int n = k;
     if (p.top_p < 1.f) {
       double cum = 0;

@@ -105,6 +105,13 @@ TEST_CASE("sampler: seeded draws are reproducible and follow temperature / top-k
     }
     CHECK(sample(l, p, 7).token_id == sample(l, p, 7).token_id);
   }
+  // a temperature near 0 is near-greedy: the arg-max, never a NaN draw's last token
+  for (float tiny : {1e-30f, 1e-40f}) {
+    sampling_params p;
+    p.temperature = tiny, p.seed = 3;
+    const int32_t top = int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+    for (int i = 0; i < 20; ++i) CHECK(sample(l, p, i).token_id == top);
+  }
   sampling_params bad;
   bad.top_p = 0.f;
   CHECK(!validate(bad, 12).empty());
@@ -324,8 +331,18 @@ TEST_CASE("batch plan: decodes first, replays whole, prefill chunks capped per r
   CHECK((s[2].request_id == 3 && s[2].num_tokens == 8));
   CHECK((s[3].request_id == 1 && s[3].num_tokens == 64));
   CHECK((s[4].request_id == 5 && s[4].num_tokens == 100 - 2 - 8 - 64));
-  // A budget smaller than the decodes: decodes still go first.
+  // A replay that does not fit beside the decodes goes first, with the decodes that fit after
+  // it; the others wait one step (behind every decode it would wait as long as any decodes).
+  s = plan_token_budget(c, 9, 64);
+  REQUIRE(s.size() == 2);
+  CHECK((s[0].request_id == 3 && s[0].num_tokens == 8));
+  CHECK(s[1].request_id == 2);
   s = plan_token_budget(c, 1, 64);
+  REQUIRE(s.size() == 1);
+  CHECK(s[0].request_id == 3);
+  // Without a replay, a budget smaller than the decodes: decodes still go first.
+  std::vector<budget_candidate> decodes = {{1, 1000, false, false}, {2, 1, true, false}, {4, 1, true, false}};
+  s = plan_token_budget(decodes, 1, 64);
   REQUIRE(s.size() == 1);
   CHECK(s[0].request_id == 2);
   // A replay bigger than the budget runs alone rather than never.
