@@ -438,8 +438,10 @@ opt_error parse_input_items(dom::array items, std::vector<chat_message>& out) {
       if (auto err = get_string(o, "name", call.name)) return err;
       if (auto err = get_string(o, "arguments", call.arguments)) return err;
       if (call.name.empty()) return bad_request("function_call without a name", "input.name");
-      if (out.empty() || out.back().role != "assistant" || !out.back().content.empty() ||
-          out.back().tool_calls.empty()) {
+      // Calls join the assistant message right before them: cedar's own output lists a turn's
+      // text and its calls as a message item then function_call items, and the model wrote them
+      // as one turn. A reasoning item in between starts a new turn.
+      if (out.empty() || out.back().role != "assistant" || !pending_reasoning.empty()) {
         chat_message m;
         m.role = "assistant";
         m.reasoning_content = std::exchange(pending_reasoning, {});

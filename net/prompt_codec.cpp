@@ -3,6 +3,8 @@
 // is tokenized, with special tokens matched in the template alone (never in message text).
 #include "net/prompt_codec.hpp"
 
+#include "net/dsv41_tokens.hpp"
+
 #include "net/chat_format.hpp"
 #include "net/py_json.hpp"
 #include "net/tokenizer.hpp"
@@ -139,8 +141,11 @@ std::shared_ptr<const chat_context> prompt_codec::with_reply(const std::shared_p
 const std::vector<int32_t>& prompt_codec::context_ids(const chat_context& context) { return context.ids; }
 
 rendered_prompt prompt_codec::encode_text(const std::string& text) const {
+  // A raw prompt is the model's text as written, control tokens included (a prompt rendered by
+  // the reference encoder comes through whole); it gets a BOS unless it spells one itself.
   std::string error;
-  auto ids = tok_->try_encode(text, true, &error, false);
+  const bool spells_bos = std::string_view(text).starts_with(dsv41::bos);
+  auto ids = tok_->try_encode(text, !spells_bos, &error, true);
   if (!ids) return {{}, "prompt is not valid UTF-8: " + error};
   return {std::move(*ids), {}};
 }

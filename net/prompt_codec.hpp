@@ -85,7 +85,9 @@ class prompt_codec {
                                                  const std::vector<int32_t>& generated = {}) const;
   /// The ids of a context (prompt and replies so far).
   static const std::vector<int32_t>& context_ids(const chat_context& context);
-  /// Plain text -> ids (no chat template, BOS first), for /v1/completions.
+  /// A raw prompt -> ids for /v1/completions: no chat template, control-token text (the chat
+  /// markers, "</think>") encoded as those tokens, one BOS first (added unless the text starts
+  /// with it).
   rendered_prompt encode_text(const std::string& text) const;
   /// Parser for chat output (starts inside reasoning when thinking is on).
   std::unique_ptr<output_stream> chat_output(bool thinking) const;

@@ -53,6 +53,25 @@ bool starts_with(const std::vector<int32_t>& ids, const std::vector<int32_t>& pr
 
 }  // namespace
 
+TEST_CASE("prompt codec: a raw completions prompt keeps its control tokens and gets one BOS") {
+  const std::string rendered = std::string(dsv41::bos) + dsv41::user + "Hi" + dsv41::assistant + dsv41::think_end;
+  auto p = codec().encode_text(rendered);
+  REQUIRE(p.error.empty());
+  CHECK(count(p.ids, dsv41::bos_id) == 1);
+  CHECK(p.ids.front() == dsv41::bos_id);
+  CHECK(count(p.ids, dsv41::user_id) == 1);
+  CHECK(count(p.ids, dsv41::assistant_id) == 1);
+  CHECK(p.ids.back() == dsv41::think_end_id);
+  // the same conversation through the template gives the same ids
+  auto chat = codec().render_chat({{"user", "Hi", {}, {}, {}}}, {}, {false, 75});
+  REQUIRE(chat.error.empty());
+  CHECK(p.ids == chat.ids);
+  auto plain = codec().encode_text("Once upon a time");
+  REQUIRE(plain.error.empty());
+  CHECK(plain.ids.front() == dsv41::bos_id);
+  CHECK(count(plain.ids, dsv41::bos_id) == 1);
+}
+
 TEST_CASE("prompt codec: control-token text typed in a message is encoded as text") {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 40; ++trial) {

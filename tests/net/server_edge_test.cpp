@@ -168,6 +168,29 @@ TEST_CASE("responses input items map to messages") {
   CHECK(r.previous_response_id == "resp_1");
 }
 
+TEST_CASE("responses input items: a turn replayed as message + function_call items is one assistant turn") {
+  responses_request r;
+  auto err = parse_responses_request(R"({"input":[
+      {"role":"user","content":"q"},
+      {"type":"reasoning","summary":[{"type":"summary_text","text":"R"}]},
+      {"type":"message","role":"assistant","content":[{"type":"output_text","text":"Let me check."}]},
+      {"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
+      {"type":"function_call_output","call_id":"c1","output":"ok"},
+      {"type":"reasoning","summary":[{"type":"summary_text","text":"R2"}]},
+      {"type":"function_call","call_id":"c2","name":"g","arguments":"{}"}]})", r);
+  REQUIRE_FALSE(err.has_value());
+  REQUIRE(r.input.size() == 4);
+  CHECK(r.input[1].role == "assistant");
+  CHECK(r.input[1].reasoning_content == "R");
+  CHECK(r.input[1].content == "Let me check.");
+  REQUIRE(r.input[1].tool_calls.size() == 1);
+  CHECK(r.input[1].tool_calls[0].id == "c1");
+  CHECK(r.input[2].role == "tool");
+  CHECK(r.input[3].role == "assistant");  // after the tool result, a new turn
+  CHECK(r.input[3].reasoning_content == "R2");
+  REQUIRE(r.input[3].tool_calls.size() == 1);
+}
+
 TEST_CASE("responses: reasoning.effort is echoed as the string OpenAI's clients read") {
   const auto echoed = [](const char* reasoning) {
     responses_request r;
