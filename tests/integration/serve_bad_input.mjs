@@ -92,8 +92,10 @@ await row("empty messages -> 400 empty_messages; missing prompt/input -> 400", a
   expectError(await post("/v1/completions", JSON.stringify({ prompt: "" })), 400, undefined, "prompt");
   expectError(await post("/v1/completions", JSON.stringify({ prompt: [5, 200000] })), 400, undefined, "prompt");
   expectError(await post("/v1/completions", JSON.stringify({ prompt: [5, 129264, 6] })), 400, undefined, "prompt");
-  // typed as text, the image token's name is text (control tokens come only from ids)
-  assert.equal((await post("/v1/completions", JSON.stringify({ prompt: "a <｜deepseek_image｜> b" }))).status, 200);
+  // a raw prompt's control-token text is those tokens: the image token's name is the image
+  // token, refused as its id is; other control tokens are taken
+  expectError(await post("/v1/completions", JSON.stringify({ prompt: "a <｜deepseek_image｜> b" })), 400, undefined, "prompt");
+  assert.equal((await post("/v1/completions", JSON.stringify({ prompt: "<｜User｜>hi<｜Assistant｜></think>", max_tokens: 2 }))).status, 200);
   expectError(await post("/v1/responses", JSON.stringify({ model: "null" })), 400, undefined, "input");
 });
 
