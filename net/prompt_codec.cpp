@@ -14,20 +14,15 @@ namespace cedar::net {
 
 namespace {
 
-/// Arguments text -> the JSON value the encoder renders (a non-JSON text stays a string).
-json_value arguments_value(const std::string& text) {
-  std::string error;
-  if (auto v = parse_json(text, &error)) return *v;
-  return json_value::of_string(text);
-}
-
 chat::message to_chat(const chat_message& m) {
   chat::message out;
   out.role = m.role;
   out.content = m.content;
   if (m.role == "assistant") out.reasoning_content = m.reasoning_content;
   out.tool_call_id = m.tool_call_id;
-  for (auto& c : m.tool_calls) out.tool_calls.push_back({c.id, c.name, {}, arguments_value(c.arguments)});
+  // the arguments as the client sent them, a string: the encoder reads an object out of it, and
+  // wraps anything else whole as {"arguments": text} (a string parameter), as the reference does
+  for (auto& c : m.tool_calls) out.tool_calls.push_back({c.id, c.name, {}, json_value::of_string(c.arguments)});
   return out;
 }
 

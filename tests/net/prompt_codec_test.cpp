@@ -72,6 +72,22 @@ TEST_CASE("prompt codec: a raw completions prompt keeps its control tokens and g
   CHECK(count(plain.ids, dsv41::bos_id) == 1);
 }
 
+TEST_CASE("prompt codec: tool-call arguments that are JSON but not an object render as the text sent") {
+  for (const char* args : {"[1,2]", "42", "null", "\"x\""}) {
+    chat_message call{"assistant", "", "", {{"call_1", "f", args}}, {}};
+    auto p = codec().render_chat({{"user", "q", {}, {}, {}}, call, {"tool", "ok", {}, {}, "call_1"}}, {}, {false, 75});
+    REQUIRE(p.error.empty());
+    const std::string text = tok().decode(p.ids);
+    CHECK_MESSAGE(text.find(std::string("name=\"arguments\" string=\"true\">") + args + "<") != std::string::npos, text);
+  }
+  chat_message call{"assistant", "", "", {{"call_1", "f", "{\"city\": \"Paris\", \"days\": 3}"}}, {}};
+  auto p = codec().render_chat({{"user", "q", {}, {}, {}}, call, {"tool", "ok", {}, {}, "call_1"}}, {}, {false, 75});
+  REQUIRE(p.error.empty());
+  const std::string text = tok().decode(p.ids);
+  CHECK(text.find("name=\"city\" string=\"true\">Paris<") != std::string::npos);
+  CHECK(text.find("name=\"days\" string=\"false\">3<") != std::string::npos);
+}
+
 TEST_CASE("prompt codec: control-token text typed in a message is encoded as text") {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 40; ++trial) {
