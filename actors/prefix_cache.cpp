@@ -35,7 +35,7 @@ void prefix_cache::touch(int32_t page_id, uint64_t session_id, uint64_t stamp) {
   entry& e = entries_.at(page_id);
   lru_.erase(key_of(page_id, e));
   add_user(page_id, e, session_id);
-  e.last_use = std::max(e.last_use, stamp);
+  e.last_use = stamp;  // always newer: stamps come from the one clock
   lru_.insert(key_of(page_id, e));
 }
 

@@ -37,12 +37,8 @@ void scheduler::reap_cancelled() {
 void scheduler::run_capacity_stage() {
   const int P = layout_.page_tokens;
   const int64_t cap = options_.max_prefill_tokens_per_request;
-  // Victims go one at a time, newest first, each planned against the pool as the previous
-  // left it: pages shared among victims (a common prefix) are freed only when the last of
-  // them goes, which no estimate made up front sees.
-  bool preempted = false;
-  for (;;) {
-    std::vector<capacity_candidate> running, waiting;
+  auto running_candidates = [&] {
+    std::vector<capacity_candidate> running;
     for (uint64_t id : running_) {
       const request_state& r = requests_.at(id);
       const int64_t next = r.has_replay() ? 0 : std::min(r.pending_tokens(), cap);
@@ -50,27 +46,38 @@ void scheduler::run_capacity_stage() {
       for (int32_t p : r.pages) sole += pool_.ref_count(p) == 1;
       running.push_back({id, std::max<int64_t>(0, pages_for(r.num_computed + next, P) - int64_t(r.pages.size())), sole});
     }
-    for (uint64_t id : waiting_) {
-      // its first chunk's new pages, plus the idle cached pages its prefix hit takes out of use
-      const request_state& r = requests_.at(id);
-      prefix_cache::peek_result hit;
-      if (options_.prefix_cache) hit = cache_.peek(r.tokens, (int64_t(r.tokens.size()) - 1) / P);
-      const int64_t from = hit.pages * P;
-      const int64_t chunk = std::min(int64_t(r.tokens.size()) - from, cap);
-      waiting.push_back({id, hit.idle_pages + pages_for(from + chunk, P) - hit.pages, 0});
-    }
-    const int64_t available = pool_.num_pages_free() + pool_.num_pages_idle_cached();
+    return running;
+  };
+  auto available = [&] { return pool_.num_pages_free() + pool_.num_pages_idle_cached(); };
+  // Victims go one at a time, newest first, each planned against the pool as the previous
+  // left it: pages shared among victims (a common prefix) are freed only when the last of
+  // them goes, which no estimate made up front sees. A step that preempts admits nothing.
+  bool preempted = false;
+  for (;;) {
     const capacity_plan plan =
-        plan_capacity(running, waiting, available, pool_.num_slots_free(), options_.max_num_seqs);
-    if (!plan.preempt.empty()) {
-      preempt(plan.preempt.front());
-      preempted = true;
-      continue;
-    }
-    if (!preempted)
-      for (uint64_t id : plan.admit) admit(id);
-    return;
+        plan_capacity(running_candidates(), {}, available(), pool_.num_slots_free(), options_.max_num_seqs);
+    if (plan.preempt.empty()) break;
+    preempt(plan.preempt.front());
+    preempted = true;
   }
+  if (preempted) return;
+  // Only the waiting requests that slots could admit this step are looked up in the cache.
+  const std::size_t admissible = std::size_t(std::max<int64_t>(
+      0, std::min<int64_t>(pool_.num_slots_free(), options_.max_num_seqs - int64_t(running_.size()))));
+  std::vector<capacity_candidate> waiting;
+  for (uint64_t id : waiting_) {
+    if (waiting.size() == admissible) break;
+    // its first chunk's new pages, plus the idle cached pages its prefix hit takes out of use
+    const request_state& r = requests_.at(id);
+    prefix_cache::peek_result hit;
+    if (options_.prefix_cache) hit = cache_.peek(r.tokens, (int64_t(r.tokens.size()) - 1) / P);
+    const int64_t from = hit.pages * P;
+    const int64_t chunk = std::min(int64_t(r.tokens.size()) - from, cap);
+    waiting.push_back({id, hit.idle_pages + pages_for(from + chunk, P) - hit.pages, 0});
+  }
+  const capacity_plan plan =
+      plan_capacity(running_candidates(), waiting, available(), pool_.num_slots_free(), options_.max_num_seqs);
+  for (uint64_t id : plan.admit) admit(id);
 }
 
 void scheduler::preempt(uint64_t request_id) {

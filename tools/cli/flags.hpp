@@ -20,14 +20,14 @@ bool read_integer(const std::string& text, T& out, long double lo = std::numeric
   if (text.empty() || (std::is_unsigned_v<T> && text.find('-') != std::string::npos)) return false;
   errno = 0;
   char* end = nullptr;
-  long double v;
-  if constexpr (std::is_unsigned_v<T>) v = (long double)std::strtoull(text.c_str(), &end, 10);
-  else v = (long double)std::strtoll(text.c_str(), &end, 10);
-  if (*end != 0 || errno == ERANGE || v < lo || v > hi || v < (long double)std::numeric_limits<T>::lowest() ||
-      v > (long double)std::numeric_limits<T>::max())
+  using wide = std::conditional_t<std::is_unsigned_v<T>, unsigned long long, long long>;
+  const wide v = std::is_unsigned_v<T> ? wide(std::strtoull(text.c_str(), &end, 10))
+                                       : wide(std::strtoll(text.c_str(), &end, 10));
+  const long double x = (long double)v;
+  if (*end != 0 || errno == ERANGE || x < lo || x > hi || x < (long double)std::numeric_limits<T>::lowest() ||
+      x > (long double)std::numeric_limits<T>::max())
     return false;
-  if constexpr (std::is_unsigned_v<T>) out = T(std::strtoull(text.c_str(), nullptr, 10));
-  else out = T(std::strtoll(text.c_str(), nullptr, 10));
+  out = T(v);
   return true;
 }
 

@@ -20,6 +20,7 @@
 #include "net/response_format.hpp"
 #include "net/server.hpp"
 #include "tools/cli/device_model.hpp"
+#include "tools/cli/flags.hpp"
 #include "net/engram_map.hpp"
 #include "net/tokenizer.hpp"
 #include "tools/cli/registry.hpp"
@@ -208,12 +209,6 @@ void print_help(FILE* out) {
       d.default_max_tokens, d.max_stored_responses, cedar::engine_options::help().c_str());
 }
 
-bool to_int(const std::string& s, long long& out) {
-  char* end = nullptr;
-  out = std::strtoll(s.c_str(), &end, 10);
-  return !s.empty() && *end == 0;
-}
-
 int serve_main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   for (auto& a : args)
@@ -240,22 +235,15 @@ int serve_main(int argc, char** argv) {
     };
     auto number = [&](auto& field) {
       using T = std::remove_reference_t<decltype(field)>;
-      long long v = 0;
-      if (!next()) return;
-      if (!to_int(value, v) || v < 0 || (unsigned long long)v > (unsigned long long)std::numeric_limits<T>::max())
+      if (next() && !cedar::cli::read_integer(value, field, 0))
         errors.push_back(flag + ": not an integer in [0, " + std::to_string(std::numeric_limits<T>::max()) +
                          "]: " + value);
-      else field = static_cast<T>(v);
     };
     // a switch takes no value: "--gpu-dense-bf16=off" is refused, not read as on
-    auto is_switch = [&](const char* name) {
-      if (flag != name) return false;
-      if (has_value) errors.push_back(flag + " takes no value (given " + value + ")");
-      return !has_value;
-    };
     if (flag == "--no-request-log" || flag == "--gpu-dense-bf16") {
-      if (is_switch("--no-request-log")) o.log_requests = false;
-      else if (is_switch("--gpu-dense-bf16")) engine.dense_bf16 = true;
+      if (has_value) errors.push_back(flag + " takes no value (given " + value + ")");
+      else if (flag == "--no-request-log") o.log_requests = false;
+      else engine.dense_bf16 = true;
     }
     else if (flag == "--gpu-batch-invariant") {
       if (next()) {
