@@ -31,7 +31,8 @@ std::string model_fingerprint(const model_args& a, const kv_layout& kv) {
   return "layers=" + std::to_string(a.num_hidden_layers) + " hidden=" + std::to_string(a.hidden_size) +
          " heads=" + std::to_string(a.num_attention_heads) + " experts=" + std::to_string(a.n_routed_experts) +
          " vocab=" + std::to_string(a.vocab_size) + " page_tokens=" + std::to_string(kv.page_tokens) +
-         " kv=" + (kv.dtype == kv_dtype::fp8 ? "fp8" : "fp4") + " engram_map=" + engram_map_digest(a);
+         " kv=" + (kv.dtype == kv_dtype::fp8 ? "fp8" : "fp4") + " engram_map=" + engram_map_digest(a) +
+         (a.weights_digest.empty() ? "" : " weights=" + a.weights_digest);
 }
 
 outcome<layout_spec> parse_layout_name(const std::string& text) {

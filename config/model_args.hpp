@@ -116,6 +116,9 @@ struct model_args {
   /// Token id -> Engram compressed id, built from the tokenizer when a model is loaded for
   /// serving (net/engram_map.hpp); null: token ids hash as they are.
   std::shared_ptr<const std::vector<int32_t>> engram_token_map;
+  /// tensor_map::digest of the weights being served (set where they are loaded; empty:
+  /// unknown): part of the model's fingerprint, so a shard with other weights is refused.
+  std::string weights_digest;
   int num_nextn_predict_layers = 3;
   int dspark_block_size = 5;
   int dspark_noise_token_id = 128799;

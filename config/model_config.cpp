@@ -234,6 +234,26 @@ bool parse_model_config(std::string_view json, model_args& out, std::string* err
   return true;
 }
 
+std::vector<std::string> missing_model_fields(std::string_view json) {
+  static constexpr const char* required[] = {
+      "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "qk_rope_head_dim",
+      "q_lora_rank", "o_groups", "o_lora_rank", "swiglu_limit", "rms_norm_eps", "rope_theta",
+      "compress_rope_theta", "rope_scaling", "n_routed_experts", "n_shared_experts", "num_experts_per_tok",
+      "moe_intermediate_size", "routed_scaling_factor", "sliding_window", "compress_ratios",
+      "kv_source_layer_ids", "index_source_layer_ids", "index_n_heads", "index_head_dim", "index_topk",
+      "hc_mult", "engram_layer_ids", "quantization_config"};
+  simdjson::dom::parser parser;
+  simdjson::padded_string padded(json);
+  element doc, text;
+  if (parser.parse(padded).get(doc) || !doc.is_object()) return {};  // parse_model_config reports it
+  field_reader r{doc, std::nullopt, {}};
+  if (doc.at_key("text_config").get(text) == simdjson::SUCCESS && text.is_object()) r.text = text;
+  std::vector<std::string> missing;
+  for (const char* key : required)
+    if (!r.find(key)) missing.emplace_back(key);
+  return missing;
+}
+
 std::optional<model_args> load_model_args(const std::string& dir_or_preset, std::string* error) {
   namespace fs = std::filesystem;
   std::string text, source = dir_or_preset;
@@ -257,6 +277,16 @@ std::optional<model_args> load_model_args(const std::string& dir_or_preset, std:
     for (const std::string& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
     if (error) *error = "'" + dir_or_preset + "' is neither a checkpoint directory, a .json file nor a preset (" + names + ")";
     return std::nullopt;
+  }
+  if (fs::is_directory(dir_or_preset, ec)) {
+    if (const auto missing = missing_model_fields(text); !missing.empty()) {
+      if (error) {
+        *error = source + ": lacks";
+        for (std::size_t i = 0; i < missing.size(); ++i) *error += (i ? ", " : " ") + missing[i];
+        *error += " (a checkpoint's config must give every field that shapes its model)";
+      }
+      return std::nullopt;
+    }
   }
   model_args args;
   std::string parse_error;

@@ -19,9 +19,14 @@ namespace cedar {
 /// Does not call validate().
 bool parse_model_config(std::string_view json, model_args& out, std::string* error);
 
-/// Loads model args from a checkpoint directory (DIR/config.json), a .json file, or a preset
-/// name (see preset_names()), then validates them. On failure returns nullopt and sets *error
-/// (validation problems joined by "; ").
+/// The fields that shape the weights or the forward pass (spec §1) that `json` has in neither
+/// text_config nor the top level. A checkpoint's config.json must have them all: a default
+/// would serve another model than the one trained.
+std::vector<std::string> missing_model_fields(std::string_view json);
+
+/// Loads model args from a checkpoint directory (DIR/config.json, which must have every field
+/// of missing_model_fields), a .json file, or a preset name (see preset_names()), then
+/// validates them. On failure returns nullopt and sets *error (problems joined by "; ").
 std::optional<model_args> load_model_args(const std::string& dir_or_preset, std::string* error);
 
 /// The config.json text of `args` in the real layout (top level + text_config), including

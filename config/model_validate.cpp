@@ -148,6 +148,15 @@ void check_top_level(std::vector<std::string>& problems, const model_args& a) {
     problems.push_back("quantization_config.scale_fmt: '" + a.quant.scale_fmt + "' is not supported (ue8m0)");
   if (a.quant.expert_dtype != "fp4")
     problems.push_back("quantization_config.expert_dtype: '" + a.quant.expert_dtype + "' is not supported (fp4)");
+  if (a.quant.quant_method != "fp8")
+    problems.push_back("quantization_config.quant_method: '" + a.quant.quant_method + "' is not supported (fp8)");
+  if (a.rope_scaling.type != "yarn")
+    problems.push_back("text_config.rope_scaling.type: '" + a.rope_scaling.type + "' is not supported (yarn)");
+  // The forward pass is DeepSeek-V4's: another architecture's config would load as this one.
+  if (!a.architecture.starts_with("DeepseekV4"))
+    problems.push_back("architectures: '" + a.architecture + "' is not a DeepSeek-V4 model (DeepseekV41ForCausalLM)");
+  if (!a.model_type.starts_with("deepseek_v4"))
+    problems.push_back("model_type: '" + a.model_type + "' is not a DeepSeek-V4 model (deepseek_v41)");
 }
 
 }  // namespace

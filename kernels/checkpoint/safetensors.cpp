@@ -36,9 +36,14 @@ std::shared_ptr<void> map_file(const std::string& file, mapped_file& out, std::s
   struct stat st {};
   ::fstat(fd, &st);
   out.size = std::size_t(st.st_size);
-  void* p = out.size ? ::mmap(nullptr, out.size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
+  if (out.size == 0) {
+    ::close(fd);
+    error = file + ": empty file (0 bytes): not a safetensors file";
+    return nullptr;
+  }
+  void* p = ::mmap(nullptr, out.size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  if (out.size && p == MAP_FAILED) {
+  if (p == MAP_FAILED) {
     error = file + ": mmap failed (" + std::strerror(errno) + ")";
     return nullptr;
   }
@@ -82,6 +87,9 @@ bool read_file(const std::string& file, tensor_map& out, std::string& error) {
   if (!keep) return false;
   uint64_t header_len = 0;
   if (m.size < 8) return error = file + ": too short for a safetensors header", false;
+  constexpr std::string_view lfs = "version https://git-lfs";
+  if (std::string_view(reinterpret_cast<const char*>(m.bytes), std::min(m.size, lfs.size())) == lfs)
+    return error = file + ": a Git LFS pointer, not the tensors (fetch the data, e.g. `git lfs pull`)", false;
   std::memcpy(&header_len, m.bytes, 8);
   if (header_len > m.size - 8)
     return error = file + ": header length " + std::to_string(header_len) + " exceeds the file size", false;

@@ -35,6 +35,10 @@ struct tensor_map {
   const tensor_entry* find(const std::string& name) const;
   /// Adds an owned, zero-filled tensor and returns its writable bytes.
   uint8_t* add_owned(const std::string& name, st_dtype dtype, std::vector<int64_t> shape);
+  /// 16 hex digits over every tensor's name, dtype and shape and 16 evenly spaced 16-byte
+  /// samples of its data (first and last bytes included): two processes holding different
+  /// weights (another seed, another revision) tell each other apart without reading them all.
+  std::string digest() const;
 };
 
 }  // namespace cedar

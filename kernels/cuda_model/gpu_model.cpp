@@ -38,7 +38,7 @@ gpu_model::gpu_model(model_args args, std::shared_ptr<const tensor_map> weights,
   if (args.layers.size() != std::size_t(args.num_hidden_layers)) args.derive_layer_map();
   if (args.num_hidden_layers > 64) throw std::runtime_error("more than 64 layers");
   const std::vector<std::string> problems = check_tensors(args, *weights);
-  if (!problems.empty()) throw std::runtime_error("checkpoint does not match config: " + problems[0]);
+  if (!problems.empty()) throw std::runtime_error("checkpoint does not match its config:" + list_problems(problems));
   impl_->args = args;
   impl_->layout = kv_layout::make(args, kv, page_tokens);
   impl_->kernels = kernels;

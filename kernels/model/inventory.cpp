@@ -3,6 +3,9 @@
 #include "kernels/model/inventory.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <set>
+#include <string_view>
 
 namespace cedar {
 
@@ -163,6 +166,27 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 std::vector<std::string> check_tensors(const model_args& args, const tensor_map& weights) {
   std::vector<std::string> problems;
+  // Tensors of a layer the config does not have, or Engram tables of a layer it does not give
+  // Engram: a config that drops layers or Engram would otherwise serve a different model.
+  std::set<int64_t> layers_beyond, engram_elsewhere;
+  for (const auto& [name, t] : weights.tensors) {
+    if (!name.starts_with("layers.")) continue;
+    const char* digits = name.c_str() + 7;
+    char* end = nullptr;
+    const long long layer = std::strtoll(digits, &end, 10);
+    if (end == digits || *end != '.') continue;
+    if (layer >= args.num_hidden_layers) layers_beyond.insert(layer);
+    else if (std::string_view(end + 1).starts_with("engram.") &&
+             std::find(args.engram_layer_ids.begin(), args.engram_layer_ids.end(), int(layer)) ==
+                 args.engram_layer_ids.end())
+      engram_elsewhere.insert(layer);
+  }
+  if (!layers_beyond.empty())
+    problems.push_back("layers." + std::to_string(*layers_beyond.begin()) + ".*: " +
+                       std::to_string(layers_beyond.size()) + " layer(s) past num_hidden_layers (" +
+                       std::to_string(args.num_hidden_layers) + ") are in the checkpoint");
+  for (int64_t l : engram_elsewhere)
+    problems.push_back("layers." + std::to_string(l) + ".engram.*: Engram tensors of a layer not in engram_layer_ids");
   for (const tensor_spec& s : model_inventory(args)) {
     const tensor_entry* t = weights.find(s.name);
     if (!t) {
@@ -178,6 +202,13 @@ std::vector<std::string> check_tensors(const model_args& args, const tensor_map&
                          shape_string(s.shape));
   }
   return problems;
+}
+
+std::string list_problems(const std::vector<std::string>& problems, std::size_t shown) {
+  std::string out;
+  for (std::size_t i = 0; i < std::min(shown, problems.size()); ++i) out += "\n  " + problems[i];
+  if (problems.size() > shown) out += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
+  return out;
 }
 
 }  // namespace cedar

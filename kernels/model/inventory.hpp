@@ -2,7 +2,8 @@
 // with its real checkpoint name, dtype and shape (spec §4.2, §4.3). The safetensors loader
 // checks a checkpoint against it, the random-checkpoint generator fills it, `cedar info`
 // counts parameters from it. DSpark (`mtp.*`) and vision tensors are not listed; a checkpoint
-// that has them still passes check_tensors (extra tensors are ignored).
+// that has them still passes check_tensors (extra tensors are ignored, but for layers the
+// config does not have and Engram tables of layers it does not give Engram).
 //
 // Naming and dtypes (kept stable; the model binds by these names):
 //   embed.weight, head.weight                         BF16 [vocab, dim]
@@ -76,9 +77,14 @@ struct tensor_spec {
 std::vector<tensor_spec> model_inventory(const model_args& args);
 
 /// One line per problem: a missing tensor, a wrong dtype or a wrong shape, each naming the
-/// tensor with expected vs found. Empty when `weights` holds everything (extra tensors such as
-/// mtp.* and vision.* are allowed).
+/// tensor with expected vs found; tensors of layers past num_hidden_layers, and Engram tensors
+/// of a layer not in engram_layer_ids (a config that would serve a different model). Empty
+/// when `weights` holds everything (other extra tensors, such as mtp.* and vision.*, are
+/// allowed).
 std::vector<std::string> check_tensors(const model_args& args, const tensor_map& weights);
+
+/// The first `shown` problems, each on its own indented line, then "... and N more".
+std::string list_problems(const std::vector<std::string>& problems, std::size_t shown = 8);
 
 /// "[a, b, c]"
 std::string shape_string(const std::vector<int64_t>& shape);

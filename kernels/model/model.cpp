@@ -57,7 +57,7 @@ model::model(model_args args, std::shared_ptr<const tensor_map> weights, kv_dtyp
   if (args.num_hidden_layers > 64) throw std::runtime_error("more than 64 layers");
   check_layer_map(args);
   const std::vector<std::string> problems = check_tensors(args, *weights);
-  if (!problems.empty()) throw std::runtime_error("checkpoint does not match config: " + problems[0]);
+  if (!problems.empty()) throw std::runtime_error("checkpoint does not match its config:" + list_problems(problems));
   impl_->layout = kv_layout::make(args, kv, page_tokens);
   impl_->w = bind_weights(args, std::move(weights));
   impl_->rope = layer_rope_params(args);

@@ -1,8 +1,8 @@
 // A shard in a second process (`cedar shard --connect 127.0.0.1:PORT`, the `cedar` binary
 // next to this test) joined through CAF's middleman: the engine's tp1 layout moves onto it and
 // serves the tokens the local shard served; when the process is killed the engine rebuilds on
-// a local shard and serves them again. A shard whose model (shape, KV format, Engram token map)
-// differs from the engine's is refused at join and exits.
+// a local shard and serves them again. A shard whose model (shape, KV format, Engram token map,
+// weights) differs from the engine's is refused at join and exits.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -74,23 +74,25 @@ struct shard_host {
   std::unique_ptr<engine> e;
   engine_options o;
 
-  explicit shard_host(const model_args& args) {
+  explicit shard_host(model_args args) {
     o.page_tokens = 16;
     o.kv_budget_bytes = int64_t(32) << 20;
     o.shard_port = 0;
-    auto started = engine::start(args, std::make_shared<tensor_map>(make_random_weights(args, seed)), o);
+    auto weights = std::make_shared<tensor_map>(make_random_weights(args, seed));
+    args.weights_digest = weights->digest();  // as `cedar serve` and `cedar shard` set it
+    auto started = engine::start(args, std::move(weights), o);
     REQUIRE(started.ok());
     e = std::move(started.value());
     REQUIRE(e->shard_port() > 0);
   }
 
-  /// Starts `cedar shard` against this engine; its pid.
-  pid_t spawn_shard() const {
+  /// Starts `cedar shard` against this engine (its weights from `shard_seed`); its pid.
+  pid_t spawn_shard(uint64_t shard_seed = seed) const {
     const std::filesystem::path bin = std::filesystem::read_symlink("/proc/self/exe").parent_path() / "cedar";
     REQUIRE_MESSAGE(std::filesystem::exists(bin), "build the cedar target next to this test: " << bin);
     const std::string connect = "127.0.0.1:" + std::to_string(e->shard_port());
     std::vector<std::string> argv_s{bin.string(), "shard", "--connect", connect, "--model", "micro",
-                                    "--seed", std::to_string(seed), "--page-tokens", "16",
+                                    "--seed", std::to_string(shard_seed), "--page-tokens", "16",
                                     "--kv-budget-bytes", std::to_string(o.kv_budget_bytes)};
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -143,22 +145,27 @@ TEST_CASE("remote shard: a second process serves the tp1 layout, and its death i
   CHECK(generate(e, 4) == local);
 }
 
-TEST_CASE("remote shard: a shard whose Engram hash differs is refused at join, the engine goes on") {
-  shard_host host(micro_args());  // hashes token ids; the shard process hashes the tokenizer's classes
-  engine& e = *host.e;
-  const auto local = generate(e, 2);
-  const pid_t child = host.spawn_shard();
-  int wstatus = 0;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  pid_t done = 0;
-  while ((done = waitpid(child, &wstatus, WNOHANG)) == 0 && std::chrono::steady_clock::now() < end)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (done == 0) kill(child, SIGKILL), waitpid(child, &wstatus, 0);
-  CHECK(done == child);  // it gave up by itself
-  CHECK(WIFEXITED(wstatus));
-  CHECK(WEXITSTATUS(wstatus) != 0);
-  const layout_status st = e.layout_info().value();
-  REQUIRE(st.shards.size() == 1);
-  CHECK_FALSE(st.shards[0].remote);
-  CHECK(generate(e, 2) == local);
+TEST_CASE("remote shard: a shard whose Engram hash or weights differ is refused at join, the engine goes on") {
+  for (const bool other_weights : {false, true}) {
+    CAPTURE(other_weights);
+    // other_weights: the same config and Engram map, weights from another seed (another revision
+    // of a checkpoint); else the engine hashes token ids and the shard the tokenizer's classes.
+    shard_host host(other_weights ? served_micro_args() : micro_args());
+    engine& e = *host.e;
+    const auto local = generate(e, 2);
+    const pid_t child = host.spawn_shard(other_weights ? seed + 1 : seed);
+    int wstatus = 0;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    pid_t done = 0;
+    while ((done = waitpid(child, &wstatus, WNOHANG)) == 0 && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (done == 0) kill(child, SIGKILL), waitpid(child, &wstatus, 0);
+    CHECK(done == child);  // it gave up by itself
+    CHECK(WIFEXITED(wstatus));
+    CHECK(WEXITSTATUS(wstatus) != 0);
+    const layout_status st = e.layout_info().value();
+    REQUIRE(st.shards.size() == 1);
+    CHECK_FALSE(st.shards[0].remote);
+    CHECK(generate(e, 2) == local);
+  }
 }

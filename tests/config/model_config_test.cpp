@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "config/model_config.hpp"
 
 using namespace cedar;
@@ -232,4 +234,32 @@ TEST_CASE("validate names the broken field") {
                  "layer 20 (ratio 1) has no KV source of its ratio"));
   CHECK(mentions(problems_of(real_with("weight_block_size", "[128, 128]")), "quantization_config.weight_block_size"));
   CHECK(problems_of(real_with("hidden_size", "5120")).empty());
+  // values the forward pass does not implement: refused rather than served as something else
+  CHECK(mentions(problems_of(real_with("type", "\"linear\"")), "text_config.rope_scaling.type: 'linear'"));
+  CHECK(mentions(problems_of(real_with("quant_method", "\"awq\"")), "quantization_config.quant_method: 'awq'"));
+  CHECK(mentions(problems_of(real_with("architectures", "[\"LlamaForCausalLM\"]")), "architectures: 'LlamaForCausalLM'"));
+  CHECK(mentions(problems_of(real_with("model_type", "\"llama\"")), "model_type: 'llama'"));
+}
+
+TEST_CASE("a checkpoint's config.json that leaves out a field shaping the model is refused, naming it") {
+  for (const std::string& name : preset_names()) CHECK(missing_model_fields(*preset_json(name)).empty());
+  const std::string full = *preset_json("micro");
+  std::string partial = full;
+  for (const char* key : {"\"sliding_window\"", "\"rms_norm_eps\""}) {
+    const std::size_t at = partial.find(key);
+    REQUIRE(at != std::string::npos);
+    partial.replace(at + 1, 1, "x");  // "xliding_window": the field is gone, the JSON still parses
+  }
+  CHECK(missing_model_fields(partial) == std::vector<std::string>{"rms_norm_eps", "sliding_window"});
+  const auto dir = std::filesystem::temp_directory_path() / ("cedar-config-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << partial;
+  std::string error;
+  CHECK_FALSE(load_model_args(dir.string(), &error));
+  CHECK(error.find("lacks rms_norm_eps, sliding_window") != std::string::npos);
+  std::ofstream(dir / "config.json") << full;
+  CHECK(load_model_args(dir.string(), &error));  // the whole config loads
+  std::ofstream(dir / "partial.json") << partial;  // a bare config (random weights) keeps defaults
+  CHECK(load_model_args((dir / "partial.json").string(), &error));
+  std::filesystem::remove_all(dir);
 }

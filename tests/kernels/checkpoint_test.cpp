@@ -160,6 +160,29 @@ TEST_CASE("a checkpoint with a missing, a mis-shaped and a wrongly-typed tensor 
   CHECK(any_mentions(problems, "layers.6.attn.compressor.wkv.weight", "F16"));
 }
 
+TEST_CASE("a config that leaves out layers or Engram the checkpoint has is refused; weights digests tell seeds apart") {
+  const model_args a = small_micro();
+  const tensor_map weights = make_random_weights(a, 1);
+  model_args fewer = a;  // the checkpoint's last layer is not in the config
+  fewer.num_hidden_layers = a.num_hidden_layers - 1;
+  fewer.derive_layer_map();
+  std::vector<std::string> problems = check_tensors(fewer, weights);
+  CHECK(any_mentions(problems, "layers." + std::to_string(a.num_hidden_layers - 1) + ".*", "past num_hidden_layers"));
+  REQUIRE_FALSE(a.engram_layer_ids.empty());
+  model_args no_engram = a;  // Engram switched off in the config, its tables still on disk
+  no_engram.engram_layer_ids.clear();
+  no_engram.engram_num_embeddings.clear();
+  no_engram.derive_layer_map();
+  problems = check_tensors(no_engram, weights);
+  CHECK(problems.size() == a.engram_layer_ids.size());
+  CHECK(any_mentions(problems, "layers." + std::to_string(a.engram_layer_ids[0]) + ".engram.*", "engram_layer_ids"));
+  const std::vector<std::string> ten(10, "x");
+  CHECK(list_problems(ten) == "\n  x\n  x\n  x\n  x\n  x\n  x\n  x\n  x\n  ... and 2 more");
+  CHECK(weights.digest() == make_random_weights(a, 1).digest());
+  CHECK(weights.digest() != make_random_weights(a, 2).digest());
+  CHECK(weights.digest().size() == 16);
+}
+
 TEST_CASE("broken safetensors files are refused naming the file and tensor") {
   temp_dir dir("bad");
   tensor_map m;

@@ -150,8 +150,7 @@ std::shared_ptr<const tensor_map> load_weights(const std::string& dir_or_preset,
     if (!read_safetensors(dir_or_preset, *weights, error)) return nullptr;
     const auto problems = check_tensors(args, *weights);
     if (!problems.empty()) {
-      *error = "checkpoint " + dir_or_preset + " does not match its config.json: " + problems.front() +
-               (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) + " more)" : "");
+      *error = "checkpoint " + dir_or_preset + " does not match its config.json:" + list_problems(problems);
       return nullptr;
     }
     if (verbose) std::fprintf(stderr, "cedar: opened %s in %.1f s\n", dir_or_preset.c_str(), seconds_since(t0));
@@ -171,7 +170,7 @@ std::unique_ptr<cli_model> open_cli_model(const std::string& dir_or_preset, uint
                                           device_kind device, gpu_kernels kernels, bool dense_bf16, bool verbose,
                                           std::string* error) {
   if (device == device_kind::cpu) {
-    auto m = open_model(dir_or_preset, seed, dtype, error);
+    auto m = open_model(dir_or_preset, seed, dtype, error, default_page_tokens, verbose);
     if (!m) return nullptr;
     return std::make_unique<cpu_cli_model>(std::move(m));
   }

@@ -12,6 +12,7 @@
 #include "kernels/model/random_weights.hpp"
 #include "net/engram_map.hpp"
 #include "net/tokenizer.hpp"
+#include "tools/cli/device_model.hpp"
 
 namespace cedar::cli {
 
@@ -33,24 +34,11 @@ std::optional<model_args> load_serving_args(const std::string& dir_or_preset, st
 }
 
 std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype, std::string* error,
-                                  int page_tokens) {
+                                  int page_tokens, bool verbose) {
   auto args = load_serving_args(dir_or_preset, error);
   if (!args) return nullptr;
-  auto weights = std::make_shared<tensor_map>();
-  if (std::filesystem::is_directory(dir_or_preset)) {
-    if (!read_safetensors(dir_or_preset, *weights, error)) return nullptr;
-    const auto problems = check_tensors(*args, *weights);
-    if (!problems.empty()) {
-      *error = "checkpoint " + dir_or_preset + " does not match its config.json:";
-      const std::size_t shown = std::min<std::size_t>(problems.size(), 8);
-      for (std::size_t i = 0; i < shown; ++i) *error += "\n  " + problems[i];
-      if (shown < problems.size())
-        *error += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
-      return nullptr;
-    }
-  } else {
-    *weights = make_random_weights(*args, seed);
-  }
+  auto weights = load_weights(dir_or_preset, *args, seed, verbose, error);
+  if (!weights) return nullptr;
   try {
     return std::make_unique<model>(*args, std::move(weights), dtype, page_tokens);
   } catch (const std::exception& e) {

@@ -24,10 +24,10 @@ std::optional<model_args> load_serving_args(const std::string& dir_or_preset, st
                                             const std::string& tokenizer_path = "");
 
 /// Opens DIR (config.json + safetensors, checked against the inventory) or PRESET (random
-/// weights from `seed`), its KV in pages of `page_tokens` positions. On failure returns nullptr
-/// and sets *error.
+/// weights from `seed`), its KV in pages of `page_tokens` positions; `verbose`: the load's
+/// progress on stderr. On failure returns nullptr and sets *error.
 std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t seed, kv_dtype dtype, std::string* error,
-                                  int page_tokens = default_page_tokens);
+                                  int page_tokens = default_page_tokens, bool verbose = false);
 
 /// "1,2,3" -> ids, and "a..b" (inclusive) for a run of ids, as in "5,1000..1999"; nullopt on
 /// anything else (negative ids, a descending or over-long run, stray characters).

@@ -44,18 +44,6 @@ struct model_choice {
   cedar::engine_options options;
 };
 
-std::shared_ptr<const cedar::tensor_map> load_weights(const model_choice& c, const cedar::model_args& args) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::is_directory(c.model, ec))
-    return std::make_shared<const cedar::tensor_map>(cedar::make_random_weights(args, c.seed));
-  auto weights = std::make_shared<cedar::tensor_map>();
-  std::string error;
-  // the directory as every command reads it: the files its index names, or model.safetensors
-  if (!cedar::read_safetensors(c.model, *weights, &error)) throw std::runtime_error(error);
-  return weights;
-}
-
 /// --device cuda --layout tpN|depN: one GPU model per device under the runtime. Every device's KV
 /// budget is the smallest device's, halved: a switch builds the other layout's arenas before it
 /// frees the old ones.
@@ -103,13 +91,15 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& give
   if (!cedar::net::attach_engram_token_map(*args, codec.text_tokenizer(), &error) &&
       std::filesystem::is_directory(c.model))
     throw std::runtime_error(error);
+  // The weights, checked against the config, with progress on stderr.
+  auto weights = cedar::cli::load_weights(c.model, *args, c.seed, true, &error);
+  if (!weights) throw std::runtime_error(error);
+  args->weights_digest = weights->digest();  // a remote shard with other weights is refused
   auto started = [&] {
-    if (c.device == cedar::cli::device_kind::cpu) return cedar::engine::start(*args, load_weights(c, *args), c.options);
+    if (c.device == cedar::cli::device_kind::cpu) return cedar::engine::start(*args, std::move(weights), c.options);
     // GPU: one shard under one scheduler; its KV lives in device memory, sized from what the
     // weights leave free.
     if (c.batch_invariant) cedar::cli::set_gpu_batch_invariant(*c.batch_invariant);
-    auto weights = cedar::cli::load_weights(c.model, *args, c.seed, true, &error);
-    if (!weights) throw std::runtime_error(error);
     if (c.options.layout != "tp1") return start_gpu_layout(c, *args, std::move(weights));
     auto gpu = cedar::cli::make_gpu_step_model(*args, std::move(weights),
                                                c.options.kv_fp8 ? cedar::kv_dtype::fp8 : cedar::kv_dtype::fp4,
@@ -125,7 +115,12 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& give
     return cedar::engine::start(std::move(gpu), options);
   }();
   if (!started) throw std::runtime_error(started.error().message);
-  std::string name = std::filesystem::path(c.model).filename().string();
+  // A directory's own name, however it was written ("ckpt/", "./ckpt/.", ".").
+  std::error_code ec;
+  std::filesystem::path model_path = std::filesystem::path(c.model).lexically_normal();
+  if (std::filesystem::is_directory(model_path, ec)) model_path = std::filesystem::weakly_canonical(model_path, ec);
+  if (!model_path.has_filename()) model_path = model_path.parent_path();
+  std::string name = model_path.filename().string();
   if (name.empty() || name.find(".json") != std::string::npos) name = "model";
   const bool cuda = c.device == cedar::cli::device_kind::cuda;
   const std::string variant = c.batch_invariant == false ? ", batch-invariant off" : "";
@@ -153,8 +148,11 @@ void print_help(FILE* out) {
       "/health, /metrics and a chat page at /. With no --model: the embedded tiny preset with\n"
       "random weights from a fixed seed, on 127.0.0.1:8000.\n\n"
       "model:\n"
-      "  --model NAME                   tiny | micro | null | a checkpoint directory (default tiny);\n"
-      "                                 null returns a fixed token at once (measures streaming cost)\n"
+      "  --model NAME                   a checkpoint directory (config.json, *.safetensors and, when\n"
+      "                                 present, tokenizer.json); a preset with random weights:\n"
+      "                                 tiny (default) | micro | bench-40L-E64 | deepseek-v4.1-flash;\n"
+      "                                 a CONFIG.json (random weights); or null, which returns a\n"
+      "                                 fixed token at once (measures streaming cost)\n"
       "  --seed N                       random-weight seed for presets (default 1234)\n"
       "  --device cpu|cuda              where the model runs (default cpu). cuda: weights and KV on the\n"
       "                                 GPU; --layout tpN|depN with N > 1: rank r on device r (fast\n"
@@ -173,7 +171,8 @@ void print_help(FILE* out) {
       "                                 same bits in any step of up to 8 rows; off trades that for\n"
       "                                 faster decode at 1-2 rows ($CEDAR_GPU_BATCH_INVARIANT=0 too)\n"
       "  --served-model-name NAME       the model id clients use (default: the model's name)\n"
-      "  --tokenizer PATH               tokenizer.json (default $CEDAR_TOKENIZER or the bundled copy)\n"
+      "  --tokenizer PATH               tokenizer.json (default: the checkpoint directory's own, else\n"
+      "                                 $CEDAR_TOKENIZER, else the bundled copy)\n"
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
       "  --null-output TEXT             null model: answer with the tokens of TEXT, then EOS (default: the\n"
       "                                 token \" hi\" until max_tokens); drives the output parser in tests\n"

@@ -9,8 +9,7 @@
 #include "actors/remote_shard_actor.hpp"
 #include "config/engine_options.hpp"
 #include "config/model_config.hpp"
-#include "kernels/checkpoint/safetensors.hpp"
-#include "kernels/model/random_weights.hpp"
+#include "tools/cli/device_model.hpp"
 #include "tools/cli/model_source.hpp"
 #include "tools/cli/registry.hpp"
 
@@ -26,18 +25,6 @@ void print_help() {
                "Engram token map goes into the model; a shard whose map differs is refused at join);\n"
                "engine options size the KV (--page-tokens, --kv-budget-bytes, --max-num-seqs,\n"
                "--kv-dtype) and must match too.\n");
-}
-
-std::shared_ptr<const cedar::tensor_map> load_weights(const std::string& model, uint64_t seed,
-                                                      const cedar::model_args& args, std::string* error) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::is_directory(model, ec))
-    return std::make_shared<const cedar::tensor_map>(cedar::make_random_weights(args, seed));
-  auto weights = std::make_shared<cedar::tensor_map>();
-  // the directory as every command reads it: the files its index names, or model.safetensors
-  if (!cedar::read_safetensors(model, *weights, error)) return nullptr;
-  return weights;
 }
 
 int shard_main(int argc, char** argv) {
@@ -73,10 +60,11 @@ int shard_main(int argc, char** argv) {
     return std::fprintf(stderr, "cedar shard: --connect %s: the port is not 1-65535\n", connect.c_str()), 2;
   const auto port = uint16_t(std::stoi(port_text));
   std::string error;
-  const auto args = cedar::cli::load_serving_args(model_name, &error, tokenizer_path);
+  auto args = cedar::cli::load_serving_args(model_name, &error, tokenizer_path);
   if (!args) return std::fprintf(stderr, "cedar shard: %s\n", error.c_str()), 1;
-  const auto weights = load_weights(model_name, seed, *args, &error);
+  const auto weights = cedar::cli::load_weights(model_name, *args, seed, true, &error);
   if (!weights) return std::fprintf(stderr, "cedar shard: %s\n", error.c_str()), 1;
+  args->weights_digest = weights->digest();  // the engine refuses a shard whose weights differ
   const cedar::engine_options& o = parsed.options;
   std::shared_ptr<const cedar::model> m;
   try {
