@@ -58,6 +58,19 @@ size_t partial_marker_suffix(std::string_view s) {
   return best;
 }
 
+// Where an invoke opened at the start of s (its tag `open_len` long) ends without its closing
+// tag: the first block close, EOS or next invoke tag, whole; npos when there is none yet.
+size_t lenient_invoke_end(std::string_view s, size_t open_len) {
+  size_t best = std::string_view::npos, len = 0;
+  for (size_t at = s.find(kDsmlClose, open_len); at < best && at != std::string_view::npos;
+       at = s.find(kDsmlClose, at + 1))
+    for (auto name : kBlockNames)
+      if (match_tag(s.substr(at), kDsmlClose, name, &len) == match::yes) best = std::min(best, at);
+  for (size_t at = s.find(kDsml, open_len); at < best && at != std::string_view::npos; at = s.find(kDsml, at + 1))
+    if (match_tag(s.substr(at), kDsml, "invoke", &len) == match::yes) best = std::min(best, at);
+  return std::min(best, s.find(kEos, open_len));
+}
+
 struct invoke_param {
   std::string key, value;
   bool is_string = true;
@@ -270,6 +283,15 @@ bool output_parser::step_tool(bool final, output_delta* out) {
       }
       if (c == match::partial && !final) return false;
     }
+    // Leniently, an invoke also ends where its block closes, the output ends (EOS) or the next
+    // invoke opens without its closing tag; that marker is left for the next step.
+    size_t cut = lenient_invoke_end(rest, len);
+    if (cut < close) {
+      warn("tool call without its closing tag, closed where the next marker begins", out);
+      emit_call_or_content(std::string(rest.substr(0, cut)) + std::string(kDsmlClose) + " invoke>", out);
+      buf_.erase(0, ws + cut);
+      return true;
+    }
     if (close == std::string_view::npos) {
       if (!final) return false;
       warn("unterminated tool call at the end of the output, returned as content", out);
@@ -288,10 +310,13 @@ bool output_parser::step_tool(bool final, output_delta* out) {
     state_ = state::done;
     return true;
   }
-  // Anything else ends the calls: text after bare invokes is content; inside a block it is
+  // Anything else ends the calls: text after bare invokes is content, its line break kept as
+  // after a block ("ok\n<invoke>...</invoke>\nmore" reads "ok\nmore"); inside a block it is
   // malformed, so the block's remaining text becomes content too.
-  if (state_ == state::tool_block) warn("unexpected text inside a tool-call block, returned as content", out);
-  buf_.erase(0, ws);  // the line break that separated it from the calls
+  if (state_ == state::tool_block) {
+    warn("unexpected text inside a tool-call block, returned as content", out);
+    buf_.erase(0, ws);  // the line break that separated it from the calls
+  }
   state_ = state::content;
   return true;
 }

@@ -132,8 +132,9 @@ bool convert(od::value v, json_value* out, std::string* error, int depth) {
 }  // namespace
 
 std::optional<json_value> parse_json(std::string_view text, std::string* error) {
-  // Wrapped in [ ] so that scalar documents read like any value and trailing garbage fails
-  // the array's own syntax check.
+  // Wrapped in [ ] so that scalar documents read like any value. The on-demand parser stops at
+  // the end of its first value, so the whole text is validated first: "[1, 2]]" and "1],[2"
+  // are not JSON values.
   std::string wrapped;
   wrapped.reserve(text.size() + 2 + simdjson::SIMDJSON_PADDING);
   wrapped.append("[").append(text).append("]");
@@ -145,6 +146,11 @@ std::optional<json_value> parse_json(std::string_view text, std::string* error) 
   std::string why;
   bool ok = false;
   try {  // simdjson reports through error codes here; a throw would be its bug, still not a crash
+    simdjson::dom::parser validator;
+    if (validator.parse(padded).error()) {
+      fail(error, "invalid JSON");
+      return std::nullopt;
+    }
     ok = !parser.iterate(padded).get(doc) && !doc.get_value().get(root) && convert(root, &out, &why, -1) &&
          out.items.size() == 1;
   } catch (const std::exception& e) {

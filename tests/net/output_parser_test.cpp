@@ -8,6 +8,7 @@
 
 #include "net/chat_format.hpp"
 #include "net/output_parser.hpp"
+#include "net/py_json.hpp"
 
 using namespace cedar::net;
 
@@ -140,7 +141,12 @@ TEST_CASE("dialects, calls before </think>, stray markers") {
   // Bare invokes with no block; then text.
   auto bare = parse_output("<｜DSML｜ invoke name=\"y\">\n<｜DSML｜ parameter name=\"q\" string=\"true\">z</｜DSML｜ parameter>\n</｜DSML｜ invoke>\ndone", false);
   CHECK(calls_of(bare) == "0:y={\"q\": \"z\"};");
-  CHECK(bare.content == "done");
+  CHECK(bare.content == "\ndone");  // the line break after the calls stays, as after a block
+  auto between = parse_output("ok\n<｜DSML｜ invoke name=\"y\">\n</｜DSML｜ invoke>\ntrailing", false);
+  CHECK(calls_of(between) == "0:y={};");
+  CHECK(between.content == "ok\ntrailing");
+  auto after_block = parse_output("ok\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"y\">\n</｜DSML｜ invoke>\n</｜DSML｜ calls>\nmore", false);
+  CHECK(after_block.content == "ok\nmore");
   auto stray = parse_output("<think>a<think>b</think>c</think>d<think>e", true);
   CHECK(stray.reasoning == "ab");
   CHECK(stray.content == "cde");
@@ -151,6 +157,7 @@ TEST_CASE("dialects, calls before </think>, stray markers") {
   for (auto* s : {"r</think>ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
                   "<think>a<think>b</think>c</think>d<think>e", "see <｜DSML｜ table> and <｜DSML｜"})
     check_every_cut(s, true);
+  check_every_cut("ok\n<｜DSML｜ invoke name=\"y\">\n</｜DSML｜ invoke>\ntrailing", false);
 }
 
 namespace {
@@ -184,6 +191,39 @@ TEST_CASE("malformed calls come back as content with a warning") {
   CHECK(calls_of(parse_output(bad_json, false)) == "0:f={\"a\": \"{oops\"};");
   CHECK(g_num_logged == 4);
   for (auto* s : {no_name, dup, cut_off, junk, bad_json}) check_every_cut(s, false);
+}
+
+TEST_CASE("an invoke without its closing tag ends at the next marker; a false value with trailing text stays text") {
+  set_output_warning_log(&count_warning);
+  const std::string p1 = "<｜DSML｜ parameter name=\"a\" string=\"false\">1</｜DSML｜ parameter>";
+  const std::string p2 = "<｜DSML｜ parameter name=\"b\" string=\"true\">x</｜DSML｜ parameter>";
+  // closed by the block's end, then EOS: the call is kept and nothing of the markers leaks
+  const std::string by_block = "ok\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n" + p1 + "\n</｜DSML｜ calls><｜end▁of▁sentence｜>";
+  auto d = parse_output(by_block, false);
+  CHECK(calls_of(d) == "0:f={\"a\": 1};");
+  CHECK(d.content == "ok");
+  CHECK(d.warnings.size() == 1);
+  // closed by the next invoke, which has its own closing tag
+  const std::string by_next = "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n" + p1 + "\n<｜DSML｜ invoke name=\"g\">\n" + p2 +
+                              "\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  d = parse_output(by_next, false);
+  CHECK(calls_of(d) == "0:f={\"a\": 1};1:g={\"b\": \"x\"};");
+  CHECK(d.content.empty());
+  // a bare invoke closed by EOS
+  const std::string by_eos = "r</think><｜DSML｜ invoke name=\"f\">\n" + p1 + "<｜end▁of▁sentence｜>after";
+  d = parse_output(by_eos, true);
+  CHECK(d.reasoning == "r");
+  CHECK(calls_of(d) == "0:f={\"a\": 1};");
+  CHECK(d.content.empty());
+  // string="false" values must be whole JSON values: "[1, 2]]" and "1],[2" are text
+  const std::string trailing = "<｜DSML｜ calls><｜DSML｜ invoke name=\"f\"><｜DSML｜ parameter name=\"a\" string=\"false\">[1, 2]]"
+                               "</｜DSML｜ parameter><｜DSML｜ parameter name=\"b\" string=\"false\">1],[2</｜DSML｜ parameter>"
+                               "</｜DSML｜ invoke></｜DSML｜ calls>";
+  d = parse_output(trailing, false);
+  CHECK(calls_of(d) == "0:f={\"a\": \"[1, 2]]\", \"b\": \"1],[2\"};");
+  CHECK(parse_json(d.tool_calls.at(0).arguments, nullptr));
+  for (const auto& s : {by_block, by_next, trailing}) check_every_cut(s, false);
+  check_every_cut(by_eos, true);
 }
 
 TEST_CASE("random streams of marker fragments: never a crash, cut-independent") {
