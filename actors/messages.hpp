@@ -60,6 +60,9 @@ struct request_spec {
   std::vector<int32_t> stop_ids;     ///< besides EOS
   bool ignore_eos = false;
   output_grammar grammar;            ///< structured output (inactive: none)
+  /// Never sampled (tool_choice "none": the tool-call marker). Ids past the model's vocabulary
+  /// cannot be sampled anyway and are ignored.
+  std::vector<int32_t> banned_ids;
 };
 
 /// Token counts of one request.

@@ -123,7 +123,7 @@ typename Inspector::result_type inspect(Inspector& f, step_output& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_spec& x) {
   return f(caf::meta::type_name("request_spec"), x.session_id, x.prompt, x.sampling, x.max_tokens, x.stop_ids,
-           x.ignore_eos, x.grammar);
+           x.ignore_eos, x.grammar, x.banned_ids);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, usage_counts& x) {

@@ -167,10 +167,14 @@ bool scheduler::follow_grammar(request_state& r) const {
 }
 
 std::vector<uint64_t> scheduler::allowed_tokens(const request_state& r) const {
-  std::vector<uint64_t> mask = options_.vocab->allowed(r.spec.grammar, *r.matcher);
-  mask.resize((std::size_t(args_.vocab_size) + 63) / 64, 0);
+  const std::size_t words = (std::size_t(args_.vocab_size) + 63) / 64;
+  std::vector<uint64_t> mask = r.matcher ? options_.vocab->allowed(r.spec.grammar, *r.matcher)
+                                         : std::vector<uint64_t>(words, ~uint64_t{0});
+  mask.resize(words, 0);
   if (const std::size_t extra = mask.size() * 64 - std::size_t(args_.vocab_size); extra > 0)
     mask.back() &= ~uint64_t{0} >> extra;  // no id past the model's vocabulary
+  for (int32_t id : r.spec.banned_ids)
+    if (id >= 0 && id < args_.vocab_size) mask[std::size_t(id) / 64] &= ~(uint64_t{1} << (id % 64));
   if (std::all_of(mask.begin(), mask.end(), [](uint64_t w) { return w == 0; }))
     mask[std::size_t(args_.eos_token_id) / 64] |= uint64_t{1} << (args_.eos_token_id % 64);  // a dead end: stop
   return mask;

@@ -97,6 +97,8 @@ class scheduler {
   /// start token); false when the token does not fit the grammar.
   bool follow_grammar(request_state& r) const;
   /// The tokens r's next sampled token may be (r.matcher set): never none (EOS at a dead end).
+  /// The ids the next token may take: the grammar's (when it has started) less the banned ids;
+  /// EOS alone when nothing is left.
   std::vector<uint64_t> allowed_tokens(const request_state& r) const;
   token_batch make_batch(const request_state& r) const;
   void record_sample(std::vector<double>& samples, double ms);

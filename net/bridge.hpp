@@ -41,6 +41,7 @@ struct generate_request {
   std::vector<int32_t> stop_ids;  ///< generation ends after emitting one of these
   int top_logprobs = -1;          ///< -1: no logprobs; 0: the chosen token's only; k: k alternatives
   output_grammar grammar;         ///< structured output (net/response_format.hpp); inactive: none
+  std::vector<int32_t> banned_ids;  ///< never sampled (tool_choice "none": the tool-call marker)
 };
 
 /// One alternative token with its log-probability.

@@ -52,17 +52,17 @@ void write_completion_logprobs(json_writer& w, const prompt_codec& codec, const 
   std::vector<std::string> texts;
   for (auto* p = begin; p != end; ++p) texts.push_back(codec.token_text(p->id));
   w.key("logprobs").obj().key("tokens").arr();
-  for (auto& t : texts) w.str(t);
+  for (auto* p = begin; p != end; ++p) w.str(codec.token_name(p->id));
   w.end_arr().key("token_logprobs").arr();
   for (auto* p = begin; p != end; ++p) w.num(double(p->logprob));
   w.end_arr().key("top_logprobs").arr();
   for (auto* p = begin; p != end; ++p) {
     w.obj();
-    for (auto& t : p->top) w.kv(codec.token_text(t.id), double(t.logprob));
+    for (auto& t : p->top) w.kv(codec.token_name(t.id), double(t.logprob));
     w.end_obj();
   }
   w.end_arr().key("text_offset").arr();
-  for (auto& t : texts) {
+  for (auto& t : texts) {  // the text's characters, as the answer's text holds them
     w.num(offset);
     for (unsigned char c : t) offset += (c & 0xC0) != 0x80;  // characters: UTF-8 lead bytes
   }

@@ -7,6 +7,8 @@
 #include "net/api_writers.hpp"
 #include "net/dsv41_tokens.hpp"
 #include "net/json_writer.hpp"
+#include "net/tokenizer.hpp"
+#include "net/utf8.hpp"
 
 namespace cedar::net {
 
@@ -83,10 +85,11 @@ writer_context context(const server_state& state, std::string id, const generati
           state.codec.get()};
 }
 
-/// tool_choice "none" hides the tools from the model; other choices are advisory.
-const std::vector<tool_def>& visible_tools(const std::vector<tool_def>& tools, const std::string& choice) {
-  static const std::vector<tool_def> none;
-  return choice == "none" ? none : tools;
+/// tool_choice "none": the tools stay in the prompt (it renders as every other turn of the
+/// conversation does, so its prefix stays cached) and the tool-call marker is never sampled.
+/// Other choices are advisory.
+void apply_tool_choice(generate_request& req, const std::string& choice, const std::vector<tool_def>& tools) {
+  if (choice == "none" && !tools.empty()) req.banned_ids.push_back(dsv41::dsml_id);
 }
 
 }  // namespace
@@ -156,13 +159,13 @@ started start_chat(const std::shared_ptr<server_state>& state, boost::asio::any_
   if (auto err = parse_chat_request(body, req)) return {nullptr, std::move(err)};
   if (auto err = check_model(*state, req.model)) return {nullptr, std::move(err)};
   if (auto err = check_ready(*state)) return {nullptr, std::move(err)};
-  auto prompt = state->codec->render_chat(req.messages, visible_tools(req.tools, req.tool_choice),
-                                          req.reasoning);
+  auto prompt = state->codec->render_chat(req.messages, req.tools, req.reasoning);
   if (!prompt.error.empty()) return {nullptr, bad_request(prompt.error, "messages")};
   auto writer = make_chat_writer(context(*state, state->new_id("chatcmpl-"), req.gen));
+  auto gen_request = make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning);
+  apply_tool_choice(gen_request, req.tool_choice, req.tools);
   return launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),
-                std::move(writer), req.gen, make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning), sink,
-                "messages");
+                std::move(writer), req.gen, std::move(gen_request), sink, "messages");
 }
 
 started start_completion(const std::shared_ptr<server_state>& state,
@@ -187,7 +190,12 @@ started start_completion(const std::shared_ptr<server_state>& state,
     return {nullptr, bad_request("the prompt holds the image token (id " + std::to_string(dsv41::image_id) +
                                      "); this server takes text only",
                                  "prompt")};
-  std::string echo = req.echo ? (req.prompt_is_ids ? std::string() : req.prompt_text) : std::string();
+  // A token-id prompt echoes as its text, control tokens spelled out as a text prompt would type
+  // them; bytes that are not whole UTF-8 characters become U+FFFD.
+  std::string echo;
+  if (req.echo)
+    echo = req.prompt_is_ids ? sanitize_utf8(state->codec->text_tokenizer().decode(req.prompt_ids))
+                             : req.prompt_text;
   auto writer = make_completion_writer(context(*state, state->new_id("cmpl-"), req.gen), echo);
   return launch(state, std::move(strand), state->codec->text_output(), std::move(writer), req.gen,
                 make_request(*state, std::move(ids), req.gen), sink, "prompt");
@@ -223,16 +231,15 @@ started start_responses(const std::shared_ptr<server_state>& state,
   // Continue the previous turn's rendered conversation when nothing that shapes the rendering
   // changed: only the new input is rendered and tokenized, and the prompt extends the ids the
   // engine session already holds. Otherwise render the whole chain again.
-  const auto& tools = visible_tools(req.tools, req.tool_choice);
   context_prompt prompt;
   if (previous && previous->context && req.instructions == previous->instructions &&
-      state->codec->can_continue(*previous->context, tools, req.reasoning)) {
-    prompt = state->codec->extend_chat(previous->context, req.input, tools, req.reasoning);
+      state->codec->can_continue(*previous->context, req.tools, req.reasoning)) {
+    prompt = state->codec->extend_chat(previous->context, req.input, req.tools, req.reasoning);
   } else {
     std::vector<chat_message> rendered;
     if (!req.instructions.empty()) rendered.push_back({"system", req.instructions, {}, {}, {}});
     rendered.insert(rendered.end(), turn.conversation.begin(), turn.conversation.end());
-    prompt = state->codec->extend_chat(nullptr, rendered, tools, req.reasoning);
+    prompt = state->codec->extend_chat(nullptr, rendered, req.tools, req.reasoning);
   }
   if (!prompt.error.empty()) return {nullptr, bad_request(prompt.error, "input")};
   turn.context = std::move(prompt.context);
@@ -247,6 +254,7 @@ started start_responses(const std::shared_ptr<server_state>& state,
   turn.on_stored = std::move(on_stored);
   auto gen_request = make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning);
   gen_request.session_id = turn.session_id;
+  apply_tool_choice(gen_request, req.tool_choice, req.tools);
   const uint64_t session_id = turn.session_id;
   auto writer = make_responses_writer(context(*state, state->new_id("resp_"), req.gen), std::move(turn));
   auto s = launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),

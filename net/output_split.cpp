@@ -1,5 +1,6 @@
 // The output streams of prompt_codec: plain text for completions, and chat output split into
 // reasoning, content and tool calls by net/output_parser.hpp, as stream_deltas.
+#include "net/dsv41_tokens.hpp"
 #include "net/output_parser.hpp"
 #include "net/prompt_codec.hpp"
 #include "net/tokenizer.hpp"
@@ -10,11 +11,17 @@ namespace {
 
 using kind = stream_delta::kind;
 
+/// The raw text: every token spelled out (</think> and the tool-call markers are part of what a
+/// completions client parses) but the sequence's own begin and end tokens.
 class text_stream final : public output_stream {
  public:
-  explicit text_stream(const tokenizer& tok) : dec_(tok, true) {}
+  explicit text_stream(const tokenizer& tok) : dec_(tok, false) {}
   void push(const std::vector<int32_t>& ids, std::vector<stream_delta>& out) override {
-    emit(dec_.push(ids), out);
+    std::vector<int32_t> kept;
+    kept.reserve(ids.size());
+    for (int32_t id : ids)
+      if (id != dsv41::bos_id && id != dsv41::eos_id) kept.push_back(id);
+    emit(dec_.push(kept), out);
   }
   void finish(std::vector<stream_delta>& out) override { emit(dec_.finish(), out); }
 

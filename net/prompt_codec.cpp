@@ -146,6 +146,19 @@ rendered_prompt prompt_codec::encode_text(const std::string& text) const {
 }
 
 std::string prompt_codec::token_text(int32_t id) const { return std::string(tok_->token_bytes(id)); }
+
+std::string prompt_codec::token_name(int32_t id) const {
+  std::string text = token_text(id);
+  if (valid_utf8_prefix(text) == text.size()) return text;
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string name = "bytes:";
+  for (unsigned char c : text) {
+    name += "\\x";
+    name += hex[c >> 4];
+    name += hex[c & 15];
+  }
+  return name;
+}
 std::vector<int32_t> prompt_codec::stop_ids() const { return {tok_->eos_id()}; }
 int32_t prompt_codec::vocab_size() const { return tok_->vocab_size(); }
 

@@ -91,10 +91,13 @@ class prompt_codec {
   rendered_prompt encode_text(const std::string& text) const;
   /// Parser for chat output (starts inside reasoning when thinking is on).
   std::unique_ptr<output_stream> chat_output(bool thinking) const;
-  /// Plain text output (special tokens dropped), for /v1/completions.
+  /// Plain text output for /v1/completions: every token spelled out but BOS and EOS.
   std::unique_ptr<output_stream> text_output() const;
   /// The text of one token (for logprobs).
   std::string token_text(int32_t id) const;
+  /// A token as the Completions logprobs name it: its text when that is whole UTF-8, else
+  /// "bytes:\xe4..." (so two byte tokens are never the same key of a top_logprobs object).
+  std::string token_name(int32_t id) const;
   /// Ids that end a generation (EOS).
   std::vector<int32_t> stop_ids() const;
   /// A token id whose text is a short word (the null engine's fixed token).

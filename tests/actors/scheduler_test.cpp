@@ -343,6 +343,37 @@ TEST_CASE("scheduler: stop ids, EOS, max tokens and context length end a request
   r.check_nothing_held();
 }
 
+TEST_CASE("scheduler: banned ids are never sampled; the answer is the free one up to the first of them") {
+  rig r(small_options());  // no served vocabulary: a ban needs none
+  std::mt19937 g(12);
+  request_spec free_run = make_spec(g, 12, 60, false);
+  free_run.max_tokens = 60;
+  const uint64_t a = r.sched->submit(free_run).value();
+  r.run_all();
+  REQUIRE(r.out[a].size() == 60);
+  std::map<int32_t, int> counts;
+  for (int32_t t : r.out[a]) ++counts[t];
+  const int32_t common = std::max_element(counts.begin(), counts.end(), [](auto& x, auto& y) {
+                           return x.second < y.second;
+                         })->first;
+  for (bool sampled : {false, true}) {
+    request_spec s = free_run;
+    if (sampled) s.sampling.temperature = 1.0f, s.sampling.seed = 99;
+    s.banned_ids = {common, r.args.vocab_size + 5};  // an id past the vocabulary is ignored
+    const uint64_t b = r.sched->submit(s).value();
+    r.run_all();
+    CAPTURE(sampled);
+    REQUIRE(r.out[b].size() == 60);
+    CHECK(std::find(r.out[b].begin(), r.out[b].end(), common) == r.out[b].end());
+    if (!sampled) {
+      const auto first = std::find(r.out[a].begin(), r.out[a].end(), common) - r.out[a].begin();
+      CHECK(std::equal(r.out[a].begin(), r.out[a].begin() + first, r.out[b].begin()));
+      CHECK(r.out[b][std::size_t(first)] != common);
+    }
+  }
+  r.check_nothing_held();
+}
+
 TEST_CASE("scheduler: bad input gets a clear error and leaves the runtime working") {
   rig r(small_options());
   request_spec s;

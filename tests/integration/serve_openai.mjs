@@ -161,6 +161,12 @@ await check("stop strings cut the text and end the request with finish_reason st
   assert.ok(r.usage.completion_tokens < 20);
 });
 
+await check("completions: the raw text keeps </think> and the tool-call markers, only the end token is dropped", async () => {
+  const r = await nul.completions.create({ model: "null", prompt: "x", max_tokens: 500 });
+  assert.equal(r.choices[0].text, process.env.NULL_SCRIPT);
+  assert.equal(r.choices[0].finish_reason, "stop");
+});
+
 await check("completions: text prompt and token-id prompt", async () => {
   const a = await tiny.completions.create({ model: "tiny", prompt: "Once upon a time", max_tokens: 5, temperature: 0 });
   assert.equal(a.object, "text_completion");
@@ -168,6 +174,20 @@ await check("completions: text prompt and token-id prompt", async () => {
   const b = await tiny.completions.create({ model: "tiny", prompt: [0, 5, 17, 300, 4242], max_tokens: 3 });
   assert.equal(b.usage.prompt_tokens, 5);
   assert.ok(b.usage.completion_tokens >= 1);
+});
+
+await check("completions echo: the prompt comes back before the text, a token-id prompt as its text", async () => {
+  const a = await tiny.completions.create({ model: "tiny", prompt: "Once upon a time", max_tokens: 3, echo: true,
+    logprobs: 1 });
+  assert.ok(a.choices[0].text.startsWith("Once upon a time"), a.choices[0].text);
+  assert.equal(a.choices[0].logprobs.text_offset[0], "Once upon a time".length);
+  // id 0 is the begin-of-sentence token: its text leads the echo
+  const b = await tiny.completions.create({ model: "tiny", prompt: [0, 5, 17, 300, 4242], max_tokens: 1, echo: true,
+    logprobs: 1 });
+  const echoed = b.choices[0].text.slice(0, b.choices[0].logprobs.text_offset[0]);
+  assert.ok(echoed.startsWith("<｜begin▁of▁sentence｜>") && echoed.length > "<｜begin▁of▁sentence｜>".length, echoed);
+  const c = await tiny.completions.create({ model: "tiny", prompt: [0, 5, 17, 300, 4242], max_tokens: 1 });
+  assert.ok(!c.choices[0].text.startsWith("<｜begin"), "echoed without echo");
 });
 
 await check("logprobs with top_logprobs", async () => {
@@ -327,6 +347,19 @@ await check("responses with the parser path: reasoning item and function_call it
     tool_choice: { type: "function", name: "get_time" } }), (e) => e.status === 400 && e.param === "tool_choice");
   await assert.rejects(nul.chat.completions.create({ model: "null", max_tokens: 4, tool_choice: "required",
     messages: [{ role: "user", content: "x" }] }), (e) => e.status === 400 && e.param === "tool_choice");
+});
+
+await check("tool_choice none keeps the tools in the prompt, so an agent's turn reuses its cached prefix", async () => {
+  const messages = [{ role: "user", content: "Weather in Paris?" },
+    { role: "assistant", content: "", tool_calls: [{ id: "c1", type: "function",
+      function: { name: "get_weather", arguments: '{"location":"Paris"}' } }] },
+    { role: "tool", tool_call_id: "c1", content: "sunny" }];
+  const auto = await tiny.chat.completions.create({ model: "tiny", max_tokens: 2, messages, tools });
+  const none = await tiny.chat.completions.create({ model: "tiny", max_tokens: 8, messages, tools, tool_choice: "none" });
+  assert.equal(none.usage.prompt_tokens, auto.usage.prompt_tokens, "the prompt changed with tool_choice none");
+  assert.ok(none.usage.prompt_tokens_details.cached_tokens > 0, "the turn found nothing cached");
+  assert.equal(none.choices[0].message.tool_calls ?? undefined, undefined);
+  assert.notEqual(none.choices[0].finish_reason, "tool_calls");
 });
 
 // Structured output: the tiny model's weights are random, so only the grammar makes its text JSON.

@@ -16,4 +16,5 @@ start_server tiny --api-key sk-test --swa-replay full --admin-key adm "${model_a
 start_server null --model null --null-output "$dsml" --null-step-us 200
 # a KV budget of 700 kB: a context window of a few hundred tokens at most
 start_server window --model tiny --kv-budget-bytes 700000
-CEDAR_ROOT="$CEDAR_ROOT" URL_TINY="$url_tiny" URL_NULL="$url_null" URL_WINDOW="$url_window" node "$here/serve_openai.mjs"
+CEDAR_ROOT="$CEDAR_ROOT" URL_TINY="$url_tiny" URL_NULL="$url_null" URL_WINDOW="$url_window" NULL_SCRIPT="$dsml" \
+  node "$here/serve_openai.mjs"

@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -196,6 +198,27 @@ TEST_CASE("prompt codec: a completion with bytes that are not UTF-8 is continued
   held.insert(held.end(), completion.begin(), completion.end());
   CHECK(starts_with(following.ids, held));
   CHECK(following.ids.size() > held.size());
+}
+
+TEST_CASE("prompt codec: Completions logprobs name byte tokens apart, whole-text tokens by their text") {
+  std::vector<int32_t> bytes;  // single-byte tokens that are not UTF-8 on their own
+  for (int32_t id = 0; id < codec().vocab_size() && bytes.size() < 3; ++id) {
+    const std::string t = codec().token_text(id);
+    if (t.size() == 1 && (unsigned char)t[0] >= 0x80) bytes.push_back(id);
+  }
+  REQUIRE(bytes.size() == 3);
+  std::set<std::string> names;
+  for (int32_t id : bytes) {
+    const std::string name = codec().token_name(id);
+    char expect[16];
+    std::snprintf(expect, sizeof expect, "bytes:\\x%02x", (unsigned char)codec().token_text(id)[0]);
+    CHECK(name == expect);
+    names.insert(name);
+  }
+  CHECK(names.size() == 3);
+  const auto hello = tok().encode(" hello", false);
+  REQUIRE(hello.size() == 1);
+  CHECK(codec().token_name(hello[0]) == " hello");
 }
 
 TEST_CASE("prompt codec: a conversation started with other tools or reasoning is not continued") {
