@@ -135,6 +135,12 @@ void http_session::handle_request() {
     log_request(401, "invalid_api_key");
     return respond(error_response(unauthorized()));
   }
+  if (!state_->loaded.load(std::memory_order_acquire)) {  // the model is still loading
+    if (path_ == "/health") return respond({503, "application/json", R"({"status":"loading"})"});
+    if (is_api) state_->metrics.num_requests_failed.fetch_add(1);
+    log_request(503, "not_ready");
+    return respond(error_response(not_ready("the model is still loading; retry shortly")));
+  }
   if (beast::websocket::is_upgrade(req)) {
     if (path_ != "/v1/responses")
       return respond(error_response(not_found("no WebSocket endpoint at " + path_, {}, "unknown_url")), true);
@@ -232,6 +238,7 @@ void http_session::send_frame(std::string_view event, std::string json, clock::t
 
 void http_session::generation_done() {
   if (closed_) return;
+  auto keep = std::move(hold_);  // pending writes keep the session from here on
   auto& r = gen_->result();
   state_->metrics.request_duration.observe(std::chrono::duration<double>(clock::now() - request_start_).count());
   const bool failed = r.finished == finish_reason::error && !named_events_ && !streaming_;
@@ -312,7 +319,14 @@ void http_session::watch_disconnect() {
       self->buffer_.commit(n);  // a pipelined request: kept for the next read
       if (self->read_after_watch_ || !self->gen_ || self->gen_->finished()) {
         if (!self->writing_ && self->queue_.empty()) { self->gen_.reset(); self->do_read(); }
+        return;
       }
+      // Still generating: keep watching for the client leaving (the pending read also keeps
+      // this session alive), up to a bound on what is buffered; past it, hold the session
+      // until the generation ends, and TCP holds the client back.
+      constexpr size_t max_pipelined = size_t(1) << 20;
+      if (self->buffer_.size() < max_pipelined) self->watch_disconnect();
+      else self->hold_ = self;
       return;
     }
     if (ec == asio::error::operation_aborted && self->read_after_watch_) {
@@ -361,6 +375,7 @@ void http_session::close() {
   if (closed_) return;
   closed_ = true;
   if (gen_) { gen_->detach(); gen_.reset(); }
+  if (hold_) asio::post(socket_.get_executor(), [held = std::move(hold_)] {});  // released after the caller returns
   beast::error_code ec;
   timer_.cancel();
   socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);

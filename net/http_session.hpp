@@ -76,6 +76,9 @@ class http_session : public std::enable_shared_from_this<http_session>, public f
   bool streaming_ = false;     ///< SSE: frames go out as chunks
   bool named_events_ = false;  ///< SSE "event:" lines (Responses)
   std::shared_ptr<generation> gen_;
+  /// This session, while a generation runs with no read pending to keep it alive (the client
+  /// pipelined more than the watch buffers); released when the generation ends or on close.
+  std::shared_ptr<http_session> hold_;
   std::string body_;           ///< non-streaming: the whole answer
   std::string method_, path_, request_id_;
   clock::time_point request_start_;

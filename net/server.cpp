@@ -1,14 +1,17 @@
 // run_server: start-up, the thread pool, and the drain sequence.
 #include "net/server.hpp"
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "net/listener.hpp"
+#include "net/tokenizer.hpp"
 
 namespace cedar::net {
 
@@ -46,8 +49,9 @@ int run_server(const serve_options& options, const engine_factory& make_engine) 
     std::fprintf(stderr, "cedar serve: cannot load the tokenizer: %s\n", error.c_str());
     return 1;
   }
-  // The address is bound before the engine loads: a bad --host or a port in use is reported at
-  // once, not after the weights; connections wait in the backlog until the engine is up.
+  // The address is bound and served before the engine loads: a bad --host or a port in use is
+  // reported at once, not after the weights, and while they load /health says "loading" and
+  // every other request gets a 503 (server_state::loaded).
   asio::io_context ioc(options.num_threads);
   auto lst = std::make_shared<listener>(ioc, state);
   boost::system::error_code ec;
@@ -61,17 +65,32 @@ int run_server(const serve_options& options, const engine_factory& make_engine) 
                  err.c_str());
     return 1;
   }
+  lst->run();
+  std::string url = "http://" + options.host + ":" + std::to_string(lst->port());
+  std::fprintf(stderr, "cedar serve: tokenizer %s\n",
+               (options.tokenizer_path.empty() ? tokenizer::default_path() : options.tokenizer_path).c_str());
+  std::fprintf(stderr, "cedar serve: bound to %s; loading the model (/health answers 503 until it is up)\n",
+               url.c_str());
+  std::fflush(stderr);
+  auto work = asio::make_work_guard(ioc);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < options.num_threads; ++i) threads.emplace_back([&ioc] { ioc.run(); });
+  const auto stop_io = [&] {
+    work.reset();
+    ioc.stop();
+    for (auto& t : threads) t.join();
+  };
   try {
     state->engine = make_engine(*state->codec);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cedar serve: cannot start the engine: %s\n", e.what());
+    stop_io();
     return 1;
   }
   auto summary = state->engine->summary();
   state->model_name = options.served_model_name.empty() ? summary.model_name : options.served_model_name;
   state->responses = std::make_unique<response_store>(size_t(options.max_stored_responses), state->engine.get());
-  lst->run();
-  std::string url = "http://" + options.host + ":" + std::to_string(lst->port());
+  state->loaded.store(true, std::memory_order_release);
   std::fprintf(stderr,
                "cedar serve: model %s (served as \"%s\")\n"
                "cedar serve: layout %s\n"
@@ -96,9 +115,7 @@ int run_server(const serve_options& options, const engine_factory& make_engine) 
                std::chrono::steady_clock::now() + std::chrono::seconds(options.drain_timeout_s));
   });
 
-  std::vector<std::thread> threads;
-  for (int i = 1; i < options.num_threads; ++i) threads.emplace_back([&ioc] { ioc.run(); });
-  ioc.run();
+  work.reset();  // the listener and the signals keep the threads running until the drain stops them
   for (auto& t : threads) t.join();
   state->engine->shutdown();
   state->log({{"event", "exit"}});

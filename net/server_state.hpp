@@ -85,6 +85,9 @@ struct server_state {
   server_metrics metrics;
   std::unique_ptr<response_store> responses;
   std::atomic<bool> draining{false};
+  /// Set (release) once engine, model_name and responses are in place: connections are accepted
+  /// while the model loads, and until then every request is answered 503 without reading them.
+  std::atomic<bool> loaded{false};
   std::atomic<uint64_t> next_id{1};
   std::chrono::system_clock::time_point started = std::chrono::system_clock::now();
 

@@ -257,6 +257,47 @@ await row("a client that never reads its stream is dropped and its request cance
   s.destroy();
 });
 
+await row("a request pipelined behind a running one is answered after it; a client that leaves mid-answer is cancelled", async () => {
+  const { host, port } = hostPort(BUSY);
+  const post = (max) => {
+    const body = JSON.stringify({ prompt: "hi", max_tokens: max });  // max ms at the server's 1 ms a step
+    return `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+           `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+  };
+  const startRunning = async (s, request) => {
+    s.write(request);
+    let running = 0;
+    for (let i = 0; i < 50 && running === 0; i++) { await sleep(20); running = await metric(BUSY, "cedar_requests_running"); }
+    assert.ok(running >= 1, "the request never started");
+  };
+  // 1. a request sent while another runs on the connection: both answers arrive, in order
+  const a = net.connect(port, host);
+  let got = "";
+  a.on("data", (d) => { got += d; });
+  await startRunning(a, post(300));
+  a.write("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  for (let i = 0; i < 200 && !got.includes('{"status":"ok"}'); i++) await sleep(25);
+  a.destroy();
+  const answers = got.split("HTTP/1.1 ").slice(1);
+  assert.equal(answers.length, 2, got.slice(0, 300));
+  assert.ok(answers[0].startsWith("200") && answers[0].includes('"text_completion"'), answers[0].slice(0, 200));
+  assert.ok(answers[1].startsWith("200") && answers[1].includes('{"status":"ok"}'), answers[1]);
+  // 2. a client that pipelines a request, then goes away before the first answer
+  const b = net.connect(port, host);
+  b.on("data", () => {});
+  b.on("error", () => {});
+  await startRunning(b, post(20000));  // 20 s
+  b.write("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  await sleep(200);
+  b.destroy();
+  let gone = false;
+  for (let i = 0; i < 120 && !gone; i++) {
+    gone = (await metric(BUSY, "cedar_requests_running")) === 0;
+    if (!gone) await sleep(25);
+  }
+  assert.ok(gone, "the generation kept running after its client went away");
+});
+
 healthy.stop = true;
 await healthyLoop;
 assert.deepEqual(healthy.failed, [], "the healthy client saw failures");

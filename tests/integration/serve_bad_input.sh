@@ -4,7 +4,8 @@
 # Rows: malformed JSON, wrong field types, unknown fields (ignored), empty messages, invalid
 # UTF-8, prompt token ids outside the vocabulary or naming the image token, a 100 MB body, oversized headers, unknown model / response id, a wrong key, overload
 # (429), 10,000 concurrent idle connections, a WebSocket frame announcing 1 GB, a client
-# that never reads its stream, and an engine that fails mid-answer (--null-fail-after).
+# that never reads its stream, a request pipelined behind a running one (answered after it; a
+# client that then leaves is cancelled), and an engine that fails mid-answer (--null-fail-after).
 # usage: tests/integration/serve_bad_input.sh path/to/cedar
 set -euo pipefail
 cedar="$(realpath "${1:?usage: serve_bad_input.sh path/to/cedar}")"

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# While the model loads, the server already answers: /health 503 "loading", an API request a
+# 503 error object, then 200 once it is up.
 # SIGTERM drains: the server stops accepting at once, answers /health with 503 on connections
 # already open, lets a running stream finish, and exits 0;
 # with a short --drain-timeout-s a stream that would run on is cancelled (finish_reason
@@ -10,6 +12,31 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CEDAR_ROOT="${CEDAR_ROOT:-$(cd "$here/../.." && pwd)}"
 source "$here/serve_lib.bash"
 fail() { echo "FAIL: $*"; exit 1; }
+
+# 0. A model that takes 3 s to load: the address answers from the start.
+"$cedar" serve --host 127.0.0.1 --port 0 --model null --null-load-ms 3000 >"$tmp/load.log" 2>&1 &
+pid_load=$!
+server_pids+=("$pid_load")
+url_load=""
+for _ in $(seq 1 100); do
+  url_load="$(grep -o 'bound to http://[0-9.:]*' "$tmp/load.log" | sed 's/bound to //')" || true
+  [[ -n "$url_load" ]] && break
+  sleep 0.05
+done
+[[ -n "$url_load" ]] || fail "no 'bound to' line: $(cat "$tmp/load.log")"
+health="$(curl -s -m 2 -w ' %{http_code}' "$url_load/health")"
+[[ "$health" == '{"status":"loading"} 503' ]] || fail "/health while loading: $health"
+api="$(curl -s -m 2 -w ' %{http_code}' "$url_load/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}]}')"
+[[ "$api" == *'"code":"not_ready"'*' 503' ]] || fail "a request while loading: $api"
+grep -q 'listening on' "$tmp/load.log" && fail "the load took no time"
+up=0
+for _ in $(seq 1 100); do
+  [[ "$(curl -s -m 2 -o /dev/null -w '%{http_code}' "$url_load/health")" == 200 ]] && { up=1; break; }
+  sleep 0.1
+done
+((up)) || fail "not serving 10 s after a 3 s load"
+kill -TERM "$pid_load"; wait "$pid_load" || true
+echo "  ok  while the model loads: /health 503 \"loading\", requests 503 not_ready; then 200"
 
 # 1. A stream of 150 tokens at 5 ms each (~0.75 s) finishes although SIGTERM comes mid-way.
 start_server a --model null --null-step-us 5000 --drain-timeout-s 20

@@ -1,12 +1,14 @@
 // `cedar serve`: the OpenAI-compatible HTTP + WebSocket server. Parses flags (server flags here,
 // engine flags via config/engine_options.hpp) and hands over to net::run_server.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <filesystem>
@@ -35,6 +37,7 @@ struct model_choice {
   int null_step_us = 1000;
   std::string null_output;  ///< null model: this text (then EOS) instead of a repeated token
   int null_fail_after = 0;  ///< null model: end each request with an engine error after N tokens
+  int null_load_ms = 0;     ///< null model: how long its "load" takes (the start-up window in tests)
   cedar::cli::device_kind device = cedar::cli::device_kind::cpu;
   cedar::gpu_kernels kernels = cedar::gpu_kernels::fast;
   bool dense_bf16 = false;           ///< --gpu-dense-bf16
@@ -75,6 +78,7 @@ cedar::outcome<std::unique_ptr<cedar::engine>> start_gpu_layout(const model_choi
 std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& given, const cedar::net::prompt_codec& codec) {
   model_choice c = given;
   if (c.model == "null") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(c.null_load_ms));
     std::vector<int32_t> script;
     if (!c.null_output.empty()) {
       auto ids = codec.encode_text(c.null_output).ids;
@@ -176,6 +180,8 @@ void print_help(FILE* out) {
       "  --null-step-us N               null model: microseconds between steps (default 1000; 0 = no wait)\n"
       "  --null-output TEXT             null model: answer with the tokens of TEXT, then EOS (default: the\n"
       "                                 token \" hi\" until max_tokens); drives the output parser in tests\n"
+      "  --null-load-ms N               null model: take N ms to load (default 0); drives the start-up\n"
+      "                                 window in tests\n"
       "  --null-fail-after N            null model: fail each request with an engine error after N\n"
       "                                 tokens (default 0 = never); drives the error paths in tests\n"
       "server:\n"
@@ -279,6 +285,7 @@ int serve_main(int argc, char** argv) {
     else if (flag == "--null-step-us") number(engine.null_step_us);
     else if (flag == "--null-output") { if (next()) engine.null_output = value; }
     else if (flag == "--null-fail-after") number(engine.null_fail_after);
+    else if (flag == "--null-load-ms") number(engine.null_load_ms);
     else if (flag == "--host") { if (next()) o.host = value; }
     else if (flag == "--port") number(o.port);
     else if (flag == "--threads") number(o.num_threads);
