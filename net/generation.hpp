@@ -92,6 +92,9 @@ class generation : public std::enable_shared_from_this<generation> {
   bool finished() const { return done_; }
   const turn_result& result() const { return result_; }
   std::chrono::steady_clock::time_point started_at() const { return started_at_; }
+  /// When the request arrived (default: when this was made, after the prompt was rendered):
+  /// TTFT counts from it. Set before the first token can arrive (on the strand, after start).
+  void set_received_at(std::chrono::steady_clock::time_point t) { started_at_ = t; }
   double ttft_seconds() const { return ttft_s_; }
 
  private:

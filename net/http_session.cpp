@@ -84,25 +84,28 @@ void http_session::on_read(beast::error_code ec, size_t) {
   if (closed_) return;
   request_start_ = clock::now();
   if (ec == http::error::end_of_stream || ec == asio::error::connection_reset) return close();
+  // A request refused before handle_request: its method and path when the header was read.
+  is_api_ = false;
+  method_ = path_ = "?";
+  if (parser_->is_header_done()) {
+    method_ = std::string(parser_->get().method_string());
+    const auto target = parser_->get().target();
+    path_ = std::string(target.substr(0, target.find('?')));
+  }
   if (ec == http::error::body_limit) {
-    method_ = "?"; path_ = "?"; request_id_ = state_->new_id("req-");
-    api_error e{413, "invalid_request_error", "request body exceeds the limit of " +
-                std::to_string(state_->options.max_body_bytes) + " bytes", {}, "body_too_large"};
-    log_request(413, e.code);
-    return respond(error_response(e), true);
+    request_id_ = state_->new_id("req-");
+    return respond_error({413, "invalid_request_error", "request body exceeds the limit of " +
+                          std::to_string(state_->options.max_body_bytes) + " bytes", {}, "body_too_large"}, true);
   }
   if (ec == http::error::header_limit) {
     request_id_ = state_->new_id("req-");
-    api_error e{431, "invalid_request_error", "request headers are too large", {}, "headers_too_large"};
-    log_request(431, e.code);
-    return respond(error_response(e), true);
+    return respond_error({431, "invalid_request_error", "request headers are too large", {}, "headers_too_large"}, true);
   }
   if (ec == asio::error::operation_aborted) return close();
   if (ec) {
     if (buffer_.size() == 0 && !parser_->got_some()) return close();
     request_id_ = state_->new_id("req-");
-    return respond(error_response(bad_request(std::string("malformed HTTP request: ") + ec.message(),
-                                              {}, "bad_http")), true);
+    return respond_error(bad_request(std::string("malformed HTTP request: ") + ec.message(), {}, "bad_http"), true);
   }
   handle_request();
 }
@@ -127,29 +130,24 @@ void http_session::handle_request() {
   path_ = target.substr(0, target.find('?'));
   request_id_ = state_->new_id("req-");
   keep_alive_ = req.keep_alive();
-  bool is_api = path_.rfind("/v1/", 0) == 0;
+  // Every /v1/ request counts in the total, and each one answered >= 400 as failed (respond);
+  // a WebSocket counts its turns instead.
+  is_api_ = path_.rfind("/v1/", 0) == 0 && !beast::websocket::is_upgrade(req);
+  if (is_api_) state_->metrics.num_requests_total.fetch_add(1);
   if (path_.rfind("/admin/", 0) == 0 && state_->options.admin_key.empty())
-    return respond(error_response(not_found("Unknown path " + path_, {}, "unknown_url")));
-  if (!authorised(target)) {
-    state_->metrics.num_requests_failed.fetch_add(1);
-    log_request(401, "invalid_api_key");
-    return respond(error_response(unauthorized()));
-  }
+    return respond_error(not_found("Unknown path " + path_, {}, "unknown_url"));
+  if (!authorised(target)) return respond_error(unauthorized());
   if (!state_->loaded.load(std::memory_order_acquire)) {  // the model is still loading
-    if (path_ == "/health") return respond({503, "application/json", R"({"status":"loading"})"});
-    if (is_api) state_->metrics.num_requests_failed.fetch_add(1);
-    log_request(503, "not_ready");
-    return respond(error_response(not_ready("the model is still loading; retry shortly")));
+    if (path_ == "/health") return respond({503, "application/json", R"({"status":"loading"})"}, false, "loading");
+    return respond_error(not_ready("the model is still loading; retry shortly"));
   }
   if (beast::websocket::is_upgrade(req)) {
-    if (path_ != "/v1/responses")
-      return respond(error_response(not_found("no WebSocket endpoint at " + path_, {}, "unknown_url")), true);
+    if (path_ != "/v1/responses") return respond_error(not_found("no WebSocket endpoint at " + path_, {}, "unknown_url"), true);
     closed_ = true;  // the socket now belongs to the WebSocket session
     log_request(101, {});
     std::make_shared<websocket_session>(std::move(socket_), state_)->run(parser_->release());
     return;
   }
-  if (is_api) state_->metrics.num_requests_total.fetch_add(1);
   if (req.method() == http::verb::post && path_ == "/admin/layout") return switch_layout(req.body());
   if (auto r = path_.rfind("/admin/", 0) == 0 ? handle_admin_layout(*state_, method_, path_, req.body()) : std::nullopt)
     return respond(*r);
@@ -160,24 +158,19 @@ void http_session::handle_request() {
   if (req.method() == http::verb::delete_ && path_.rfind("/v1/responses/", 0) == 0) {
     std::string id = path_.substr(14);
     if (!state_->responses->erase(id))
-      return respond(error_response(not_found("No response with id '" + id + "'", "response_id",
-                                              "response_not_found")));
+      return respond_error(not_found("No response with id '" + id + "'", "response_id", "response_not_found"));
     return respond({200, "application/json", "{\"id\":\"" + id + "\",\"object\":\"response\",\"deleted\":true}"});
   }
   if (req.method() == http::verb::get || req.method() == http::verb::head) {
-    if (auto r = handle_get(*state_, target)) {
-      log_request(r->status, {});
-      return respond(*r);
-    }
+    if (auto r = handle_get(*state_, target)) return respond(*r);
   }
   bool known = path_ == "/v1/chat/completions" || path_ == "/v1/completions" ||
                path_ == "/v1/responses" || path_ == "/v1/models" || path_ == "/health" ||
                path_ == "/metrics" || path_ == "/";
   if (known)
-    return respond({405, "application/json",
-                    api_error{405, "invalid_request_error", "method " + method_ + " not allowed on " + path_,
-                              {}, "method_not_allowed"}.to_json()});
-  respond(error_response(not_found("Unknown path " + path_, {}, "unknown_url")));
+    return respond_error({405, "invalid_request_error", "method " + method_ + " not allowed on " + path_, {},
+                          "method_not_allowed"});
+  respond_error(not_found("Unknown path " + path_, {}, "unknown_url"));
 }
 
 void http_session::start_generation(std::string_view path, const std::string& body) {
@@ -193,12 +186,9 @@ void http_session::start_generation(std::string_view path, const std::string& bo
     if (auto err = parse_responses_request(body, req)) s.error = std::move(err);
     else s = start_responses(state_, strand, std::move(req), nullptr, this);
   }
-  if (s.error) {
-    state_->metrics.num_requests_failed.fetch_add(1);
-    log_request(s.error->status, s.error->code);
-    return respond(error_response(*s.error));
-  }
+  if (s.error) return respond_error(*s.error);
   gen_ = std::move(s.gen);
+  gen_->set_received_at(request_start_);  // TTFT includes parsing, rendering and tokenizing
   streaming_ = s.stream;
   body_.clear();
   if (streaming_) enqueue(head(200, "text/event-stream", std::nullopt, keep_alive_, request_id_));
@@ -208,7 +198,7 @@ void http_session::start_generation(std::string_view path, const std::string& bo
 
 void http_session::switch_layout(const std::string& body) {
   std::string layout;
-  if (auto err = parse_layout_request(body, layout)) return respond(error_response(*err));
+  if (auto err = parse_layout_request(body, layout)) return respond_error(*err);
   state_->log({{"event", "layout_switch_start"}, {"req_id", request_id_}, {"layout", layout}});
   // Nothing else is pending on this connection meanwhile: the callback keeps it alive.
   auto strand = socket_.get_executor();
@@ -218,7 +208,7 @@ void http_session::switch_layout(const std::string& body) {
       self->state_->log({{"event", "layout_switch_done"}, {"req_id", self->request_id_},
                          {"error", error}, {"result", summary}});
       if (!error.empty())
-        return self->respond(error_response(bad_request(error, "layout", "layout_switch_failed")));
+        return self->respond_error(bad_request(error, "layout", "layout_switch_failed"));
       self->respond({200, "application/json", summary});
     });
   });
@@ -254,7 +244,13 @@ void http_session::generation_done() {
   if (!keep_alive_) close_after_write_ = true;
 }
 
-void http_session::respond(const simple_response& r, bool close_after) {
+void http_session::respond_error(const api_error& e, bool close_after) {
+  respond(error_response(e), close_after, e.code);
+}
+
+void http_session::respond(const simple_response& r, bool close_after, const std::string& detail) {
+  if (is_api_ && r.status >= 400) state_->metrics.num_requests_failed.fetch_add(1);
+  log_request(r.status, detail);
   if (close_after) keep_alive_ = false;
   bool head_only = parser_ && parser_->get().method() == http::verb::head;
   enqueue(head(r.status, r.content_type, r.body.size(), keep_alive_, request_id_) +

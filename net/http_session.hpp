@@ -42,7 +42,10 @@ class http_session : public std::enable_shared_from_this<http_session>, public f
   bool authorised(std::string_view target);
   void start_generation(std::string_view path, const std::string& body);
   void switch_layout(const std::string& body);
-  void respond(const simple_response& r, bool close_after = false);
+  /// Answers, logs the request and counts a /v1/ one answered >= 400 as failed; `detail` is
+  /// the log's error field.
+  void respond(const simple_response& r, bool close_after = false, const std::string& detail = {});
+  void respond_error(const api_error& e, bool close_after = false);
   void enqueue(std::string bytes, clock::time_point emitted_at = {});
   void do_write();
   void on_write(boost::beast::error_code ec, size_t bytes, size_t num_buffers);
@@ -75,6 +78,7 @@ class http_session : public std::enable_shared_from_this<http_session>, public f
   bool read_after_watch_ = false;
   bool streaming_ = false;     ///< SSE: frames go out as chunks
   bool named_events_ = false;  ///< SSE "event:" lines (Responses)
+  bool is_api_ = false;        ///< the request's path is under /v1/
   std::shared_ptr<generation> gen_;
   /// This session, while a generation runs with no read pending to keep it alive (the client
   /// pipelined more than the watch buffers); released when the generation ends or on close.

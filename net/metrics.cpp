@@ -1,6 +1,7 @@
 // Histogram arithmetic and the Prometheus rendering of server and engine metrics.
 #include "net/metrics.hpp"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 
@@ -38,15 +39,17 @@ void latency_histogram::render(std::string& out, const std::string& name,
   int64_t cumulative = 0;
   for (int i = 0; i < num_buckets; ++i) {
     cumulative += buckets_[i].load(std::memory_order_relaxed);
-    std::snprintf(line, sizeof line, "%s_bucket{le=\"%g\"} %lld\n", name.c_str(), bound(i),
-                  (long long)cumulative);
+    // the bound's shortest exact text: %g rounded 20.97152 to 20.9715, a label below the bound
+    char le[32];
+    *std::to_chars(le, le + sizeof le - 1, bound(i)).ptr = 0;
+    std::snprintf(line, sizeof line, "%s_bucket{le=\"%s\"} %lld\n", name.c_str(), le, (long long)cumulative);
     out += line;
   }
   cumulative += buckets_[num_buckets].load(std::memory_order_relaxed);
+  // _count is the +Inf bucket's total, so a scrape during an update never shows them apart
   std::snprintf(line, sizeof line, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.9f\n%s_count %lld\n",
                 name.c_str(), (long long)cumulative, name.c_str(),
-                double(sum_ns_.load(std::memory_order_relaxed)) * 1e-9, name.c_str(),
-                (long long)count());
+                double(sum_ns_.load(std::memory_order_relaxed)) * 1e-9, name.c_str(), (long long)cumulative);
   out += line;
 }
 
@@ -126,7 +129,9 @@ std::string server_metrics::render(const engine_metrics& e, bool ready, bool dra
          get(num_ws_merged_events));
   metric(out, "cedar_active_generations", "gauge", "generations being streamed or collected",
          get(num_active_generations));
-  ttft.render(out, "cedar_time_to_first_token_seconds", "request received -> first token sent");
+  ttft.render(out, "cedar_time_to_first_token_seconds",
+              "request received -> first token handed to the connection (parsing, rendering and "
+              "tokenizing included)");
   inter_token.render(out, "cedar_inter_token_latency_seconds", "gap between tokens sent on a stream");
   server_added.render(out, "cedar_server_added_latency_seconds",
                       "engine emitted a token -> its bytes written to the socket");

@@ -1,6 +1,7 @@
 // server_state helpers: ids, the request log, and the Responses store.
 #include "net/server_state.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <random>
@@ -38,7 +39,12 @@ void server_state::log(std::initializer_list<std::pair<const char*, std::string>
       line += ' ';
       line += k;
       line += '=';
-      bool quote = v.empty() || v.find_first_of(" \"=") != std::string::npos;
+      // Quoted (JSON string escapes) unless plain printable ASCII: a newline or a control byte
+      // in a path, a layout name or an engine error must not start a forged line.
+      bool quote = v.empty() || std::any_of(v.begin(), v.end(), [](char c) {
+                     const auto u = static_cast<unsigned char>(c);
+                     return u <= ' ' || u >= 0x7F || c == '"' || c == '=' || c == '\\';
+                   });
       if (quote) append_json_string(line, v); else line += v;
     }
   }

@@ -69,8 +69,12 @@ void websocket_session::on_read(beast::error_code ec, size_t) {
 }
 
 void websocket_session::handle_event(std::string_view text) {
+  const clock::time_point received = clock::now();
   ws_client_event event;
-  if (auto err = parse_ws_event(text, event)) return send_error(*err);
+  if (auto err = parse_ws_event(text, event)) {
+    log_turn_error(*err);
+    return send_error(*err);
+  }
   if (event.type == ws_client_event::kind::cancel) {
     if (gen_ && !gen_->finished()) {
       auto keep = gen_;  // cancel() ends in generation_done(); keep it alive until it returns
@@ -78,10 +82,13 @@ void websocket_session::handle_event(std::string_view text) {
     }
     return;
   }
-  if (gen_ && !gen_->finished())
-    return send_error(api_error{409, "invalid_request_error",
-                                "a response is already in progress on this socket; send "
-                                "response.cancel or wait for it to finish", {}, "response_in_progress"});
+  if (gen_ && !gen_->finished()) {
+    const api_error busy{409, "invalid_request_error",
+                         "a response is already in progress on this socket; send "
+                         "response.cancel or wait for it to finish", {}, "response_in_progress"};
+    log_turn_error(busy);
+    return send_error(busy);
+  }
   state_->metrics.num_requests_total.fetch_add(1);
   auto implicit = event.previous_response_id_set ? nullptr : last_;
   event.create.gen.stream = true;
@@ -92,10 +99,12 @@ void websocket_session::handle_event(std::string_view text) {
                            });
   if (s.error) {
     state_->metrics.num_requests_failed.fetch_add(1);
+    log_turn_error(*s.error);
     return send_error(*s.error);
   }
   if (s.session_id) engine_sessions_.insert(s.session_id);
   gen_ = std::move(s.gen);
+  gen_->set_received_at(received);
   gen_->open_stream();
 }
 
@@ -115,15 +124,24 @@ void websocket_session::send_frame(std::string_view, std::string json, clock::ti
 void websocket_session::generation_done() {
   ++num_turns_;
   auto& r = gen_->result();
-  char ttft[32];
+  const double seconds = std::chrono::duration<double>(clock::now() - gen_->started_at()).count();
+  state_->metrics.request_duration.observe(seconds);
+  char ttft[32], dur[32];
   std::snprintf(ttft, sizeof ttft, "%.3f", gen_->ttft_seconds() * 1e3);
+  std::snprintf(dur, sizeof dur, "%.3f", seconds * 1e3);
   if (state_->options.log_requests)
     state_->log({{"ws_id", session_id_}, {"method", "WS"}, {"path", "/v1/responses"},
                  {"turn", std::to_string(num_turns_)},
                  {"prompt_tokens", std::to_string(r.num_prompt_tokens)},
                  {"cached_tokens", std::to_string(r.num_cached_tokens)},
                  {"completion_tokens", std::to_string(r.num_completion_tokens)},
-                 {"finish", r.finish_reason_text()}, {"ttft_ms", ttft}});
+                 {"finish", r.finish_reason_text()}, {"ttft_ms", ttft}, {"duration_ms", dur}});
+}
+
+void websocket_session::log_turn_error(const api_error& e) {
+  if (state_->options.log_requests)
+    state_->log({{"ws_id", session_id_}, {"method", "WS"}, {"path", "/v1/responses"},
+                 {"status", std::to_string(e.status)}, {"error", e.code}});
 }
 
 void websocket_session::enqueue(std::string text, clock::time_point emitted_at) {

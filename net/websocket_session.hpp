@@ -43,6 +43,7 @@ class websocket_session : public std::enable_shared_from_this<websocket_session>
   void on_read(boost::beast::error_code ec, size_t bytes);
   void handle_event(std::string_view text);
   void send_error(const api_error& e);
+  void log_turn_error(const api_error& e);
   void enqueue(std::string text, clock::time_point emitted_at = {});
   void do_write();
   void on_write(boost::beast::error_code ec, size_t bytes);

@@ -138,6 +138,20 @@ await row("unknown model / unknown previous_response_id -> 404; bad key -> 401",
   expectError(await post("/v1/chat/completions", chat(), { Authorization: "Bearer nope" }), 401, "invalid_api_key");
 });
 
+await row("every refused /v1/ request counts once in the total and once as failed", async () => {
+  const total0 = await metric(BUSY, "cedar_http_requests_total");
+  const failed0 = await metric(BUSY, "cedar_http_requests_failed_total");
+  const json = { "Content-Type": "application/json" };
+  expectError(await post("/v1/chat/completions", chat({ model: "gpt-7" }), json, BUSY), 404, "model_not_found");
+  expectError(await post("/v1/nothing", "{}", json, BUSY), 404, "unknown_url");
+  expectError(await post("/v1/models", "{}", json, BUSY), 405, "method_not_allowed");
+  const del = await fetch(BUSY + "/v1/responses/resp_missing", { method: "DELETE" });
+  assert.equal(del.status, 404);
+  await del.text();
+  assert.equal(await metric(BUSY, "cedar_http_requests_total") - total0, 4);
+  assert.equal(await metric(BUSY, "cedar_http_requests_failed_total") - failed0, 4);
+});
+
 await row("more generations than --max-active -> 429 overloaded", async () => {
   const streams = [];
   for (let i = 0; i < 12; i++)

@@ -1,15 +1,22 @@
 // The server's edge, without sockets: JSON strings always come out valid and round-trip, request
-// bodies parse into the right native fields or into a 400 naming the bad field, and the latency
-// histogram's quantiles agree with sorting the samples.
+// bodies parse into the right native fields or into a 400 naming the bad field, the latency
+// histogram's quantiles agree with sorting the samples and its text keeps exact bounds, and a
+// log line stays one line whatever its values hold.
 #include <doctest/doctest.h>
 #include <simdjson.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <random>
+#include <sstream>
 
 #include "net/api_parse.hpp"
 #include "net/json_writer.hpp"
 #include "net/metrics.hpp"
+#include "net/server_state.hpp"
 
 using namespace cedar::net;
 
@@ -240,4 +247,56 @@ TEST_CASE("latency histogram quantiles match sorted samples within a bucket") {
     CHECK(approx >= exact / 2.0);  // buckets are a factor of 2 wide
     CHECK(approx <= exact * 2.0);
   }
+}
+
+TEST_CASE("latency histogram text: each le label is its bucket's exact bound; _count is the +Inf bucket") {
+  latency_histogram h;
+  std::vector<double> seen;
+  for (int i = 0; i < latency_histogram::num_buckets; ++i) {
+    const double b = latency_histogram::bound(i);
+    for (double x : {b, std::nextafter(b, 1e9)}) h.observe(x), seen.push_back(x);
+  }
+  std::string text;
+  h.render(text, "t", "help");
+  std::istringstream lines(text);
+  std::string line;
+  int buckets = 0;
+  int64_t inf = -1, count = -2;
+  while (std::getline(lines, line)) {
+    if (line.rfind("t_bucket{le=\"+Inf\"} ", 0) == 0) inf = std::stoll(line.substr(line.find("} ") + 2));
+    else if (line.rfind("t_bucket{le=\"", 0) == 0) {
+      const std::size_t q = line.find('"', 13);
+      const double le = std::strtod(line.substr(13, q - 13).c_str(), nullptr);
+      const int64_t n = std::stoll(line.substr(line.find("} ") + 2));
+      CHECK(le == latency_histogram::bound(buckets));
+      // Prometheus' rule: a bucket counts every observation <= its label
+      CHECK(n == std::count_if(seen.begin(), seen.end(), [&](double x) { return x <= le; }));
+      ++buckets;
+    } else if (line.rfind("t_count ", 0) == 0) count = std::stoll(line.substr(8));
+  }
+  CHECK(buckets == latency_histogram::num_buckets);
+  CHECK(inf == int64_t(seen.size()));
+  CHECK(count == inf);
+}
+
+TEST_CASE("key=value log lines: a newline or a control byte in a value cannot start another line") {
+  server_state state;
+  state.options.log_json = false;
+  std::FILE* capture = std::tmpfile();
+  REQUIRE(capture);
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(::fileno(capture), 2);
+  state.log({{"path", "/v1/x\nforged"}, {"bytes", std::string("a\x01\xff", 3)}, {"plain", "ok"}});
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::rewind(capture);
+  std::string out(4096, '\0');
+  out.resize(std::fread(out.data(), 1, out.size(), capture));
+  std::fclose(capture);
+  CHECK(std::count(out.begin(), out.end(), '\n') == 1);
+  CHECK(out.find("path=\"/v1/x\\nforged\"") != std::string::npos);
+  CHECK(out.find(" plain=ok") != std::string::npos);
+  CHECK(std::none_of(out.begin(), out.end(), [](char c) { return c == '\x01'; }));
 }
