@@ -2,7 +2,8 @@
 # The bad-input table: each row sends one kind of bad input and expects its documented answer,
 # while a healthy client streams from the same servers the whole time and must see no failure.
 # Rows: malformed JSON, wrong field types, unknown fields (ignored), empty messages, invalid
-# UTF-8, prompt token ids outside the vocabulary or naming the image token, a 100 MB body, oversized headers, unknown model / response id, a wrong key, overload
+# UTF-8, prompt token ids outside the vocabulary or naming the image token, a 100 MB body, oversized headers, unknown model / response id, a wrong key,
+# refused /v1/ requests counted once in the total and once as failed, overload
 # (429), 10,000 concurrent idle connections, a WebSocket frame announcing 1 GB, a client
 # that never reads its stream, a request pipelined behind a running one (answered after it; a
 # client that then leaves is cancelled), and an engine that fails mid-answer (--null-fail-after).
