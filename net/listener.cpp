@@ -49,6 +49,7 @@ void listener::on_accept(boost::beast::error_code ec, asio::ip::tcp::socket sock
     if (state_->metrics.num_open_connections.load() >= state_->options.max_connections) {
       boost::beast::error_code ignored;
       socket.close(ignored);  // over the limit: refuse rather than queue
+      state_->metrics.num_connections_refused.fetch_add(1);
     } else {
       socket.set_option(asio::ip::tcp::no_delay(true), ec);
       std::make_shared<http_session>(std::move(socket), state_)->run();

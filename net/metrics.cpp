@@ -123,6 +123,8 @@ std::string server_metrics::render(const engine_metrics& e, bool ready, bool dra
   metric(out, "cedar_generation_tokens_total", "counter", "tokens generated and delivered",
          get(num_generated_tokens));
   metric(out, "cedar_open_connections", "gauge", "open TCP connections", get(num_open_connections));
+  metric(out, "cedar_connections_refused_total", "counter", "connections closed at accept: --max-connections reached",
+         get(num_connections_refused));
   metric(out, "cedar_open_websockets", "gauge", "open WebSocket sessions", get(num_open_websockets));
   metric(out, "cedar_websocket_merged_events_total", "counter",
          "delta events merged into the queued delta before them (a socket behind)",

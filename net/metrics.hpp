@@ -39,6 +39,7 @@ struct server_metrics {
   std::atomic<int64_t> num_cached_prompt_tokens{0};
   std::atomic<int64_t> num_generated_tokens{0};
   std::atomic<int64_t> num_open_connections{0};
+  std::atomic<int64_t> num_connections_refused{0};  ///< closed at accept: --max-connections reached
   std::atomic<int64_t> num_open_websockets{0};
   std::atomic<int64_t> num_ws_merged_events{0};  ///< delta events merged into a queued one
   std::atomic<int64_t> num_active_generations{0};

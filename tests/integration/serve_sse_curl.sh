@@ -119,4 +119,6 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 ((served)) || fail "not serving 5 s after the idle connections closed"
-echo "  ok  --max-connections refuses connections beyond the limit and recovers"
+refused_total="$(curl -s "$url_full/metrics" | awk '/^cedar_connections_refused_total /{print $2}')"
+((refused_total >= 1)) || fail "refused connections not counted: '$refused_total'"
+echo "  ok  --max-connections refuses connections beyond the limit (counted: $refused_total) and recovers"
