@@ -1,5 +1,6 @@
 // `cedar gpu-bench` output (see gpu_bench.hpp): a table on stdout and every figure as JSON.
 #include <cstdio>
+#include <cstring>
 
 #include "net/json_writer.hpp"
 #include "tools/cli/gpu_bench.hpp"
@@ -98,9 +99,14 @@ void print_table(const report& r) {
     for (const decode_result& d : r.decode)
       std::printf("%22s %7lld %6d %10.2f %9.1f %10.1f %9.3f %7.1f%% %8.1f\n", "", (long long)d.context, d.batch,
                   d.step_ms, d.tok_s, d.floor_bytes / 1e6, d.floor_ms, 100 * d.floor_fraction, d.experts_touched);
-    std::printf("%22s a step is the serving shard's (greedy, sampled where the model samples); experts:\n"
+    char how[96] = "greedy";
+    if (o.temperature > 0) std::snprintf(how, sizeof how, "sampled at temperature %g", double(o.temperature));
+    if (o.logprobs > 0)
+      std::snprintf(how + std::strlen(how), sizeof how - std::strlen(how), ", one request with %d top logprobs",
+                    o.logprobs);
+    std::printf("%22s a step is the serving shard's (%s, where the model samples); experts:\n"
                 "%22s expected distinct routed experts per layer, E(1-(1-k/E)^batch)\n",
-                "", "");
+                "", how, "");
   }
   const auto prefill_row = [](const char* what, const prefill_result& p) {
     std::printf("%-22s %7lld %6s %10.3f %9.1f %10lld %9.2f %7.2f%%\n", what, (long long)p.tokens,
