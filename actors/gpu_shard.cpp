@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "actors/errors.hpp"
+#include "actors/sampler.hpp"
 #include "kernels/collectives/nccl.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 
@@ -107,18 +110,32 @@ std::vector<sampled_token> gpu_step_model::forward_sample(std::span<forward_item
     m_->forward(batch, none, nullptr, view());
     return std::vector<sampled_token>(rows);
   }
-  // top alternatives and structured output's masks: the host sampler, on the logits copied back
-  const bool on_host = std::any_of(params.begin(), params.end(),
-                                   [](const sampling_params& p) { return p.logprobs > 0 || !p.allowed.empty(); });
-  if (on_host) return step_model::forward_sample(batch, params, token_idx);
-  std::vector<cuda::sample_request> requests;
+  // Top alternatives and structured output's masks need the host sampler: only those rows'
+  // logits come back (CEDAR_GPU_HOST_SAMPLING=batch: every row's, the former form, kept to
+  // measure against); the other rows draw on the device.
+  static const bool whole_batch = [] {
+    const char* v = std::getenv("CEDAR_GPU_HOST_SAMPLING");
+    return v && std::string_view(v) == "batch";
+  }();
+  std::vector<int> host_rows;
   for (std::size_t i = 0; i < params.size(); ++i)
+    if (params[i].logprobs > 0 || !params[i].allowed.empty()) host_rows.push_back(int(i));
+  if (whole_batch && !host_rows.empty()) return step_model::forward_sample(batch, params, token_idx);
+  std::vector<cuda::sample_request> requests;
+  for (std::size_t i = 0; i < params.size(); ++i) {
     requests.push_back({params[i].temperature, params[i].top_k, params[i].top_p, params[i].seed, token_idx[i]});
+    if (params[i].logprobs > 0 || !params[i].allowed.empty()) requests.back().temperature = 0;  // redrawn below
+  }
   std::vector<int32_t> ids;
-  std::vector<float> logprobs;
-  m_->forward_sample(batch, requests, ids, logprobs, nullptr, view());
+  std::vector<float> logprobs, host_logits;
+  m_->forward_sample(batch, requests, ids, logprobs, nullptr, view(), host_rows, &host_logits);
   std::vector<sampled_token> out(ids.size());
   for (std::size_t i = 0; i < ids.size(); ++i) out[i].token_id = ids[i], out[i].logprob = logprobs[i];
+  const std::size_t vocab = std::size_t(m_->args().vocab_size);
+  for (std::size_t h = 0; h < host_rows.size(); ++h) {
+    const auto row = std::size_t(host_rows[h]);
+    out[row] = sample(std::span<const float>(host_logits).subspan(h * vocab, vocab), params[row], token_idx[row]);
+  }
   return out;
 }
 

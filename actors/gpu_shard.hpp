@@ -65,9 +65,9 @@ class gpu_step_model final : public step_model {
   const model_args& args() const override { return m_->args(); }
   const kv_layout& layout() const override { return m_->layout(); }
   void forward(std::span<forward_item> batch, std::vector<float>& logits) override;
-  /// Draws on the device (gpu_model::forward_sample: only ids and logprobs come back) unless a
-  /// request asks for top logprobs or carries a structured-output mask, which need its logits
-  /// on the host.
+  /// Draws on the device (gpu_model::forward_sample: only ids and logprobs come back); a row
+  /// that asks for top logprobs or carries a mask (structured output, banned ids) has its
+  /// logits copied back and drawn by the host sampler, the others stay on the device.
   std::vector<sampled_token> forward_sample(std::span<forward_item> batch, std::span<const sampling_params> params,
                                             std::span<const int64_t> token_idx) override;
   std::unique_ptr<kv_arena> make_arena(const kv_capacity& cap) const override;

@@ -215,8 +215,9 @@ struct sample_request {
 /// logit (ties to the lowest id), top-k, softmax of logit / temperature in double, top-p cut,
 /// and the draw splitmix64(splitmix64(seed) ^ token_idx). tokens [m] and logprobs [m]
 /// (log-softmax of the raw logits at the token) are device arrays; requests is a host array.
+/// leave_greedy: rows at temperature 0 keep what tokens and logprobs hold (greedy_rows' answer).
 void sample_rows(const float* logits /*[m, vocab]*/, int m, int vocab, const sample_request* requests,
-                 int32_t* tokens /*[m]*/, float* logprobs /*[m]*/);
+                 int32_t* tokens /*[m]*/, float* logprobs /*[m]*/, bool leave_greedy = false);
 
 #endif  // CEDAR_HAVE_CUDA
 

@@ -354,7 +354,8 @@ void gpu_model::forward(std::span<forward_item> batch, std::vector<float>& logit
 
 void gpu_model::forward_sample(std::span<forward_item> batch, std::span<const cuda::sample_request> requests,
                                std::vector<int32_t>& tokens, std::vector<float>& logprobs, forward_stats* stats,
-                               const shard_view* view) const {
+                               const shard_view* view, std::span<const int> host_rows,
+                               std::vector<float>* host_logits) const {
   const impl& m = *impl_;
   const call_scope scope(m, view);
   std::size_t sampled = 0;
@@ -373,12 +374,19 @@ void gpu_model::forward_sample(std::span<forward_item> batch, std::span<const cu
     dvec<int32_t> d_tokens(rows);
     dvec<float> d_logprobs(rows);
     cuda::fast::greedy_rows(out.get(), rows, vocab, d_tokens.get(), d_logprobs.get());
-    for (int r = 0; r < rows; ++r)
-      if (requests[r].temperature > 0.f)
-        cuda::sample_rows(out.get() + std::size_t(r) * vocab, 1, vocab, &requests[r], d_tokens.get() + r,
-                          d_logprobs.get() + r);
+    // the sampled rows together (their serial sums side by side), the greedy ones as they are
+    if (std::any_of(requests.begin(), requests.end(), [](const cuda::sample_request& p) { return p.temperature > 0.f; }))
+      cuda::sample_rows(out.get(), rows, vocab, requests.data(), d_tokens.get(), d_logprobs.get(), true);
     cuda::copy_to_host(tokens.data() + old, d_tokens.get(), sizeof(int32_t) * rows);
     cuda::copy_to_host(logprobs.data() + old, d_logprobs.get(), sizeof(float) * rows);
+    if (host_logits && !host_rows.empty()) {
+      host_logits->resize(host_rows.size() * std::size_t(vocab));
+      for (std::size_t i = 0; i < host_rows.size(); ++i) {
+        CEDAR_OP_CHECK(host_rows[i] >= 0 && host_rows[i] < rows, "forward_sample: a host row past the sampled rows");
+        cuda::copy_to_host(host_logits->data() + i * vocab, out.get() + std::size_t(host_rows[i]) * vocab,
+                           sizeof(float) * std::size_t(vocab));
+      }
+    }
   }
   cuda::synchronize();
   for (forward_item& item : batch) item.kv->num_tokens += int64_t(item.tokens.size());

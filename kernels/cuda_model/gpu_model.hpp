@@ -97,9 +97,12 @@ class gpu_model {
   /// whose logits are `last` (`all` is refused): greedy rows (temperature 0) in one launch
   /// (cuda::fast::greedy_rows), the others by cuda::sample_rows (the host sampler's rules and
   /// draws). requests: one per such item, in item order; tokens and logprobs get one entry each.
+  /// host_rows (ascending indices into those items): their logits are also copied into
+  /// *host_logits, [host_rows.size(), vocab], for a sampler that needs them on the host.
   void forward_sample(std::span<forward_item> batch, std::span<const cuda::sample_request> requests,
                       std::vector<int32_t>& tokens, std::vector<float>& logprobs,
-                      forward_stats* stats = nullptr, const shard_view* view = nullptr) const;
+                      forward_stats* stats = nullptr, const shard_view* view = nullptr,
+                      std::span<const int> host_rows = {}, std::vector<float>* host_logits = nullptr) const;
 
   /// As forward, but every item's kv holds HOST pointers (a CPU-side kv_pool, as the shard's
   /// kv_arena hands out): each item's pages, ring and tails are copied to the device before the
