@@ -118,14 +118,15 @@ std::vector<sampled_token> gpu_step_model::forward_sample(std::span<forward_item
     return v && std::string_view(v) == "batch";
   }();
   std::vector<int> host_rows;
-  for (std::size_t i = 0; i < params.size(); ++i)
-    if (params[i].logprobs > 0 || !params[i].allowed.empty()) host_rows.push_back(int(i));
-  if (whole_batch && !host_rows.empty()) return step_model::forward_sample(batch, params, token_idx);
   std::vector<cuda::sample_request> requests;
   for (std::size_t i = 0; i < params.size(); ++i) {
     requests.push_back({params[i].temperature, params[i].top_k, params[i].top_p, params[i].seed, token_idx[i]});
-    if (params[i].logprobs > 0 || !params[i].allowed.empty()) requests.back().temperature = 0;  // redrawn below
+    if (params[i].logprobs > 0 || !params[i].allowed.empty()) {
+      host_rows.push_back(int(i));
+      requests.back().temperature = 0;  // greedy on the device, redrawn on the host below
+    }
   }
+  if (whole_batch && !host_rows.empty()) return step_model::forward_sample(batch, params, token_idx);
   std::vector<int32_t> ids;
   std::vector<float> logprobs, host_logits;
   m_->forward_sample(batch, requests, ids, logprobs, nullptr, view(), host_rows, &host_logits);

@@ -3,7 +3,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cstdio>
+
+#include "kernels/fnv1a.hpp"
 
 namespace cedar {
 
@@ -13,16 +14,16 @@ std::string layout_spec::name() const {
 
 namespace {
 
-/// FNV-1a over the Engram token map ("ids" when token ids hash as they are).
+/// FNV-1a over the Engram token map's little-endian bytes ("ids" when token ids hash as they are).
 std::string engram_map_digest(const model_args& a) {
   if (!a.engram_token_map) return "ids";
-  uint64_t h = 0xcbf29ce484222325ull;
+  fnv1a h;
   for (int32_t v : *a.engram_token_map) {
-    for (int i = 0; i < 4; ++i) h = (h ^ ((uint32_t(v) >> (8 * i)) & 0xFF)) * 0x100000001b3ull;
+    const uint8_t bytes[4] = {uint8_t(v), uint8_t(uint32_t(v) >> 8), uint8_t(uint32_t(v) >> 16),
+                              uint8_t(uint32_t(v) >> 24)};
+    h.add(bytes, 4);
   }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
-  return buf;
+  return h.hex();
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ void scheduler::run_capacity_stage() {
       const int64_t next = r.has_replay() ? 0 : std::min(r.pending_tokens(), cap);
       int64_t sole = 0;
       for (int32_t p : r.pages) sole += pool_.ref_count(p) == 1;
-      running.push_back({id, std::max<int64_t>(0, pages_for(r.num_computed + next, P) - int64_t(r.pages.size())), sole});
+      const int64_t new_pages = pages_for(r.num_computed + next, P) - int64_t(r.pages.size());
+      running.push_back({id, std::max<int64_t>(0, new_pages), sole});
     }
     return running;
   };

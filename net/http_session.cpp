@@ -99,7 +99,8 @@ void http_session::on_read(beast::error_code ec, size_t) {
   }
   if (ec == http::error::header_limit) {
     request_id_ = state_->new_id("req-");
-    return respond_error({431, "invalid_request_error", "request headers are too large", {}, "headers_too_large"}, true);
+    return respond_error({431, "invalid_request_error", "request headers are too large", {}, "headers_too_large"},
+                         true);
   }
   if (ec == asio::error::operation_aborted) return close();
   if (ec) {
@@ -142,7 +143,8 @@ void http_session::handle_request() {
     return respond_error(not_ready("the model is still loading; retry shortly"));
   }
   if (beast::websocket::is_upgrade(req)) {
-    if (path_ != "/v1/responses") return respond_error(not_found("no WebSocket endpoint at " + path_, {}, "unknown_url"), true);
+    if (path_ != "/v1/responses")
+      return respond_error(not_found("no WebSocket endpoint at " + path_, {}, "unknown_url"), true);
     closed_ = true;  // the socket now belongs to the WebSocket session
     log_request(101, {});
     std::make_shared<websocket_session>(std::move(socket_), state_)->run(parser_->release());

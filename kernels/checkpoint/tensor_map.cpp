@@ -1,8 +1,9 @@
 // tensor_map and the safetensors dtype table (see tensor_map.hpp).
 #include "kernels/checkpoint/tensor_map.hpp"
 
-#include <cstdio>
 #include <cstring>
+
+#include "kernels/fnv1a.hpp"
 
 namespace cedar {
 
@@ -55,27 +56,22 @@ const tensor_entry* tensor_map::find(const std::string& name) const {
 }
 
 std::string tensor_map::digest() const {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  const auto mix = [&h](const void* p, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 0x100000001b3ull;
-  };
+  fnv1a h;
   constexpr std::size_t samples = 16, width = 16;
   for (const auto& [name, t] : tensors) {
-    mix(name.data(), name.size());
+    h.add(name.data(), name.size());
     const auto dtype = uint8_t(t.dtype);
-    mix(&dtype, 1);
-    for (int64_t d : t.shape) mix(&d, sizeof d);
+    h.add(&dtype, 1);
+    for (int64_t d : t.shape) h.add(&d, sizeof d);
     const std::size_t n = t.num_bytes();
     if (!t.data || n == 0) continue;
     if (n <= samples * width) {
-      mix(t.data, n);
+      h.add(t.data, n);
       continue;
     }
-    for (std::size_t i = 0; i < samples; ++i) mix(t.data + (n - width) * i / (samples - 1), width);
+    for (std::size_t i = 0; i < samples; ++i) h.add(t.data + (n - width) * i / (samples - 1), width);
   }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
+  return h.hex();
 }
 
 uint8_t* tensor_map::add_owned(const std::string& name, st_dtype dtype, std::vector<int64_t> shape) {

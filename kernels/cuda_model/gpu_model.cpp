@@ -375,7 +375,8 @@ void gpu_model::forward_sample(std::span<forward_item> batch, std::span<const cu
     dvec<float> d_logprobs(rows);
     cuda::fast::greedy_rows(out.get(), rows, vocab, d_tokens.get(), d_logprobs.get());
     // the sampled rows together (their serial sums side by side), the greedy ones as they are
-    if (std::any_of(requests.begin(), requests.end(), [](const cuda::sample_request& p) { return p.temperature > 0.f; }))
+    if (std::any_of(requests.begin(), requests.end(),
+                    [](const cuda::sample_request& p) { return p.temperature > 0.f; }))
       cuda::sample_rows(out.get(), rows, vocab, requests.data(), d_tokens.get(), d_logprobs.get(), true);
     cuda::copy_to_host(tokens.data() + old, d_tokens.get(), sizeof(int32_t) * rows);
     cuda::copy_to_host(logprobs.data() + old, d_logprobs.get(), sizeof(float) * rows);

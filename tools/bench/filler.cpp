@@ -3,6 +3,8 @@
 
 #include <cstdio>
 
+#include "kernels/fnv1a.hpp"
+
 namespace cedar::bench {
 namespace {
 
@@ -56,11 +58,7 @@ int64_t count_words(std::string_view text) {
   return n;
 }
 
-uint64_t hash_string(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
-}
+uint64_t hash_string(std::string_view s) { return fnv1a().add(s.data(), s.size()).value(); }
 
 std::string session_marker(uint64_t seed) {
   uint64_t state = seed;
