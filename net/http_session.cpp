@@ -265,7 +265,7 @@ void http_session::enqueue(std::string bytes, clock::time_point emitted_at) {
   queued_bytes_ += bytes.size();
   if (int64_t(queued_bytes_) > state_->options.max_queued_bytes) {
     state_->log({{"event", "slow_client_closed"}, {"req_id", request_id_}, {"remote", remote_},
-                 {"queued_bytes", std::to_string(queued_bytes_)}});
+                 {"queued_bytes", queued_bytes_}});
     return close();
   }
   queue_.push_back({std::make_shared<const std::string>(std::move(bytes)), emitted_at});
@@ -389,23 +389,21 @@ void http_session::fail(beast::error_code ec, const char* what) {
 
 void http_session::log_request(int status, const std::string& detail) {
   if (!state_->options.log_requests) return;
-  double ms = std::chrono::duration<double, std::milli>(clock::now() - request_start_).count();
-  char dur[32];
-  std::snprintf(dur, sizeof dur, "%.3f", ms);
+  const auto dur = log_value::millis(
+      std::chrono::duration<double, std::milli>(clock::now() - request_start_).count());
   if (gen_ && status == 200) {
     auto& r = gen_->result();
-    char ttft[32];
-    std::snprintf(ttft, sizeof ttft, "%.3f", gen_->ttft_seconds() * 1e3);
+    const auto ttft = log_value::millis(gen_->ttft_seconds() * 1e3);
     state_->log({{"req_id", request_id_}, {"method", method_}, {"path", path_},
-                 {"status", std::to_string(status)}, {"stream", streaming_ ? "true" : "false"},
-                 {"prompt_tokens", std::to_string(r.num_prompt_tokens)},
-                 {"cached_tokens", std::to_string(r.num_cached_tokens)},
-                 {"completion_tokens", std::to_string(r.num_completion_tokens)},
+                 {"status", status}, {"stream", streaming_},
+                 {"prompt_tokens", r.num_prompt_tokens},
+                 {"cached_tokens", r.num_cached_tokens},
+                 {"completion_tokens", r.num_completion_tokens},
                  {"finish", detail}, {"ttft_ms", ttft}, {"duration_ms", dur}, {"remote", remote_}});
     return;
   }
   state_->log({{"req_id", request_id_}, {"method", method_}, {"path", path_},
-               {"status", std::to_string(status)}, {"error", detail}, {"duration_ms", dur},
+               {"status", status}, {"error", detail}, {"duration_ms", dur},
                {"remote", remote_}});
 }
 

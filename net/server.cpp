@@ -32,7 +32,7 @@ void drain_step(std::shared_ptr<server_state> state, std::shared_ptr<asio::stead
     return;
   }
   state->log({{"event", "drain_done"},
-              {"cancelled", std::to_string(state->metrics.num_active_generations.load())}});
+              {"cancelled", state->metrics.num_active_generations.load()}});
   std::thread([state] { state->engine->shutdown(); }).join();
   timer->expires_after(std::chrono::milliseconds(idle ? 0 : 300));  // let final frames go out
   timer->async_wait([&ioc](boost::system::error_code) { ioc.stop(); });
@@ -106,9 +106,9 @@ int run_server(const serve_options& options, const engine_factory& make_engine) 
   signals.async_wait([&, state, lst, drain_timer](boost::system::error_code ec, int sig) {
     if (ec) return;
     state->draining = true;
-    state->log({{"event", "drain_start"}, {"signal", std::to_string(sig)},
-                {"active", std::to_string(state->metrics.num_active_generations.load())},
-                {"timeout_s", std::to_string(options.drain_timeout_s)}});
+    state->log({{"event", "drain_start"}, {"signal", sig},
+                {"active", state->metrics.num_active_generations.load()},
+                {"timeout_s", options.drain_timeout_s}});
     lst->close();
     signals.async_wait([&ioc](boost::system::error_code e, int) { if (!e) ioc.stop(); });
     drain_step(state, drain_timer, ioc,

@@ -2,6 +2,7 @@
 #include "net/server_state.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <random>
@@ -18,7 +19,50 @@ std::string server_state::new_id(const char* prefix) {
   return buf;
 }
 
-void server_state::log(std::initializer_list<std::pair<const char*, std::string>> fields) {
+log_value log_value::millis(double ms) {
+  if (!std::isfinite(ms)) {
+    log_value v("nan");
+    return v;
+  }
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.3f", ms);
+  log_value v{std::string(buf)};
+  v.literal = true;
+  return v;
+}
+
+std::string server_state::format_log_line(
+    std::string_view ts, std::initializer_list<std::pair<const char*, log_value>> fields) const {
+  std::string line;
+  if (options.log_json) {
+    json_writer w;
+    w.obj().kv("ts", ts);
+    for (auto& [k, v] : fields) {
+      if (v.text.empty()) continue;
+      if (v.literal) w.key(k).raw(v.text);
+      else w.kv(k, v.text);
+    }
+    return w.end_obj().take();
+  }
+  line = "ts=";
+  line += ts;
+  for (auto& [k, v] : fields) {
+    if (v.text.empty()) continue;
+    line += ' ';
+    line += k;
+    line += '=';
+    // Quoted (JSON string escapes) unless plain printable ASCII: a newline or a control byte
+    // in a path, a layout name or an engine error must not start a forged line.
+    bool quote = std::any_of(v.text.begin(), v.text.end(), [](char c) {
+      const auto u = static_cast<unsigned char>(c);
+      return u <= ' ' || u >= 0x7F || c == '"' || c == '=' || c == '\\';
+    });
+    if (quote) append_json_string(line, v.text); else line += v.text;
+  }
+  return line;
+}
+
+void server_state::log(std::initializer_list<std::pair<const char*, log_value>> fields) {
   char ts[40];
   auto now = std::chrono::system_clock::now();
   std::time_t t = std::chrono::system_clock::to_time_t(now);
@@ -27,27 +71,7 @@ void server_state::log(std::initializer_list<std::pair<const char*, std::string>
   int ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
   size_t n = std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
   std::snprintf(ts + n, sizeof ts - n, ".%03dZ", ms);
-  std::string line;
-  if (options.log_json) {
-    json_writer w;
-    w.obj().kv("ts", ts);
-    for (auto& [k, v] : fields) w.kv(k, v);
-    line = w.end_obj().take();
-  } else {
-    line = std::string("ts=") + ts;
-    for (auto& [k, v] : fields) {
-      line += ' ';
-      line += k;
-      line += '=';
-      // Quoted (JSON string escapes) unless plain printable ASCII: a newline or a control byte
-      // in a path, a layout name or an engine error must not start a forged line.
-      bool quote = v.empty() || std::any_of(v.begin(), v.end(), [](char c) {
-                     const auto u = static_cast<unsigned char>(c);
-                     return u <= ' ' || u >= 0x7F || c == '"' || c == '=' || c == '\\';
-                   });
-      if (quote) append_json_string(line, v); else line += v;
-    }
-  }
+  std::string line = format_log_line(ts, fields);
   line += '\n';
   std::lock_guard lock(log_mutex_);
   std::fwrite(line.data(), 1, line.size(), stderr);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -19,6 +20,23 @@
 #include "net/prompt_codec.hpp"
 
 namespace cedar::net {
+
+/// One request-log value. Text is quoted in JSON lines (and in key=value lines where it must be);
+/// a number or a boolean is written bare in both, so a JSON log reader gets numbers. An empty
+/// text value is left out of the line.
+struct log_value {
+  std::string text;
+  bool literal = false;  ///< a number or a boolean
+
+  log_value(std::string s) : text(std::move(s)) {}
+  log_value(const char* s) : text(s) {}
+  log_value(bool b) : text(b ? "true" : "false"), literal(true) {}
+  template <std::integral T>
+    requires(!std::same_as<T, bool> && !std::same_as<T, char>)
+  log_value(T n) : text(std::to_string(n)), literal(true) {}
+  /// Milliseconds with three decimals ("12.345"), a number; not finite: the text "nan".
+  static log_value millis(double ms);
+};
 
 /// `cedar serve` options (engine options travel in engine_config).
 struct serve_options {
@@ -93,8 +111,11 @@ struct server_state {
 
   /// A fresh id with a prefix, e.g. "chatcmpl-00001a2b3c4d5e6f".
   std::string new_id(const char* prefix);
-  /// One line to stderr (JSON or key=value per options.log_json); fields are key/value pairs.
-  void log(std::initializer_list<std::pair<const char*, std::string>> fields);
+  /// One line to stderr (JSON or key=value per options.log_json) with a "ts" field first.
+  void log(std::initializer_list<std::pair<const char*, log_value>> fields);
+  /// The line log() writes, without the newline (for tests).
+  std::string format_log_line(std::string_view ts,
+                              std::initializer_list<std::pair<const char*, log_value>> fields) const;
   bool ready() const { return !draining.load() && engine && engine->ready(); }
 
  private:

@@ -28,7 +28,7 @@ websocket_session::~websocket_session() {
   for (uint64_t id : engine_sessions_) state_->responses->release(id);
   state_->metrics.num_open_websockets.fetch_sub(1);
   state_->metrics.num_open_connections.fetch_sub(1);
-  state_->log({{"event", "websocket_closed"}, {"ws_id", session_id_}, {"turns", std::to_string(num_turns_)}});
+  state_->log({{"event", "websocket_closed"}, {"ws_id", session_id_}, {"turns", num_turns_}});
 }
 
 void websocket_session::run(beast::http::request<beast::http::string_body> upgrade) {
@@ -59,7 +59,7 @@ void websocket_session::on_read(beast::error_code ec, size_t) {
   if (ec) {
     if (ec == websocket::error::message_too_big)
       state_->log({{"event", "websocket_message_too_big"}, {"ws_id", session_id_},
-                   {"limit", std::to_string(state_->options.max_ws_message_bytes)}});
+                   {"limit", state_->options.max_ws_message_bytes}});
     return fail(ec, "read");
   }
   std::string text = beast::buffers_to_string(buffer_.data());
@@ -126,22 +126,21 @@ void websocket_session::generation_done() {
   auto& r = gen_->result();
   const double seconds = std::chrono::duration<double>(clock::now() - gen_->started_at()).count();
   state_->metrics.request_duration.observe(seconds);
-  char ttft[32], dur[32];
-  std::snprintf(ttft, sizeof ttft, "%.3f", gen_->ttft_seconds() * 1e3);
-  std::snprintf(dur, sizeof dur, "%.3f", seconds * 1e3);
+  const auto ttft = log_value::millis(gen_->ttft_seconds() * 1e3);
+  const auto dur = log_value::millis(seconds * 1e3);
   if (state_->options.log_requests)
     state_->log({{"ws_id", session_id_}, {"method", "WS"}, {"path", "/v1/responses"},
-                 {"turn", std::to_string(num_turns_)},
-                 {"prompt_tokens", std::to_string(r.num_prompt_tokens)},
-                 {"cached_tokens", std::to_string(r.num_cached_tokens)},
-                 {"completion_tokens", std::to_string(r.num_completion_tokens)},
+                 {"turn", num_turns_},
+                 {"prompt_tokens", r.num_prompt_tokens},
+                 {"cached_tokens", r.num_cached_tokens},
+                 {"completion_tokens", r.num_completion_tokens},
                  {"finish", r.finish_reason_text()}, {"ttft_ms", ttft}, {"duration_ms", dur}});
 }
 
 void websocket_session::log_turn_error(const api_error& e) {
   if (state_->options.log_requests)
     state_->log({{"ws_id", session_id_}, {"method", "WS"}, {"path", "/v1/responses"},
-                 {"status", std::to_string(e.status)}, {"error", e.code}});
+                 {"status", e.status}, {"error", e.code}});
 }
 
 void websocket_session::enqueue(std::string text, clock::time_point emitted_at) {

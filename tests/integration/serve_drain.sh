@@ -61,7 +61,7 @@ grep -q 'event=drain_start' "$tmp/a.log" && grep -q 'event=drain_done' "$tmp/a.l
 echo "  ok  SIGTERM: stopped accepting, /health 503 on an open connection, finished the running stream (150 tokens), exit 0"
 
 # 2. A stream that would take 100 s is cancelled at the 1 s drain timeout.
-start_server b --model null --null-step-us 1000 --drain-timeout-s 1
+start_server b --model null --null-step-us 1000 --drain-timeout-s 1 --log-format json
 curl -sN "$url_b/v1/chat/completions" -d '{"messages":[{"role":"user","content":"x"}],"max_tokens":100000,"stream":true}' >"$tmp/b.sse" &
 client=$!
 sleep 0.3
@@ -75,3 +75,14 @@ wait "$client" || true
 grep -q '"finish_reason":"cancelled"' "$tmp/b.sse" || fail "the cut stream was not told it was cancelled"
 tail -c 20 "$tmp/b.sse" | grep -q 'data: \[DONE\]' || fail "the cut stream did not end with [DONE]"
 echo "  ok  SIGTERM with --drain-timeout-s 1: the long stream was cancelled cleanly, exit 0 after $ms ms"
+# --log-format json: every log line is one JSON object, with counts as numbers.
+node -e '
+  const lines = require("fs").readFileSync(process.argv[1], "utf8").split("\n").filter(l => l.startsWith("{"));
+  const logs = lines.map(l => JSON.parse(l));
+  const start = logs.find(l => l.event === "drain_start"), done = logs.find(l => l.event === "drain_done");
+  const req = logs.find(l => l.path === "/v1/chat/completions");
+  const ok = start && start.active === 1 && start.timeout_s === 1 && done && done.cancelled === 1 && req &&
+    req.status === 200 && req.stream === true && typeof req.completion_tokens === "number" &&
+    req.completion_tokens > 0 && typeof req.duration_ms === "number" && !("error" in req);
+  if (!ok) { console.error(lines.join("\n")); process.exit(1); }' "$tmp/b.log" || fail "JSON log lines"
+echo "  ok  --log-format json: drain and request lines are JSON with numbers as numbers"

@@ -300,3 +300,26 @@ TEST_CASE("key=value log lines: a newline or a control byte in a value cannot st
   CHECK(out.find(" plain=ok") != std::string::npos);
   CHECK(std::none_of(out.begin(), out.end(), [](char c) { return c == '\x01'; }));
 }
+
+TEST_CASE("log lines: numbers and booleans are bare JSON values, and an empty value is left out") {
+  server_state state;
+  state.options.log_json = true;
+  const auto json = state.format_log_line(
+      "T", {{"status", 200}, {"tokens", int64_t{12}}, {"stream", true}, {"ttft_ms", log_value::millis(1.5)},
+            {"error", ""}, {"finish", "stop"}, {"code", "404"}});
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  REQUIRE(parser.parse(json).get(doc) == simdjson::SUCCESS);
+  CHECK(doc["status"].get_int64().value() == 200);
+  CHECK(doc["tokens"].get_int64().value() == 12);
+  CHECK(doc["stream"].get_bool().value() == true);
+  CHECK(doc["ttft_ms"].get_double().value() == doctest::Approx(1.5));
+  CHECK(doc["finish"].get_string().value() == "stop");
+  CHECK(doc["code"].get_string().value() == "404");  // text stays text, even when it looks numeric
+  CHECK(doc["error"].error() == simdjson::NO_SUCH_FIELD);
+  CHECK(doc["ts"].get_string().value() == "T");
+
+  state.options.log_json = false;
+  const auto kv = state.format_log_line("T", {{"status", 200}, {"error", ""}, {"ttft_ms", log_value::millis(2.0)}});
+  CHECK(kv == "ts=T status=200 ttft_ms=2.000");
+}
