@@ -553,8 +553,6 @@ opt_error parse_ws_event(std::string_view text, ws_client_event& out) {
   dom::object body = root;
   if (field(root, "response", inner) && inner.get(body) != simdjson::SUCCESS)
     return type_error("response", "an object");
-  dom::element prev;
-  out.previous_response_id_set = body.at_key("previous_response_id").get(prev) == simdjson::SUCCESS;
   return parse_responses_object(body, out.create);
 }
 

@@ -19,7 +19,6 @@ std::optional<api_error> parse_responses_request(std::string_view body, response
 struct ws_client_event {
   enum class kind { create, cancel } type = kind::create;
   responses_request create;          ///< when type == create
-  bool previous_response_id_set = false;  ///< the event named previous_response_id (maybe null)
 };
 
 /// Parses {"type":"response.create", ...fields | "response":{...}} or {"type":"response.cancel"}.

@@ -38,7 +38,7 @@ label{display:block;margin:6px 0}
 <script>
 "use strict";
 const $ = id => document.getElementById(id);
-let ws = null, busy = false, cur = null, fresh = true;
+let ws = null, busy = false, cur = null, lastId = null;
 function connect() {
   const key = $("key").value;
   const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/v1/responses" +
@@ -73,6 +73,7 @@ function handle(e) {
     const u = e.response.usage || {};
     cur.meta.textContent = e.response.status + " - " + (u.input_tokens || 0) + " in (" +
       ((u.input_tokens_details || {}).cached_tokens || 0) + " cached), " + (u.output_tokens || 0) + " out";
+    if (e.response.status === "completed" || e.response.status === "incomplete") lastId = e.response.id;
     setBusy(false); cur = null; return;
   }
   cur.el.scrollIntoView(false);
@@ -85,12 +86,12 @@ $("form").onsubmit = ev => {
   const msg = {type: "response.create", input: [{role: "user", content: text}],
                max_output_tokens: Number($("maxtok").value) || 128,
                reasoning: {effort: $("thinking").checked ? "high" : "none"}};
-  if (fresh) { msg.previous_response_id = null; fresh = false; }
+  if (lastId) msg.previous_response_id = lastId;
   ws.send(JSON.stringify(msg));
 };
 $("input").onkeydown = ev => { if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("form").requestSubmit(); } };
 $("stop").onclick = () => ws && ws.send(JSON.stringify({type: "response.cancel"}));
-$("reset").onclick = () => { fresh = true; $("log").textContent = ""; };
+$("reset").onclick = () => { lastId = null; $("log").textContent = ""; };
 $("key").onchange = () => { if (ws) ws.close(); connect(); };
 const shown = [["cedar_requests_running", "running"], ["cedar_requests_waiting", "waiting"],
   ["cedar_kv_pages_used", "KV pages used"], ["cedar_kv_pages_free", "KV pages free"],

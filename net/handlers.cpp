@@ -210,9 +210,9 @@ started start_responses(const std::shared_ptr<server_state>& state,
   if (!req.previous_response_id.empty()) {
     previous = state->responses->get(req.previous_response_id);
     if (!previous)
-      return {nullptr, not_found("Previous response with id '" + req.previous_response_id +
-                                     "' not found.", "previous_response_id",
-                                 "previous_response_not_found")};
+      return {nullptr, bad_request("Previous response with id '" + req.previous_response_id +
+                                       "' not found.", "previous_response_id",
+                                   "previous_response_not_found")};
   }
   if (req.input.empty()) return {nullptr, bad_request("'input' is required", "input")};
   responses_turn turn;
@@ -221,8 +221,6 @@ started start_responses(const std::shared_ptr<server_state>& state,
     turn.conversation = previous->conversation;
     turn.previous_response_id = previous->id;
     turn.session_id = previous->session_id;
-    if (req.tools.empty()) req.tools = previous->tools;
-    if (req.instructions.empty()) req.instructions = previous->instructions;
   } else {
     turn.session_id = state->next_id.fetch_add(1);
   }

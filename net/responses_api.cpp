@@ -235,7 +235,6 @@ class responses_writer final : public response_writer {
     s->conversation = std::move(turn_.conversation);
     chat_message reply{"assistant", r.content, r.reasoning, r.tool_calls, {}};
     s->conversation.push_back(std::move(reply));
-    s->tools = turn_.tools;
     s->instructions = turn_.instructions;
     s->session_id = turn_.session_id;
     s->context = ctx_.codec->with_reply(turn_.context, s->conversation.back(), generated_);

@@ -66,7 +66,6 @@ struct serve_options {
 struct stored_response {
   std::string id;
   std::vector<chat_message> conversation;  ///< input + the assistant's reply, in order
-  std::vector<tool_def> tools;
   std::string instructions;
   uint64_t session_id = 0;                 ///< engine session keeping this chain's KV warm
   std::shared_ptr<const chat_context> context;  ///< the conversation rendered and tokenized so far

@@ -90,10 +90,17 @@ void websocket_session::handle_event(std::string_view text) {
     return send_error(busy);
   }
   state_->metrics.num_requests_total.fetch_add(1);
-  auto implicit = event.previous_response_id_set ? nullptr : last_;
+  // previous_response_id names the turn to go on from, as over HTTP; this socket's last turn is
+  // found even when it was not stored (store:false) or the store has let it go. Without it, the
+  // turn starts a conversation of its own.
+  std::shared_ptr<const stored_response> previous;
+  if (last_ && event.create.previous_response_id == last_->id) {
+    previous = last_;
+    event.create.previous_response_id.clear();
+  }
   event.create.gen.stream = true;
   std::weak_ptr<websocket_session> weak = weak_from_this();
-  auto s = start_responses(state_, ws_.get_executor(), std::move(event.create), implicit, this,
+  auto s = start_responses(state_, ws_.get_executor(), std::move(event.create), previous, this,
                            [weak](std::shared_ptr<const stored_response> r) {
                              if (auto self = weak.lock()) self->last_ = std::move(r);
                            });
@@ -123,6 +130,7 @@ void websocket_session::send_frame(std::string_view, std::string json, clock::ti
 
 void websocket_session::generation_done() {
   ++num_turns_;
+  release_stale_sessions();
   auto& r = gen_->result();
   const double seconds = std::chrono::duration<double>(clock::now() - gen_->started_at()).count();
   state_->metrics.request_duration.observe(seconds);
@@ -135,6 +143,18 @@ void websocket_session::generation_done() {
                  {"cached_tokens", r.num_cached_tokens},
                  {"completion_tokens", r.num_completion_tokens},
                  {"finish", r.finish_reason_text()}, {"ttft_ms", ttft}, {"duration_ms", dur}});
+}
+
+void websocket_session::release_stale_sessions() {
+  // Only the last finished turn can be continued from this socket; the engine sessions of the
+  // others (cancelled, failed, or followed by a turn of another conversation) go, unless a
+  // stored turn still uses them.
+  const uint64_t keep = last_ ? last_->session_id : 0;
+  for (auto it = engine_sessions_.begin(); it != engine_sessions_.end();) {
+    if (*it == keep) { ++it; continue; }
+    state_->responses->release(*it);
+    it = engine_sessions_.erase(it);
+  }
 }
 
 void websocket_session::log_turn_error(const api_error& e) {

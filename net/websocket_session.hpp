@@ -1,12 +1,13 @@
 // The Responses WebSocket mode on /v1/responses: one socket, many turns. The client sends
-// {"type":"response.create", ...} with only the new input (the socket remembers its last turn,
-// or the event names previous_response_id) and {"type":"response.cancel"}; the server answers
+// {"type":"response.create", ...} with only the new input and previous_response_id (the socket
+// keeps its last turn, so that works with store:false too; without previous_response_id a turn
+// starts a new conversation) and {"type":"response.cancel"}; the server answers
 // with the same events it streams over SSE, one response in flight per socket. Outgoing frames
 // wait in a queue; while a write is in flight, a delta event is merged into the queued delta
 // before it (net/ws_coalesce.hpp), so a busy socket sends one message per flush rather than one
-// per token. Everything runs on the socket's strand. Closing the socket closes the engine
-// sessions of its turns unless stored turns still use them (a client may reconnect and go on
-// with previous_response_id).
+// per token. Everything runs on the socket's strand. The socket holds the engine session of its
+// last turn; closing it closes that session unless stored turns still use it (a client may
+// reconnect and go on with previous_response_id).
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
@@ -44,6 +45,7 @@ class websocket_session : public std::enable_shared_from_this<websocket_session>
   void handle_event(std::string_view text);
   void send_error(const api_error& e);
   void log_turn_error(const api_error& e);
+  void release_stale_sessions();
   void enqueue(std::string text, clock::time_point emitted_at = {});
   void do_write();
   void on_write(boost::beast::error_code ec, size_t bytes);
@@ -65,7 +67,7 @@ class websocket_session : public std::enable_shared_from_this<websocket_session>
   std::shared_ptr<generation> gen_;
   std::shared_ptr<const stored_response> last_;  ///< this socket's last finished turn
   std::string session_id_;
-  std::set<uint64_t> engine_sessions_;  ///< of the turns started here
+  std::set<uint64_t> engine_sessions_;  ///< of the running turn and last_, held by this socket
   int num_turns_ = 0;
 };
 

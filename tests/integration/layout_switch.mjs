@@ -39,11 +39,13 @@ async function run(url, onTurnDone = () => {}) {
   const one = async (s) => {
     const ws = await open(url);
     const out = [];
+    let previous = null;  // each turn goes on from the last: the session's context grows
     for (let t = 0; t < turns; t++) {
       ws.send(JSON.stringify({ type: "response.create", model: "micro", max_output_tokens: maxTokens, temperature: 0,
-                               reasoning: { effort: "none" },
+                               reasoning: { effort: "none" }, previous_response_id: previous,
                                input: [{ role: "user", content: `Session ${s}, turn ${t}: go on.` }] }));
       const end = await ws.next(isEnd);
+      previous = end.response.id;
       out.push({ status: end.response.status, text: textOf(end.response), tokens: end.response.usage.output_tokens });
       onTurnDone(++done);
     }

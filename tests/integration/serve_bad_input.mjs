@@ -130,9 +130,9 @@ await row("headers over the limit -> 431", async () => {
   assert.equal(r.status, 431);
 });
 
-await row("unknown model / unknown previous_response_id -> 404; bad key -> 401", async () => {
+await row("unknown model -> 404; unknown previous_response_id -> 400; bad key -> 401", async () => {
   expectError(await post("/v1/chat/completions", chat({ model: "gpt-7" })), 404, "model_not_found", "model");
-  expectError(await post("/v1/responses", JSON.stringify({ input: "x", previous_response_id: "resp_missing" })), 404,
+  expectError(await post("/v1/responses", JSON.stringify({ input: "x", previous_response_id: "resp_missing" })), 400,
               "previous_response_not_found", "previous_response_id");
   expectError(await post("/v1/chat/completions", chat(), { "Content-Type": "application/json" }), 401, "invalid_api_key");
   expectError(await post("/v1/chat/completions", chat(), { Authorization: "Bearer nope" }), 401, "invalid_api_key");

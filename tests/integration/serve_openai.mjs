@@ -265,20 +265,21 @@ await check("responses: a three-turn chain with previous_response_id, usage and 
   assert.ok(["completed", "incomplete"].includes(r1.status));
   assert.ok(r1.output_text.length > 0);
   assert.ok(r1.usage.input_tokens > 256 && r1.usage.output_tokens >= 1);
+  // instructions are not carried over by previous_response_id: a client sends them each turn
   const r2 = await tiny.responses.create({ model: "tiny", previous_response_id: r1.id, input: "What is my name?",
-    max_output_tokens: 4, reasoning: { effort: "none" } });
+    instructions: "Be brief.", max_output_tokens: 4, reasoning: { effort: "none" } });
   assert.equal(r2.previous_response_id, r1.id);
   assert.equal(r1.reasoning.effort, "none");  // echoed as the string clients send, never a number
   assert.ok(r2.usage.input_tokens > r1.usage.input_tokens + r1.usage.output_tokens, "the chain was not carried");
   assert.ok(r2.usage.input_tokens_details.cached_tokens >= 256, "the earlier turn's KV was not reused");
   const r3 = await tiny.responses.create({ model: "tiny", previous_response_id: r2.id, input: "Again?",
-    max_output_tokens: 4, reasoning: { effort: "low" } });
+    instructions: "Be brief.", max_output_tokens: 4, reasoning: { effort: "low" } });
   assert.equal(r3.reasoning.effort, "low");
   assert.ok(r3.usage.input_tokens > r2.usage.input_tokens);
   const fetched = await tiny.responses.retrieve(r3.id);
   assert.equal(fetched.id, r3.id);
   await assert.rejects(tiny.responses.create({ model: "tiny", previous_response_id: "resp_nope", input: "x" }),
-                       (e) => e.status === 404);
+                       (e) => e.status === 400 && e.code === "previous_response_not_found");
 });
 
 async function metric(base, name) {
@@ -338,9 +339,9 @@ await check("responses with the parser path: reasoning item and function_call it
   const r2 = await nul.responses.create({ model: "null", previous_response_id: r.id, tools: rtools, max_output_tokens: 500,
     input: [{ type: "function_call_output", call_id: call.call_id, output: "sunny" }] });
   assert.ok(r2.usage.input_tokens > r.usage.input_tokens);
-  // a chained turn keeps the tools of the turn before it, so it may require one without naming them again
+  // tools are per request, as instructions are: a chained turn that may call one names them again
   const r3 = await nul.responses.create({ model: "null", previous_response_id: r2.id, input: "And tomorrow?",
-    tool_choice: "required", max_output_tokens: 500 });
+    tools: rtools, tool_choice: "required", max_output_tokens: 500 });
   assert.equal(r3.tool_choice, "required");
   // a tool_choice the tools cannot meet is a 400 naming tool_choice
   await assert.rejects(nul.responses.create({ model: "null", input: "x", tools: rtools, max_output_tokens: 4,

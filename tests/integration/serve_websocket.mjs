@@ -64,13 +64,15 @@ await check("an upgrade without the API key is refused", async () => {
   await assert.rejects(open(wsUrl(process.env.URL_TINY)), /401/);
 });
 
-await check("20 turns on one socket: each sends only the new input and continues the last turn", async () => {
+await check("20 turns on one socket: each sends only the new input and previous_response_id", async () => {
   const ws = await open(wsUrl(process.env.URL_TINY), { Authorization: "Bearer sk-ws" });
   let prevId = null, prevInput = 0;
   for (let turn = 1; turn <= 20; turn++) {
+    // instructions are not carried over by previous_response_id: a client sends them each turn
     const create = { type: "response.create", model: "tiny", max_output_tokens: 3, reasoning: { effort: "none" },
+                     instructions: "You are a patient assistant. ".repeat(50),
                      input: [{ role: "user", content: `Turn ${turn}: tell me more.` }] };
-    if (turn === 1) create.instructions = "You are a patient assistant. ".repeat(50);
+    if (prevId) create.previous_response_id = prevId;
     ws.send(JSON.stringify(create));
     const created = await ws.next((e) => e.type === "response.created");
     const done = await ws.next(isEnd);
@@ -221,6 +223,54 @@ await check("an HTTP Responses stream dropped mid-answer keeps no engine session
   await until(async () => (await metric(base, "cedar_requests_running")) === 0, 2000, "streams cancelled");
   await until(async () => (await metric(base, "cedar_sessions_open")) === sessions0 + 1, 2000,
               "dropped streams' sessions closed, the stored chain's kept");
+});
+
+await check("store:false turns chain on their socket; a turn without previous_response_id starts afresh; the socket holds one engine session", async () => {
+  const base = process.env.URL_NULL;
+  const sessions0 = await metric(base, "cedar_sessions_open");
+  const ws = await open(wsUrl(base));
+  const turn = async (fields) => {
+    ws.send(JSON.stringify({ type: "response.create", max_output_tokens: 2, store: false, ...fields }));
+    return (await ws.next(isEnd)).response;
+  };
+  const first = await turn({ input: "one two three four five six seven eight" });
+  const second = await turn({ input: "and more", previous_response_id: first.id });
+  assert.equal(second.status, "incomplete");
+  assert.equal(second.previous_response_id, first.id);
+  assert.ok(second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens, "the second turn lost the first");
+  const fresh = await turn({ input: "and more" });
+  assert.equal(fresh.previous_response_id, null);
+  assert.ok(fresh.usage.input_tokens < second.usage.input_tokens, "a turn without previous_response_id went on from the last");
+  for (let i = 0; i < 8; i++) await turn({ input: `fresh ${i}` });
+  ws.send(JSON.stringify({ type: "response.create", input: "long", max_output_tokens: 100000, store: false }));
+  await ws.next((e) => e.type.endsWith("_text.delta"));
+  ws.send(JSON.stringify({ type: "response.cancel" }));
+  assert.equal((await ws.next(isEnd)).response.status, "cancelled");
+  // a store:false turn of another socket's chain is not found
+  const other = await open(wsUrl(base));
+  other.send(JSON.stringify({ type: "response.create", input: "x", previous_response_id: second.id }));
+  const err = await other.next((e) => e.type === "error");
+  assert.equal(err.status, 400);
+  assert.equal(err.error.code, "previous_response_not_found");
+  other.close();
+  assert.equal(await metric(base, "cedar_sessions_open"), sessions0 + 1, "turns that cannot be continued kept their sessions");
+  ws.close();
+  await until(async () => (await metric(base, "cedar_sessions_open")) === sessions0, 2000, "the socket's session closed");
+});
+
+await check("previous_response_id carries neither instructions nor tools over", async () => {
+  const base = process.env.URL_NULL;
+  const post = async (body) => (await fetch(base + "/v1/responses", { method: "POST",
+    headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) })).json();
+  const tool = { type: "function", name: "look", parameters: { type: "object", properties: {} } };
+  const first = await post({ input: "hi", max_output_tokens: 2, instructions: "Talk like a pirate.", tools: [tool] });
+  assert.equal(first.instructions, "Talk like a pirate.");
+  assert.equal(first.tools.length, 1);
+  const next = await post({ input: "again", max_output_tokens: 2, previous_response_id: first.id, tools: [] });
+  assert.equal(next.previous_response_id, first.id);
+  assert.equal(next.instructions, null);
+  assert.equal(next.tools.length, 0);
+  assert.ok(next.usage.input_tokens > 0);
 });
 
 await check("a malformed event gets an error event and the socket stays usable", async () => {
