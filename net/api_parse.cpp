@@ -476,6 +476,25 @@ opt_error parse_input_items(dom::array items, std::vector<chat_message>& out) {
   return {};
 }
 
+/// metadata: up to 16 string values under keys of up to 64 characters, values of up to 512
+/// (OpenAI's limits); null is none.
+opt_error parse_metadata(dom::object root, std::string& out) {
+  dom::element e;
+  if (!field(root, "metadata", e) || e.is_null()) return {};
+  dom::object o;
+  if (e.get(o) != simdjson::SUCCESS) return type_error("metadata", "an object of strings");
+  size_t n = 0;
+  for (auto [k, v] : o) {
+    if (++n > 16) return bad_request("'metadata' holds more than 16 keys", "metadata");
+    if (k.size() > 64) return bad_request("a 'metadata' key is longer than 64 characters", "metadata");
+    std::string_view text;
+    if (v.get(text) != simdjson::SUCCESS) return type_error("metadata." + std::string(k), "a string");
+    if (text.size() > 512) return bad_request("'metadata." + std::string(k) + "' is longer than 512 characters", "metadata");
+  }
+  out = simdjson::minify(e);
+  return {};
+}
+
 opt_error parse_responses_object(dom::object root, responses_request& out) {
   if (auto err = get_string(root, "model", out.model)) return err;
   if (auto err = get_string(root, "instructions", out.instructions)) return err;
@@ -508,6 +527,7 @@ opt_error parse_responses_object(dom::object root, responses_request& out) {
       return bad_request("unknown reasoning.effort '" + effort + "'", "reasoning.effort");
   }
   if (auto err = get_bool(root, "store", out.store)) return err;
+  if (auto err = parse_metadata(root, out.metadata_json)) return err;
   dom::element text;
   if (field(root, "text", text)) {
     dom::object to;

@@ -86,6 +86,7 @@ struct responses_request {
   reasoning_options reasoning;
   generation_options gen;
   bool store = true;
+  std::string metadata_json = "{}";  ///< metadata as given (string values), echoed back
 };
 
 }  // namespace cedar::net

@@ -39,6 +39,7 @@ struct responses_turn {
   sampling_params sampling;
   int max_output_tokens = 0;
   std::string format_json;  ///< text.format as asked (empty: plain text), echoed in the response
+  std::string metadata_json = "{}";  ///< echoed in the response
   uint64_t session_id = 0;
   std::shared_ptr<const chat_context> context;  ///< the prompt as rendered; the reply extends it
   bool store = true;

@@ -248,6 +248,7 @@ started start_responses(const std::shared_ptr<server_state>& state,
   turn.sampling = req.gen.sampling;
   turn.max_output_tokens = req.gen.max_tokens;
   turn.format_json = req.gen.format_json;
+  turn.metadata_json = req.metadata_json;
   turn.store = req.store;
   turn.on_stored = std::move(on_stored);
   auto gen_request = make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning);

@@ -17,6 +17,7 @@ struct output_item {
   std::string call_id;  ///< function_call
   std::string name;     ///< function_call
   bool done = false;
+  const char* status = "in_progress";  ///< completed once closed; incomplete if the response ended it
 };
 
 class responses_writer final : public response_writer {
@@ -62,6 +63,10 @@ class responses_writer final : public response_writer {
 
   void end(const turn_result& r, frame_sink& sink) override {
     ended_ = true;
+    // An item still open when the response stops short (max_output_tokens, cancel, failure) is
+    // incomplete: its text or arguments may be cut.
+    if (!items_.empty() && !items_.back().done && r.finished != finish_reason::stop)
+      items_.back().status = "incomplete";
     if (!items_.empty()) close_current(sink);
     status_ = r.finished == finish_reason::cancelled ? "cancelled"
               : r.finished == finish_reason::length  ? "incomplete"
@@ -111,7 +116,7 @@ class responses_writer final : public response_writer {
     int64_t index = int64_t(items_.size() - 1);
     event(sink, "response.output_item.added", [&](json_writer& w) {
       w.kv("output_index", index).key("item");
-      item_json(w, items_.back(), false);
+      item_json(w, items_.back());
     });
     if (k == output_item::kind::message)
       event(sink, "response.content_part.added", [&](json_writer& w) {
@@ -125,6 +130,7 @@ class responses_writer final : public response_writer {
     if (items_.empty() || items_.back().done) return;
     auto& item = items_.back();
     item.done = true;
+    if (std::string_view(item.status) == "in_progress") item.status = "completed";
     if (!ctx_.stream) return;
     int64_t index = int64_t(items_.size() - 1);
     auto ids = [&](json_writer& w) { w.kv("item_id", item.id).kv("output_index", index); };
@@ -151,7 +157,7 @@ class responses_writer final : public response_writer {
     }
     event(sink, "response.output_item.done", [&](json_writer& w) {
       w.kv("output_index", index).key("item");
-      item_json(w, item, true);
+      item_json(w, item);
     });
   }
 
@@ -159,8 +165,9 @@ class responses_writer final : public response_writer {
     w.obj().kv("type", "output_text").kv("text", text).key("annotations").arr().end_arr().end_obj();
   }
 
-  static void item_json(json_writer& w, const output_item& item, bool complete) {
-    const char* status = complete ? "completed" : "in_progress";
+  static void item_json(json_writer& w, const output_item& item) {
+    const bool complete = item.done;
+    const char* status = item.status;
     w.obj().kv("id", item.id);
     switch (item.type) {
       case output_item::kind::reasoning:
@@ -200,7 +207,11 @@ class responses_writer final : public response_writer {
     w.key("max_output_tokens");
     if (turn_.max_output_tokens) w.num(int64_t{turn_.max_output_tokens}); else w.null();
     w.kv("temperature", double(turn_.sampling.temperature)).kv("top_p", double(turn_.sampling.top_p))
-        .kv("parallel_tool_calls", true).kv("tool_choice", turn_.tool_choice).kv("store", turn_.store);
+        .kv("parallel_tool_calls", true).key("tool_choice");
+    const auto& choice = turn_.tool_choice;
+    if (choice == "auto" || choice == "none" || choice == "required") w.str(choice);
+    else w.obj().kv("type", "function").kv("name", choice).end_obj();  // a named function
+    w.kv("store", turn_.store);
     w.key("tools").arr();
     // as given: a Responses tool's function_json is {"name":..., "description":..., "parameters":...}
     for (auto& t : turn_.tools) w.raw("{\"type\":\"function\"," + t.function_json.substr(1));
@@ -212,9 +223,9 @@ class responses_writer final : public response_writer {
     if (turn_.format_json.empty()) w.obj().kv("type", "text").end_obj();
     else w.raw(turn_.format_json);
     w.end_obj();
-    w.key("metadata").obj().end_obj();
+    w.key("metadata").raw(turn_.metadata_json);
     w.key("output").arr();
-    if (r) for (auto& item : items_) item_json(w, item, true);
+    if (r) for (auto& item : items_) item_json(w, item);
     w.end_arr();
     w.key("usage");
     if (r) {

@@ -273,6 +273,24 @@ await check("previous_response_id carries neither instructions nor tools over", 
   assert.ok(next.usage.input_tokens > 0);
 });
 
+await check("Responses echo metadata and a named tool_choice as given; an item cut by max_output_tokens is incomplete", async () => {
+  const base = process.env.URL_NULL;
+  const post = async (body) => fetch(base + "/v1/responses", { method: "POST",
+    headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  const tool = { type: "function", name: "look", parameters: { type: "object", properties: {} } };
+  const r = await (await post({ input: "hi", max_output_tokens: 2, reasoning: { effort: "none" }, tools: [tool],
+    tool_choice: { type: "function", name: "look" }, metadata: { user: "u-7", run: "42" } })).json();
+  assert.deepEqual(r.tool_choice, { type: "function", name: "look" });
+  assert.deepEqual(r.metadata, { user: "u-7", run: "42" });
+  const cut = await (await post({ input: "hi", max_output_tokens: 2, reasoning: { effort: "none" } })).json();
+  assert.equal(cut.status, "incomplete");
+  assert.equal(cut.output.at(-1).type, "message");
+  assert.equal(cut.output.at(-1).status, "incomplete");
+  const bad = await post({ input: "hi", metadata: { n: 1 } });
+  assert.equal(bad.status, 400);
+  assert.equal((await bad.json()).error.param, "metadata.n");
+});
+
 await check("a malformed event gets an error event and the socket stays usable", async () => {
   const ws = await open(wsUrl(process.env.URL_NULL));
   ws.send("{not json");
