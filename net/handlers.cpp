@@ -147,6 +147,7 @@ simple_response handle_admin(server_state& state, std::string_view method, std::
         .kv("kv_capacity_tokens", s.kv_capacity_tokens).kv("running", m.num_running)
         .kv("waiting", m.num_waiting).kv("topology", m.topology).kv("topology_state", m.topology_state)
         .kv("stored_responses", int64_t(state.responses->size()))
+        .kv("stored_responses_bytes", int64_t(state.responses->bytes()))
         .kv("draining", state.draining.load()).end_obj();
     return {200, "application/json", w.take()};
   }

@@ -135,6 +135,11 @@ std::shared_ptr<const chat_context> prompt_codec::with_reply(const std::shared_p
 
 const std::vector<int32_t>& prompt_codec::context_ids(const chat_context& context) { return context.ids; }
 
+size_t prompt_codec::context_bytes(const chat_context& context) {
+  // the messages hold about the text again
+  return 2 * context.conversation.text().size() + context.ids.size() * sizeof(int32_t) + context.key.size();
+}
+
 rendered_prompt prompt_codec::encode_text(const std::string& text) const {
   // A raw prompt is the model's text as written, control tokens included (a prompt rendered by
   // the reference encoder comes through whole); it gets a BOS unless it spells one itself.

@@ -85,6 +85,8 @@ class prompt_codec {
                                                  const std::vector<int32_t>& generated = {}) const;
   /// The ids of a context (prompt and replies so far).
   static const std::vector<int32_t>& context_ids(const chat_context& context);
+  /// About the memory a context takes: its messages, its text and its ids.
+  static size_t context_bytes(const chat_context& context);
   /// A raw prompt -> ids for /v1/completions: no chat template, control-token text (the chat
   /// markers, "</think>") encoded as those tokens, one BOS first (added unless the text starts
   /// with it).

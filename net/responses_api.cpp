@@ -250,6 +250,12 @@ class responses_writer final : public response_writer {
     s->session_id = turn_.session_id;
     s->context = ctx_.codec->with_reply(turn_.context, s->conversation.back(), generated_);
     s->json = body;
+    s->bytes = sizeof(stored_response) + s->id.size() + s->instructions.size() + s->json.size() +
+               (s->context ? prompt_codec::context_bytes(*s->context) : 0);
+    for (auto& m : s->conversation) {
+      s->bytes += sizeof(chat_message) + m.content.size() + m.reasoning_content.size();
+      for (auto& c : m.tool_calls) s->bytes += sizeof(c) + c.id.size() + c.name.size() + c.arguments.size();
+    }
     std::shared_ptr<const stored_response> frozen = std::move(s);
     if (turn_.store) turn_.state->responses->put(frozen);
     else if (!turn_.on_stored) turn_.state->responses->release(turn_.session_id);

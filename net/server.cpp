@@ -89,7 +89,8 @@ int run_server(const serve_options& options, const engine_factory& make_engine) 
   }
   auto summary = state->engine->summary();
   state->model_name = options.served_model_name.empty() ? summary.model_name : options.served_model_name;
-  state->responses = std::make_unique<response_store>(size_t(options.max_stored_responses), state->engine.get());
+  state->responses = std::make_unique<response_store>(
+      size_t(options.max_stored_responses), size_t(options.max_stored_mib) << 20, state->engine.get());
   state->loaded.store(true, std::memory_order_release);
   std::fprintf(stderr,
                "cedar serve: model %s (served as \"%s\")\n"

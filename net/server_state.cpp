@@ -84,18 +84,25 @@ void response_store::put(std::shared_ptr<const stored_response> r) {
     if (auto it = index_.find(r->id); it != index_.end()) return;
     lru_.push_front(r);
     index_[r->id] = lru_.begin();
+    bytes_ += r->bytes;
     if (r->session_id) ++session_refs_[r->session_id];
-    while (lru_.size() > capacity_) {
+    while (lru_.size() > capacity_ || (bytes_ > capacity_bytes_ && lru_.size() > 1)) {
       auto victim = lru_.back();
       lru_.pop_back();
-      index_.erase(victim->id);
-      if (victim->session_id && --session_refs_[victim->session_id] == 0) {
-        session_refs_.erase(victim->session_id);
-        to_close.push_back(victim->session_id);
-      }
+      if (uint64_t s = forget_locked(victim)) to_close.push_back(s);
     }
   }
   for (uint64_t s : to_close) engine_->close_session(s);
+}
+
+uint64_t response_store::forget_locked(const entry& victim) {
+  index_.erase(victim->id);
+  bytes_ -= victim->bytes;
+  if (victim->session_id && --session_refs_[victim->session_id] == 0) {
+    session_refs_.erase(victim->session_id);
+    return victim->session_id;
+  }
+  return 0;
 }
 
 std::shared_ptr<const stored_response> response_store::get(const std::string& id) {
@@ -114,11 +121,7 @@ bool response_store::erase(const std::string& id) {
     if (it == index_.end()) return false;
     auto victim = *it->second;
     lru_.erase(it->second);
-    index_.erase(it);
-    if (victim->session_id && --session_refs_[victim->session_id] == 0) {
-      session_refs_.erase(victim->session_id);
-      close = victim->session_id;
-    }
+    close = forget_locked(victim);
   }
   if (close) engine_->close_session(close);
   return true;
@@ -136,6 +139,11 @@ void response_store::release(uint64_t session_id) {
 size_t response_store::size() const {
   std::lock_guard lock(mutex_);
   return lru_.size();
+}
+
+size_t response_store::bytes() const {
+  std::lock_guard lock(mutex_);
+  return bytes_;
 }
 
 }  // namespace cedar::net

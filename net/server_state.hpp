@@ -58,6 +58,7 @@ struct serve_options {
   int drain_timeout_s = 30;
   int default_max_tokens = 2048;
   int max_stored_responses = 4096;    ///< Responses conversations kept for previous_response_id
+  int64_t max_stored_mib = 1024;      ///< and the memory they may take (a turn holds its whole chain)
   bool log_json = false;              ///< request log as JSON lines instead of key=value
   bool log_requests = true;
 };
@@ -70,16 +71,21 @@ struct stored_response {
   uint64_t session_id = 0;                 ///< engine session keeping this chain's KV warm
   std::shared_ptr<const chat_context> context;  ///< the conversation rendered and tokenized so far
   std::string json;                        ///< the final response object
+  size_t bytes = 0;                        ///< about what this turn takes in memory
 };
 
 /// LRU store of Responses turns. Evicting the last turn of a chain closes its engine session.
 class response_store {
  public:
-  response_store(size_t capacity, engine_bridge* engine) : capacity_(capacity), engine_(engine) {}
+  /// Keeps at most `capacity` turns and `capacity_bytes` of them (by stored_response::bytes);
+  /// the least recently used go first, but the newest turn is always kept.
+  response_store(size_t capacity, size_t capacity_bytes, engine_bridge* engine)
+      : capacity_(capacity), capacity_bytes_(capacity_bytes), engine_(engine) {}
   void put(std::shared_ptr<const stored_response> r);
   std::shared_ptr<const stored_response> get(const std::string& id);
   bool erase(const std::string& id);
   size_t size() const;
+  size_t bytes() const;
   /// Closes the engine session unless a stored turn still uses it (a turn that was not stored,
   /// or a WebSocket that closed).
   void release(uint64_t session_id);
@@ -88,10 +94,15 @@ class response_store {
   using entry = std::shared_ptr<const stored_response>;
   mutable std::mutex mutex_;
   size_t capacity_;
+  size_t capacity_bytes_;
+  size_t bytes_ = 0;
   engine_bridge* engine_;
   std::list<entry> lru_;  ///< most recent first
   std::unordered_map<std::string, std::list<entry>::iterator> index_;
   std::unordered_map<uint64_t, int> session_refs_;
+
+  /// Drops `victim`'s entry (the caller erased it from lru_); returns a session to close or 0.
+  uint64_t forget_locked(const entry& victim);
 };
 
 struct server_state {

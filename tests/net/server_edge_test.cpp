@@ -322,3 +322,28 @@ TEST_CASE("log lines: numbers and booleans are bare JSON values, and an empty va
   const auto kv = state.format_log_line("T", {{"status", 200}, {"error", ""}, {"ttft_ms", log_value::millis(2.0)}});
   CHECK(kv == "ts=T status=200 ttft_ms=2.000");
 }
+
+TEST_CASE("the Responses store keeps to its memory budget, least recently used first, and always keeps the newest") {
+  auto engine = make_null_engine(1000, 1);
+  response_store store(100, 1000, engine.get());
+  auto turn = [](std::string id, size_t bytes) {
+    auto r = std::make_shared<stored_response>();
+    r->id = std::move(id);
+    r->bytes = bytes;
+    return std::shared_ptr<const stored_response>(std::move(r));
+  };
+  store.put(turn("a", 400));
+  store.put(turn("b", 400));
+  CHECK(store.get("a"));  // a is now the most recently used
+  store.put(turn("c", 400));
+  CHECK(store.size() == 2);
+  CHECK(store.bytes() == 800);
+  CHECK_FALSE(store.get("b"));
+  CHECK(store.get("a"));
+  store.put(turn("big", 5000));  // over the budget alone: kept, everything older goes
+  CHECK(store.size() == 1);
+  CHECK(store.bytes() == 5000);
+  CHECK(store.get("big"));
+  CHECK(store.erase("big"));
+  CHECK(store.bytes() == 0);
+}

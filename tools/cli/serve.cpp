@@ -205,13 +205,16 @@ void print_help(FILE* out) {
       "  --drain-timeout-s N            on SIGTERM, wait this long for running requests (default %d)\n"
       "  --default-max-tokens N         max_tokens when a request gives none (default %d)\n"
       "  --max-stored-responses N       Responses turns kept for previous_response_id (default %d)\n"
+      "  --max-stored-mib N             and the memory they may take; each holds its whole chain's\n"
+      "                                 text and token ids (default %lld)\n"
       "  --log-format kv|json           request log format on stderr (default kv)\n"
       "  --no-request-log               do not log one line per request\n"
       "engine:\n%s",
       d.host.c_str(), d.port, d.num_threads, (long long)d.max_body_bytes, (long long)d.max_header_bytes,
       (long long)d.max_ws_message_bytes, (long long)d.max_queued_bytes, d.max_connections,
       d.max_active_generations, d.idle_timeout_s, d.write_timeout_s, d.drain_timeout_s,
-      d.default_max_tokens, d.max_stored_responses, cedar::engine_options::help().c_str());
+      d.default_max_tokens, d.max_stored_responses, (long long)d.max_stored_mib,
+      cedar::engine_options::help().c_str());
 }
 
 int serve_main(int argc, char** argv) {
@@ -302,6 +305,7 @@ int serve_main(int argc, char** argv) {
     else if (flag == "--drain-timeout-s") number(o.drain_timeout_s);
     else if (flag == "--default-max-tokens") number(o.default_max_tokens);
     else if (flag == "--max-stored-responses") number(o.max_stored_responses);
+    else if (flag == "--max-stored-mib") number(o.max_stored_mib);
     else if (flag == "--log-format") {
       if (next()) {
         if (value == "json") o.log_json = true;
