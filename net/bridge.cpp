@@ -92,7 +92,8 @@ class runtime_bridge final : public engine_bridge {
       return {status_of(id.error().code), 0, id.error().message};
     }
     std::lock_guard lock(mutex_);
-    live_.insert(id.value());
+    // the final batch may have come (on an actor thread) before submit returned
+    if (!finished_early_.erase(id.value())) live_.insert(id.value());
     return {submit_status::ok, id.value(), {}};
   }
 
@@ -305,7 +306,7 @@ class runtime_bridge final : public engine_bridge {
 
   void forget(uint64_t request_id) {
     std::lock_guard lock(mutex_);
-    live_.erase(request_id);
+    if (!live_.erase(request_id)) finished_early_.insert(request_id);
   }
 
   static uint64_t random_seed() {
@@ -341,6 +342,7 @@ class runtime_bridge final : public engine_bridge {
   std::condition_variable wake_;
   std::deque<std::function<void()>> jobs_;
   std::set<uint64_t> live_;  ///< submitted and not finished
+  std::set<uint64_t> finished_early_;  ///< finished before submit() returned their id
   std::unordered_map<uint64_t, conversation> sessions_;  ///< by net's conversation key
   int64_t turns_extended_ = 0, turns_restarted_ = 0;
   std::atomic<bool> stopping_{false};
