@@ -5,6 +5,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/sampling_order.hpp"
+
 namespace cedar {
 namespace {
 
@@ -34,32 +36,35 @@ std::vector<int32_t> order_by_logit(std::span<const float> logits, std::size_t k
 
 double log_sum_exp(std::span<const float> logits) {
   const float mx = *std::max_element(logits.begin(), logits.end());
-  double s = 0;
-  for (float v : logits) s += std::exp(double(v) - mx);
+  const double s = sampling_order::sum(logits.size(), [&](std::size_t i) { return std::exp(double(logits[i]) - mx); });
   return mx + std::log(s);
 }
 
+/// Softmax of logit / temperature, then the top-p cut and the draw, every sum in
+/// sampling_order's blocked order. With neither top-k nor top-p the draw walks the ids in index
+/// order (no sort: any fixed order draws from the same distribution); otherwise best first.
 int32_t pick_random(std::span<const float> logits, const sampling_params& p, int64_t token_idx) {
-  const std::size_t k = p.top_k > 0 ? std::size_t(p.top_k) : logits.size();
-  const auto ids = order_by_logit(logits, k);
-  std::vector<double> prob(ids.size());
+  std::vector<int32_t> ids;  // empty: index order
+  if (p.top_k > 0 || p.top_p < 1.f)
+    ids = order_by_logit(logits, p.top_k > 0 ? std::size_t(p.top_k) : logits.size());
+  const auto id = [&](std::size_t i) { return ids.empty() ? int32_t(i) : ids[i]; };
+  const std::size_t k = ids.empty() ? logits.size() : ids.size();
   // in double: a tiny temperature overflows a float quotient to inf, and inf - inf is NaN
   const double t = p.temperature;
-  const double mx = logits[ids[0]] / t;
-  double total = 0;
-  for (std::size_t i = 0; i < ids.size(); ++i) total += prob[i] = std::exp(logits[ids[i]] / t - mx);
-  std::size_t n = ids.size();
+  const double mx = *std::max_element(logits.begin(), logits.end()) / t;
+  std::vector<double> prob(k);
+  for (std::size_t i = 0; i < k; ++i) prob[i] = std::exp(logits[id(i)] / t - mx);
+  const auto term = [&](std::size_t i) { return prob[i]; };
+  double total = sampling_order::sum(k, term);
+  std::size_t n = k;
   if (p.top_p < 1.f) {
-    double cum = 0;
-    for (std::size_t i = 0; i < ids.size(); ++i)
-      if ((cum += prob[i] / total) >= p.top_p) { n = i + 1; break; }
-    total = std::accumulate(prob.begin(), prob.begin() + n, 0.0);
+    n = std::min(k, sampling_order::find(k, [&](std::size_t i) { return prob[i] / total; },
+                                         [&](double cum) { return cum >= p.top_p; }) + 1);
+    total = sampling_order::sum(n, term);
   }
   const double u = uniform01(p.seed, token_idx) * total;
-  double cum = 0;
-  for (std::size_t i = 0; i < n; ++i)
-    if ((cum += prob[i]) > u) return ids[i];
-  return ids[n - 1];
+  const std::size_t i = sampling_order::find(n, term, [&](double cum) { return cum > u; });
+  return id(std::min(i, n - 1));
 }
 
 }  // namespace

@@ -211,9 +211,10 @@ struct sample_request {
   int64_t token_idx = 0;    ///< index of the generated token within its request
 };
 
-/// Samples one token per row exactly as actors/sampler.cpp's sample() does: ids ordered by
-/// logit (ties to the lowest id), top-k, softmax of logit / temperature in double, top-p cut,
-/// and the draw splitmix64(splitmix64(seed) ^ token_idx). tokens [m] and logprobs [m]
+/// Samples one token per row exactly as actors/sampler.cpp's sample() does: with top-k or
+/// top-p, ids ordered by logit (ties to the lowest id), else in index order; softmax of logit /
+/// temperature in double, the top-p cut, and the draw splitmix64(splitmix64(seed) ^ token_idx),
+/// every sum in kernels/sampling_order.hpp's blocked order. tokens [m] and logprobs [m]
 /// (log-softmax of the raw logits at the token) are device arrays; requests is a host array.
 /// leave_greedy: rows at temperature 0 keep what tokens and logprobs hold (greedy_rows' answer).
 void sample_rows(const float* logits /*[m, vocab]*/, int m, int vocab, const sample_request* requests,

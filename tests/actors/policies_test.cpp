@@ -13,6 +13,7 @@
 #include "actors/replay.hpp"
 #include "actors/sampler.hpp"
 #include "config/engine_options.hpp"
+#include "kernels/sampling_order.hpp"
 #include "tests/actors/toy_model.hpp"
 
 using namespace cedar;
@@ -118,6 +119,63 @@ TEST_CASE("sampler: seeded draws are reproducible and follow temperature / top-k
   bad = {};
   bad.temperature = -1.f;
   CHECK(!validate(bad, 12).empty());
+}
+
+TEST_CASE("sampling order: blocked sums and the first index whose running sum stops, against the definition") {
+  std::mt19937 g(5);
+  std::uniform_real_distribution<double> d(0.0, 1.0);
+  const int C = sampling_order::chunk;
+  for (const std::size_t n : {std::size_t(1), std::size_t(C - 1), std::size_t(C), std::size_t(3 * C + 17)}) {
+    std::vector<double> x(n);
+    for (auto& v : x) v = d(g) * (d(g) < 0.1 ? 1e6 : 1.0);  // a few large terms: rounding shows
+    // the definition: chunk sums from 0, added in chunk order; a running sum is the chunks
+    // before plus its own chunk up to it
+    std::vector<double> parts;
+    for (std::size_t c = 0; c < n; c += C) {
+      double p = 0;
+      for (std::size_t i = c; i < std::min(n, c + C); ++i) p += x[i];
+      parts.push_back(p);
+    }
+    double total = 0;
+    for (double p : parts) total += p;
+    const auto term = [&](std::size_t i) { return x[i]; };
+    CHECK(sampling_order::sum(n, term) == total);  // bit for bit
+    auto running = [&](std::size_t i) {
+      double before = 0;
+      for (std::size_t c = 0; c < i / C; ++c) before += parts[c];
+      double within = 0;
+      for (std::size_t j = i / C * C; j <= i; ++j) within += x[j];
+      return before + within;
+    };
+    for (double frac : {0.0, 1e-9, 0.3, 0.5, 0.999, 1.0}) {
+      const double u = frac * total;
+      std::size_t want = n;
+      for (std::size_t i = 0; i < n; ++i)
+        if (running(i) > u) { want = i; break; }
+      CHECK(sampling_order::find(n, term, [&](double cum) { return cum > u; }) == want);
+    }
+    CHECK(sampling_order::find(n, term, [&](double cum) { return cum > 2 * total; }) == n);
+  }
+}
+
+TEST_CASE("sampler: across many chunks, draws follow temperature and top-p in either walk order") {
+  // 1000 tokens (four chunks of the blocked sums), the likely ones spread across the chunks
+  std::vector<float> l = random_logits(1000, 9);
+  for (int id : {3, 255, 256, 511, 700, 999}) l[std::size_t(id)] = 6.f + float(id % 7) * 0.3f;
+  for (auto [temp, top_p] : {std::tuple{1.f, 1.f}, {0.8f, 0.7f}}) {  // index order; best first
+    sampling_params p;
+    p.temperature = temp, p.top_p = top_p, p.seed = 11;
+    const auto ref = reference_probs(l, p);
+    std::vector<double> freq(l.size(), 0.0);
+    const int n = 30000;
+    for (int i = 0; i < n; ++i) freq[std::size_t(sample(l, p, i).token_id)] += 1.0 / n;
+    double worst = 0;
+    for (std::size_t v = 0; v < l.size(); ++v) {
+      if (ref[v] == 0.0) CHECK(freq[v] == 0.0);
+      worst = std::max(worst, std::abs(freq[v] - ref[v]));
+    }
+    CHECK(worst < 0.012);
+  }
 }
 
 TEST_CASE("kv_pool: the budget splits exactly into slots and pages; refs return pages to the free list") {

@@ -30,7 +30,7 @@ void usage() {
       "                       [--kv-dtype fp4|fp8] [--page-tokens 64]\n"
       "                       [--phases floor,decode,prefill,truncation,prefix,generate]\n"
       "                       [--batch 1,64,256] [--context 8192] [--steps 16] [--warmup-steps 2] [--temperature T]\n"
-      "                       [--logprobs K]\n"
+      "                       [--top-p P] [--logprobs K]\n"
       "                       [--prefill 8192,32768] [--chunk N] [--prefix-tokens 32768] [--new-tokens 200]\n"
       "                       [--gen-prompt 32768] [--gen-tokens 256] [--truncate on|off] [--out FILE.json]\n"
       "                       [--layout tpN|depN] [--progress]\n"
@@ -40,7 +40,8 @@ void usage() {
       "    (as cedar serve). --page-tokens: positions per KV page (even; as cedar serve, default 64).\n"
       "  decode: --steps timed calls per batch size on synthetic KV (random well-formed records,\n"
       "    --context tokens per request), against the step's HBM floor at the measured copy rate;\n"
-      "    greedy, or sampled at --temperature T (each request its own seed, top-k and top-p off);\n"
+      "    greedy, or sampled at --temperature T (each request its own seed, top-k off, top-p --top-p,\n"
+      "    default 1: off);\n"
       "    --logprobs K: the first request of each step also asks for K top logprobs.\n"
       "  prefill: each --prefill prompt in --chunk calls (default: serving's --max-prefill-chunk on the\n"
       "    device: 512 on the CPU, 8192 with --device cuda), no truncation; linear-layer TFLOP/s\n"
@@ -109,6 +110,7 @@ bool parse(int argc, char** argv, options& o) {
     else if (k == "--chunk") o.chunk = int(n), ok = is_integer && n >= 1;
     else if (k == "--steps") o.steps = int(n), ok = is_integer && n >= 1;
     else if (double t = 0; k == "--temperature") ok = read_number(v, t, 0, 100), o.temperature = float(t);
+    else if (double t = 0; k == "--top-p") ok = read_number(v, t, 1e-6, 1) && t > 0, o.top_p = float(t);
     else if (k == "--logprobs") o.logprobs = int(n), ok = is_integer && n >= 0 && n <= 20;
     else if (k == "--warmup-steps") o.warmup_steps = int(n), ok = is_integer && n >= 0;
     else if (k == "--prefix-tokens") o.prefix_tokens = n, ok = is_integer && n >= 1;

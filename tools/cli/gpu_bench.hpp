@@ -40,7 +40,8 @@ struct options {
   std::vector<int64_t> prefills = {8192, 32768};  ///< prefill and truncation prompt lengths
   int chunk = 0;  ///< prefill tokens per step; 0: serving's default on the device (resolved by parse)
   int steps = 16;                                 ///< timed decode steps per batch size
-  float temperature = 0;                          ///< decode: 0 greedy; > 0 sampled (top-k and top-p off)
+  float temperature = 0;                          ///< decode: 0 greedy; > 0 sampled (top-k off)
+  float top_p = 1;                                ///< decode, sampled: the top-p cut (1 = off)
   int logprobs = 0;  ///< decode: the first request of each step asks for this many top logprobs
   int warmup_steps = 2;                           ///< untimed decode steps first
   int64_t prefix_tokens = 32768;                  ///< prefix phase: cached prefix (whole pages)

@@ -108,7 +108,8 @@ void runner::decode_step(std::vector<bench_request>& reqs) {
   std::vector<step_item> items;
   for (const bench_request& req : reqs) {
     items.push_back(make_item(req, req.num_computed + 1, true, -1));
-    if (o_.temperature > 0) items.back().sampling = {o_.temperature, 0, 1.f, o_.seed + req.id};  // --temperature
+    if (o_.temperature > 0)  // --temperature, --top-p
+      items.back().sampling = {o_.temperature, 0, o_.top_p, o_.seed + req.id};
   }
   if (o_.logprobs > 0 && !items.empty()) items.front().sampling.logprobs = o_.logprobs;  // --logprobs: one request
   const step_output out = run(std::move(items));

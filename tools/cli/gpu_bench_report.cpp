@@ -100,7 +100,8 @@ void print_table(const report& r) {
       std::printf("%22s %7lld %6d %10.2f %9.1f %10.1f %9.3f %7.1f%% %8.1f\n", "", (long long)d.context, d.batch,
                   d.step_ms, d.tok_s, d.floor_bytes / 1e6, d.floor_ms, 100 * d.floor_fraction, d.experts_touched);
     char how[96] = "greedy";
-    if (o.temperature > 0) std::snprintf(how, sizeof how, "sampled at temperature %g", double(o.temperature));
+    if (o.temperature > 0)
+      std::snprintf(how, sizeof how, "sampled at temperature %g, top-p %g", double(o.temperature), double(o.top_p));
     if (o.logprobs > 0)
       std::snprintf(how + std::strlen(how), sizeof how - std::strlen(how), ", one request with %d top logprobs",
                     o.logprobs);
