@@ -136,10 +136,11 @@ outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model
     p->runtime = spawn_runtime(*p->sys, std::move(layered), options, *parallel);
     p->sched = caf::actor_cast<scheduler_actor>(p->runtime);
     if (options.shard_port >= 0) {
-      auto port = p->sys->middleman().publish(p->runtime, uint16_t(options.shard_port));
+      auto port = p->sys->middleman().publish(p->runtime, uint16_t(options.shard_port), options.shard_host.c_str());
       if (!port) {
         caf::anon_send_exit(p->runtime, caf::exit_reason::user_shutdown);
-        return engine_error{engine_errc::bad_params, "--shard-port " + std::to_string(options.shard_port) + ": " +
+        return engine_error{engine_errc::bad_params, "--shard-port " + std::to_string(options.shard_port) +
+                                                         " on " + options.shard_host + ": " +
                                                          p->sys->render(port.error())};
       }
       p->shard_port = *port;

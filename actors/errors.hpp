@@ -22,6 +22,7 @@ enum class engine_errc : uint8_t {
   kv_exhausted,     ///< the KV budget cannot hold even one request of this size
   draining,         ///< the engine is shutting down and takes no new requests
   shard_failed,     ///< the model shard failed or timed out; the step's requests are failed
+  busy,             ///< the engine is already doing this (a layout switch); try again later
 };
 
 /// A short stable name ("prompt_too_long", ...) for logs and OpenAI error codes.

@@ -150,7 +150,7 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<ran
         if (const std::string why = st.src->check(spec.value()); !why.empty())
           return switch_result{int32_t(engine_errc::bad_params), "layout '" + msg.layout + "': " + why,
                                st.layout.name()};
-        if (st.sw) return switch_result{int32_t(engine_errc::bad_params), "a layout switch is already running", st.layout.name()};
+        if (st.sw) return switch_result{int32_t(engine_errc::busy), "a layout switch is already running", st.layout.name()};
         auto rp = self->make_response_promise<switch_result>();
         st.sw = pending_switch{spec.value(), rp, std::chrono::steady_clock::now()};
         st.paused = true;  // admission stops now; the switch runs at the step boundary

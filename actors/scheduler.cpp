@@ -27,6 +27,7 @@ const char* errc_name(engine_errc c) {
     case engine_errc::kv_exhausted: return "kv_exhausted";
     case engine_errc::draining: return "draining";
     case engine_errc::shard_failed: return "shard_failed";
+    case engine_errc::busy: return "busy";
   }
   return "unknown";
 }

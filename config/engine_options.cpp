@@ -50,6 +50,7 @@ const std::map<std::string, setter>& setters() {
       {"--step-timeout-ms", [](engine_options& o, const std::string& v) { return parse_int(v, o.step_timeout_ms); }},
       {"--layout", [](engine_options& o, const std::string& v) { return o.layout = v, !v.empty(); }},
       {"--shard-port", [](engine_options& o, const std::string& v) { return parse_int(v, o.shard_port); }},
+      {"--shard-host", [](engine_options& o, const std::string& v) { return o.shard_host = v, !v.empty(); }},
   };
   return table;
 }
@@ -73,8 +74,12 @@ std::string engine_options::help() {
          "                                 schedulers with experts split (default tp1; switchable live).\n"
          "                                 CPU: any N; --device cuda: rank r on device r, and a live\n"
          "                                 switch only between tpN and depN of the same N\n"
-         "  --shard-port N                 accept a shard process (cedar shard --connect) on port N;\n"
-         "                                 a tp1 layout then runs on it (default off)\n";
+         "  --shard-port N                 accept a shard process (cedar shard --connect) on port N\n"
+         "                                 (0: any free one, printed at start); a tp1 layout then runs\n"
+         "                                 on it (default off). A shard sees every prompt: the port\n"
+         "                                 has no key, so keep it on a trusted network\n"
+         "  --shard-host ADDR              the address the shard port listens on (default 127.0.0.1;\n"
+         "                                 0.0.0.0 for shards on other machines)\n";
 }
 
 engine_options_parse parse_engine_options(const std::vector<std::string>& args, engine_options defaults) {

@@ -41,6 +41,7 @@ struct engine_options {
   int64_t step_timeout_ms = 60000;                 ///< --step-timeout-ms: a shard reply later than this fails the step
   std::string layout = "tp1";                      ///< --layout tpN|depN: shards and how they split the model
   int shard_port = -1;                             ///< --shard-port N: accept `cedar shard --connect` (0 = any free port, -1 = off)
+  std::string shard_host = "127.0.0.1";            ///< --shard-host ADDR: the address that port listens on
   /// The served vocabulary's bytes (the server's tokenizer): structured output needs it; a
   /// request with a grammar is refused without it.
   std::shared_ptr<const token_vocab> vocab;

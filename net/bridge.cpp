@@ -170,18 +170,18 @@ class runtime_bridge final : public engine_bridge {
   }
 
   void switch_layout(const std::string& layout,
-                     std::function<void(std::string, std::string)> done) override {
+                     std::function<void(int, std::string, std::string)> done) override {
     runtime_->switch_layout(layout, [done = std::move(done)](outcome<switch_result> r) {
-      if (!r) return done(r.error().message, {});
+      if (!r) return done(r.error().code == engine_errc::busy ? 409 : 400, r.error().message, {});
       const switch_result& s = r.value();
-      if (s.error_code != -1) return done(s.error_message, {});
+      if (s.error_code != -1) return done(s.error_code == int32_t(engine_errc::busy) ? 409 : 400, s.error_message, {});
       char line[256];
       std::snprintf(line, sizeof line,
                     "{\"layout\":\"%s\",\"pause_ms\":%.3f,\"rehome_ms\":%.3f,\"requests_moved\":%lld,"
                     "\"pages_copied\":%lld}",
                     s.layout.c_str(), s.pause_ms, s.rehome_ms, (long long)s.requests_moved,
                     (long long)s.pages_copied);
-      done({}, line);
+      done(200, {}, line);
     });
   }
 

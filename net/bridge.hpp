@@ -122,12 +122,14 @@ class engine_bridge {
   virtual void close_session(uint64_t session_id) = 0;
   virtual engine_metrics metrics() const = 0;
   virtual bool ready() const = 0;
-  /// Switches the parallel layout ("tp4", "dep2", ...) while serving; `done` gets an error
-  /// message (empty on success) and a one-line summary, on an engine thread.
+  /// Switches the parallel layout ("tp4", "dep2", ...) while serving; `done` gets an HTTP
+  /// status (200, 400 for a layout the model cannot take, 409 while another switch runs, 404
+  /// without layouts), an error message (empty on success) and a one-line summary, on an
+  /// engine thread.
   virtual void switch_layout(const std::string& layout,
-                             std::function<void(std::string error, std::string summary)> done) {
+                             std::function<void(int status, std::string error, std::string summary)> done) {
     (void)layout;
-    done("this engine has no parallel layouts", {});
+    done(404, "This engine has no parallel layouts", {});
   }
   /// The layout, its shards (alive, steps and token rows run, remote) and each data-parallel
   /// group's load, as one JSON object (GET /admin/status); empty when there are no layouts.

@@ -204,11 +204,15 @@ void http_session::switch_layout(const std::string& body) {
   state_->log({{"event", "layout_switch_start"}, {"req_id", request_id_}, {"layout", layout}});
   // Nothing else is pending on this connection meanwhile: the callback keeps it alive.
   auto strand = socket_.get_executor();
-  state_->engine->switch_layout(layout, [self = shared_from_this(), strand](std::string error, std::string summary) {
-    asio::post(strand, [self, error = std::move(error), summary = std::move(summary)] {
+  state_->engine->switch_layout(layout, [self = shared_from_this(), strand](int status, std::string error,
+                                                                           std::string summary) {
+    asio::post(strand, [self, status, error = std::move(error), summary = std::move(summary)] {
       if (self->closed_) return;
       self->state_->log({{"event", "layout_switch_done"}, {"req_id", self->request_id_},
                          {"error", error}, {"result", summary}});
+      if (status == 404) return self->respond_error(not_found(error, {}, "no_layouts"));
+      if (status == 409)
+        return self->respond_error({409, "invalid_request_error", error, "layout", "layout_switch_running"});
       if (!error.empty())
         return self->respond_error(bad_request(error, "layout", "layout_switch_failed"));
       self->respond({200, "application/json", summary});

@@ -11,8 +11,11 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <mutex>
 #include <thread>
 
@@ -120,7 +123,30 @@ model_args served_micro_args() {
   return args;
 }
 
+/// The IPv4 address a listening TCP socket on `port` is bound to, as /proc/net/tcp writes it
+/// ("0100007F" is 127.0.0.1); empty when there is none.
+std::string listen_address(int port) {
+  std::ifstream f("/proc/net/tcp");
+  std::string line;
+  std::getline(f, line);  // the header
+  char want[8];
+  std::snprintf(want, sizeof want, "%04X", port);
+  while (std::getline(f, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    const auto colon = local.find(':');
+    if (state == "0A" && colon != std::string::npos && local.substr(colon + 1) == want) return local.substr(0, colon);
+  }
+  return {};
+}
+
 }  // namespace
+
+TEST_CASE("remote shard: the shard port listens on the loopback address unless told otherwise") {
+  shard_host host(micro_args());
+  CHECK(listen_address(host.e->shard_port()) == "0100007F");
+}
 
 TEST_CASE("remote shard: a second process serves the tp1 layout, and its death is survived") {
   shard_host host(served_micro_args());

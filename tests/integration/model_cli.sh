@@ -129,6 +129,9 @@ for cmd in "generate --model micro --prompt-ids 5 --max-tokens 1 --seed abc" \
            "gpu-bench --phases floor --steps 3q" \
            "replay-quality --page-tokens 0" "replay-quality --conversations many" \
            "serve --model micro --port 4294975296" "serve --model micro --idle-timeout-s 99999999999" \
+           "serve --model micro --default-max-tokens 0" "serve --model micro --max-connections 0" \
+           "serve --model micro --max-queued-bytes 0" "serve --model micro --idle-timeout-s 0" \
+           "serve --model micro --layout foo" "serve --model micro --layout tp" \
            "serve --model micro --gpu-dense-bf16=off" "serve --model micro --no-request-log=false"; do
   rc=0
   # shellcheck disable=SC2086

@@ -99,6 +99,10 @@ echo "  ok  an idle connection is closed after the idle timeout ($ms ms)"
 grep -q '"model":"null"' "$tmp/admin.json" || fail "admin state body: $(cat "$tmp/admin.json")"
 [[ "$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer nope' "$url_idle/admin/state")" == 401 ]] || fail "admin with a wrong key"
 echo "  ok  /admin/state answers with --admin-key and refuses other keys"
+# a layout switch on an engine without layouts: 404 no_layouts, as GET /admin/status says
+sw="$(curl -s -w ' %{http_code}' -H 'Authorization: Bearer adm' -d '{"layout":"tp2"}' "$url_idle/admin/layout")"
+[[ "$sw" == *'"code":"no_layouts"'*' 404' ]] || fail "POST /admin/layout on the null engine: $sw"
+echo "  ok  POST /admin/layout without layouts: 404 no_layouts"
 
 # --max-connections 4 (a server whose idle connections stay open for a minute): with 4 idle
 # connections open, a fifth is refused; once they close it works. The server accepts

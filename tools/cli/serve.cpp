@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "actors/engine.hpp"
+#include "actors/layout.hpp"
 #include "config/engine_options.hpp"
 #include "config/model_config.hpp"
 #include "kernels/checkpoint/safetensors.hpp"
@@ -95,6 +96,8 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& give
   if (!cedar::net::attach_engram_token_map(*args, codec.text_tokenizer(), &error) &&
       std::filesystem::is_directory(c.model))
     throw std::runtime_error(error);
+  if (auto l = cedar::parse_layout(c.options.layout, *args); !l)
+    throw std::runtime_error("--layout " + c.options.layout + ": " + l.error().message);
   // The weights, checked against the config, with progress on stderr.
   auto weights = cedar::cli::load_weights(c.model, *args, c.seed, true, &error);
   if (!weights) throw std::runtime_error(error);
@@ -119,6 +122,9 @@ std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& give
     return cedar::engine::start(std::move(gpu), options);
   }();
   if (!started) throw std::runtime_error(started.error().message);
+  if (const int port = started.value()->shard_port(); port > 0)
+    std::fprintf(stderr, "cedar serve: shards join at %s:%d (cedar shard --connect %s:%d)\n",
+                 c.options.shard_host.c_str(), port, c.options.shard_host.c_str(), port);
   // A directory's own name, however it was written ("ckpt/", "./ckpt/.", ".").
   std::error_code ec;
   std::filesystem::path model_path = std::filesystem::path(c.model).lexically_normal();
@@ -203,7 +209,8 @@ void print_help(FILE* out) {
       "  --idle-timeout-s N             keep-alive / header read / WebSocket idle timeout (default %d)\n"
       "  --write-timeout-s N            a write stalled this long closes the connection (default %d)\n"
       "  --drain-timeout-s N            on SIGTERM, wait this long for running requests (default %d)\n"
-      "  --default-max-tokens N         max_tokens when a request gives none (default %d)\n"
+      "  --default-max-tokens N         max_tokens of a chat or Responses request that gives none\n"
+      "                                 (default %d; /v1/completions keeps OpenAI's 16)\n"
       "  --max-stored-responses N       Responses turns kept for previous_response_id (default %d)\n"
       "  --max-stored-mib N             and the memory they may take; each holds its whole chain's\n"
       "                                 text and token ids (default %lld)\n"
@@ -241,11 +248,12 @@ int serve_main(int argc, char** argv) {
       value = rest[++i];
       return true;
     };
-    auto number = [&](auto& field) {
+    // lo: the least value that still serves (a limit of 0 would refuse every request)
+    auto number = [&](auto& field, long long lo = 0) {
       using T = std::remove_reference_t<decltype(field)>;
-      if (next() && !cedar::cli::read_integer(value, field, 0))
-        errors.push_back(flag + ": not an integer in [0, " + std::to_string(std::numeric_limits<T>::max()) +
-                         "]: " + value);
+      if (next() && !cedar::cli::read_integer(value, field, lo))
+        errors.push_back(flag + ": not an integer in [" + std::to_string(lo) + ", " +
+                         std::to_string(std::numeric_limits<T>::max()) + "]: " + value);
     };
     // a switch takes no value: "--gpu-dense-bf16=off" is refused, not read as on
     if (flag == "--no-request-log" || flag == "--gpu-dense-bf16") {
@@ -291,19 +299,19 @@ int serve_main(int argc, char** argv) {
     else if (flag == "--null-load-ms") number(engine.null_load_ms);
     else if (flag == "--host") { if (next()) o.host = value; }
     else if (flag == "--port") number(o.port);
-    else if (flag == "--threads") number(o.num_threads);
+    else if (flag == "--threads") number(o.num_threads, 1);
     else if (flag == "--api-key") { if (next()) o.api_key = value; }
     else if (flag == "--admin-key") { if (next()) o.admin_key = value; }
-    else if (flag == "--max-body-bytes") number(o.max_body_bytes);
-    else if (flag == "--max-header-bytes") number(o.max_header_bytes);
-    else if (flag == "--max-ws-message-bytes") number(o.max_ws_message_bytes);
-    else if (flag == "--max-queued-bytes") number(o.max_queued_bytes);
-    else if (flag == "--max-connections") number(o.max_connections);
-    else if (flag == "--max-active") number(o.max_active_generations);
-    else if (flag == "--idle-timeout-s") number(o.idle_timeout_s);
-    else if (flag == "--write-timeout-s") number(o.write_timeout_s);
+    else if (flag == "--max-body-bytes") number(o.max_body_bytes, 1024);
+    else if (flag == "--max-header-bytes") number(o.max_header_bytes, 1024);
+    else if (flag == "--max-ws-message-bytes") number(o.max_ws_message_bytes, 1024);
+    else if (flag == "--max-queued-bytes") number(o.max_queued_bytes, 65536);
+    else if (flag == "--max-connections") number(o.max_connections, 1);
+    else if (flag == "--max-active") number(o.max_active_generations, 1);
+    else if (flag == "--idle-timeout-s") number(o.idle_timeout_s, 1);
+    else if (flag == "--write-timeout-s") number(o.write_timeout_s, 1);
     else if (flag == "--drain-timeout-s") number(o.drain_timeout_s);
-    else if (flag == "--default-max-tokens") number(o.default_max_tokens);
+    else if (flag == "--default-max-tokens") number(o.default_max_tokens, 1);
     else if (flag == "--max-stored-responses") number(o.max_stored_responses);
     else if (flag == "--max-stored-mib") number(o.max_stored_mib);
     else if (flag == "--log-format") {
@@ -313,7 +321,8 @@ int serve_main(int argc, char** argv) {
       }
     } else errors.push_back("unknown option " + flag);
   }
-  if (o.num_threads < 1) errors.push_back("--threads must be at least 1");
+  if (engine.model != "null")  // the name now, the model's shape once its config is read (before the weights)
+    if (auto l = cedar::parse_layout_name(engine.options.layout); !l) errors.push_back("--layout: " + l.error().message);
   if (engine.dense_bf16 && (engine.device != cedar::cli::device_kind::cuda || engine.kernels != cedar::gpu_kernels::fast))
     errors.push_back("--gpu-dense-bf16 needs --device cuda and --gpu-kernels fast");
   if (engine.batch_invariant == false &&
