@@ -82,10 +82,13 @@ check "$work/short/results.json" '
     if (!(p.output_tokens > 0 && p.itl_ms.p50 > 0)) fail(`${at}: tokens not counted without usage`);
   }'
 
-echo "== a server that answers without streaming: errors, counted by kind"
+echo "== a server that answers without streaming: errors, counted by kind; exit 1, the report written"
 start_server --no-stream
+rc=0
 "$cedar" bench --url "http://127.0.0.1:$port" "${quick[@]}" --concurrency 1 --duration 1 --api chat \
-  --out "$work/nostream" >/dev/null 2>"$work/nostream.err" || { cat "$work/nostream.err"; exit 1; }
+  --out "$work/nostream" >/dev/null 2>"$work/nostream.err" || rc=$?
+[[ $rc == 1 ]] && grep -q "no request completed; the first error: stream" "$work/nostream.err" ||
+  { echo "no-stream: exit $rc"; cat "$work/nostream.err"; exit 1; }
 check "$work/nostream/results.json" '
   const p = r.configs[0].runs[0];
   if (!(p.errors.by_kind.stream > 0) || p.requests !== 0) fail(`no-stream: ${JSON.stringify(p.errors)}`);'
@@ -109,4 +112,12 @@ check "$work/cmp/compare.json" '
   if (!(r.a.output_tokens_per_s > 0 && r.b.output_tokens_per_s > 0)) fail(`throughputs ${JSON.stringify(r)}`);
   if (Math.abs(r.ratio_b_over_a - r.b.output_tokens_per_s / r.a.output_tokens_per_s) > 1e-3 * r.ratio_b_over_a) fail("ratio");'
 [[ "$(grep -c '<polyline' "$work/cmp/curve.svg")" -ge 2 ]] || { echo "compare curve.svg: expected curves"; exit 1; }
+
+echo "== a server that does not answer"
+rc=0
+"$cedar" bench --url "http://127.0.0.1:1" "${quick[@]}" --concurrency 1 --out "$work/none" >/dev/null 2>"$work/none.err" || rc=$?
+[[ $rc == 1 ]] && grep -q "gives no answer" "$work/none.err" || { echo "unreachable server: exit $rc"; cat "$work/none.err"; exit 1; }
+rc=0
+"$cedar" bench --url "http://127.0.0.1:1" --model m "${quick[@]}" --concurrency 1 --out "$work/none2" >/dev/null 2>"$work/none2.err" || rc=$?
+[[ $rc == 1 ]] && grep -q "no request completed" "$work/none2.err" || { echo "unreachable server, --model given: exit $rc"; cat "$work/none2.err"; exit 1; }
 echo "bench_standin: ok"

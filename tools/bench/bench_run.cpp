@@ -73,8 +73,9 @@ void describe_traces(const std::vector<session_trace>& traces, run_meta& meta) {
                100 * meta.trace_prefix_reuse, traces.front().block_size);
 }
 
-/// The server's first model (GET /v1/models), for runs without --model; "default" if it has none.
-std::string discover_model(const endpoint& server) {
+/// The server's first model (GET /v1/models), for runs without --model; "default" if it lists
+/// none; nullopt if the server does not answer.
+std::optional<std::string> discover_model(const endpoint& server) {
   boost::asio::io_context io;
   std::optional<std::string> body;
   boost::asio::co_spawn(
@@ -85,7 +86,8 @@ std::string discover_model(const endpoint& server) {
       },
       boost::asio::detached);
   io.run();
-  std::string id = body ? first_model_id(*body) : std::string();
+  if (!body) return std::nullopt;
+  std::string id = first_model_id(*body);
   return id.empty() ? "default" : id;
 }
 
@@ -102,7 +104,16 @@ int run_bench(const bench_options& o) {
   std::vector<session_trace> traces;
   if (!load_traces(o, traces)) return 1;
   bench_report report;
-  std::string model = o.model.empty() ? discover_model(cfg.server) : o.model;
+  std::string model = o.model;
+  if (model.empty()) {
+    auto found = discover_model(cfg.server);
+    if (!found) {
+      std::fprintf(stderr, "cedar bench: %s gives no answer to GET %s/models (is the server up? --model skips "
+                   "this look-up)\n", o.url.c_str(), cfg.server.api_path.c_str());
+      return 1;
+    }
+    model = *found;
+  }
   report.meta = {o.url, model, o.traces, o.scale, o.warmup_s, o.duration_s,
                  o.think_scale, o.max_think_s};
   describe_traces(traces, report.meta);
@@ -132,7 +143,16 @@ int run_bench(const bench_options& o) {
             write_file(dir / "results.md", report_markdown(report)) &&
             write_file(dir / "curve.svg", render_svg(report_curves(report), plot));
   std::fputs(report_markdown(report).c_str(), stdout);
-  return ok ? 0 : 1;
+  // a point where nothing completed and everything failed measured nothing: say so, and fail
+  bool measured = true;
+  for (const config_result& c : report.configs)
+    for (const point_result& p : c.points)
+      if (p.num_requests == 0 && !p.errors.empty()) {
+        std::fprintf(stderr, "cedar bench: %s at concurrency %d: no request completed; the first error: %s\n",
+                     c.label.c_str(), p.concurrency, p.first_error.c_str());
+        measured = false;
+      }
+  return ok && measured ? 0 : 1;
 }
 
 namespace {

@@ -31,7 +31,8 @@ struct bench_options {
   std::string metrics_path = "/metrics";
 };
 
-/// Runs the sweep; returns the process exit code (0 when every point ran, errors or not).
+/// Runs the sweep; returns the process exit code: 0 when every point ran and completed requests
+/// (some may have failed), 1 when the server does not answer or a point completed none.
 int run_bench(const bench_options& options);
 
 struct compare_options {
