@@ -67,12 +67,10 @@ __global__ void terms_kernel(const float* logits, int vocab, const int32_t* sort
   prob[std::size_t(r) * vocab + i] = exp(l[id] / t - mx);
 }
 
-/// sampling_order::find on a block: each thread sums whole chunks of term(i) into part[] (shared,
-/// one double a chunk), then thread 0 adds the chunk sums in order and walks the chunk where
-/// stop first holds. Every thread calls it and gets the index (n if stop never holds).
-template <class Term, class Stop>
-__device__ int blocked_find(int n, double* part, Term term, Stop stop) {
-  __shared__ int found;
+/// Each thread sums whole chunks of term(i) into part[] (shared, one double a chunk); returns the
+/// number of chunks once every sum is in place.
+template <class Term>
+__device__ int chunk_sums(int n, double* part, Term term) {
   const int chunks = (n + chunk - 1) / chunk;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
     double a = 0;
@@ -80,6 +78,16 @@ __device__ int blocked_find(int n, double* part, Term term, Stop stop) {
     part[c] = a;
   }
   __syncthreads();
+  return chunks;
+}
+
+/// sampling_order::find on a block: the chunk sums, then thread 0 adds them in order and walks
+/// the chunk where stop first holds. Every thread calls it and gets the index (n if stop never
+/// holds).
+template <class Term, class Stop>
+__device__ int blocked_find(int n, double* part, Term term, Stop stop) {
+  __shared__ int found;
+  const int chunks = chunk_sums(n, part, term);
   if (threadIdx.x == 0) {
     found = n;
     double prefix = 0;
@@ -107,13 +115,7 @@ __device__ int blocked_find(int n, double* part, Term term, Stop stop) {
 template <class Term>
 __device__ double blocked_sum(int n, double* part, Term term) {
   __shared__ double total;
-  const int chunks = (n + chunk - 1) / chunk;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-    double a = 0;
-    for (int i = c * chunk, end = min(n, (c + 1) * chunk); i < end; ++i) a += term(i);
-    part[c] = a;
-  }
-  __syncthreads();
+  const int chunks = chunk_sums(n, part, term);
   if (threadIdx.x == 0) {
     double t = 0;
     for (int c = 0; c < chunks; ++c) t += part[c];
