@@ -5,6 +5,8 @@
 // request/response with a timeout.
 #pragma once
 
+#include <chrono>
+
 #include <caf/all.hpp>
 
 #include "actors/messages.hpp"
@@ -13,13 +15,23 @@ namespace cedar {
 
 // ---- control messages (plain structs, defined here: only actors exchange them) ----
 
+/// Now on the clock of submit_request's deadline: steady_clock milliseconds since its epoch.
+inline int64_t steady_now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count();
+}
+
 /// Command: queue a request (spec.prompt = the full prompt). The sender receives the
 /// request's token_batch events.
 struct submit_request {
   request_spec spec;
-  /// How long the sender waits for the reply (0: as long as it takes). A submit held by a layout
-  /// switch for longer is refused when admission reopens, never run for a sender that gave up.
-  int64_t wait_ms = 0;
+  /// The latest time the request may start, on steady_now_ms()'s clock (0: any time). The sender
+  /// sets it short of its reply timeout. A submit taken up later (it waited in the mailbox
+  /// behind a layout switch or rebuild, or was held by one) is refused and never runs: its
+  /// sender has given up on it and rolled the turn back.
+  int64_t deadline_ms = 0;
+  /// Past the deadline: the request must not start.
+  bool expired() const { return deadline_ms > 0 && steady_now_ms() > deadline_ms; }
 };
 /// Command: open a session turn: spec.prompt holds only the new tokens.
 struct submit_turn {
@@ -143,7 +155,7 @@ typename Inspector::result_type inspect(Inspector& f, metrics_snapshot& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, submit_request& x) {
-  return f(caf::meta::type_name("submit_request"), x.spec, x.wait_ms);
+  return f(caf::meta::type_name("submit_request"), x.spec, x.deadline_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, submit_turn& x) {

@@ -14,6 +14,8 @@ namespace runtime_detail {
 
 submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_actor_ptr& sink) {
   auto& st = self->state;
+  if (msg.expired())  // its sender has rolled the turn back: running it would stream to nobody
+    return {0, int32_t(engine_errc::cancelled), "the request waited longer than its sender would; not started"};
   std::vector<int64_t> load(st.groups.size(), 0);  // live requests per group
   for (const auto& [id, g] : st.request_group) ++load[g];
   const int g = st.router.route(msg.spec.session_id, load);
@@ -104,9 +106,7 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<ran
           // held submit without it would run with nowhere to send its tokens
           caf::strong_actor_ptr sink = self->current_sender();
           auto rp = self->make_response_promise<submit_reply>();
-          std::optional<std::chrono::steady_clock::time_point> deadline;
-          if (msg.wait_ms > 0) deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(msg.wait_ms);
-          st.held.push_back({std::move(msg), std::move(sink), rp, deadline});
+          st.held.push_back({std::move(msg), std::move(sink), rp});
           return rp;
         }
         return do_submit(self, msg, self->current_sender());

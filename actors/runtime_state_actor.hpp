@@ -46,7 +46,6 @@ struct held_submit {
   submit_request msg;
   caf::strong_actor_ptr sink;
   caf::typed_response_promise<submit_reply> rp;
-  std::optional<std::chrono::steady_clock::time_point> deadline;  ///< when its sender stops waiting
 };
 
 /// A switch (or rebuild) waiting for the step boundary.
@@ -108,7 +107,8 @@ void build_layout(self_ptr self, const layout_spec& spec, std::vector<rank_entry
 void run_switch(self_ptr self);
 
 // runtime_actor.cpp
-/// Submits to the routed group and records the sink; answers the submitter.
+/// Submits to the routed group and records the sink; answers the submitter (a submit past
+/// its deadline is refused and never runs).
 submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_actor_ptr& sink);
 
 }  // namespace cedar::runtime_detail

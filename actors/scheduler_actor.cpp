@@ -52,6 +52,8 @@ scheduler_actor::behavior_type scheduler_behavior(self_ptr self, model_args args
   self->state.options = options;
   return {
       [=](submit_request& msg) -> submit_reply {
+        if (msg.expired())  // its sender has rolled the turn back: running it would stream to nobody
+          return {0, int32_t(engine_errc::cancelled), "the request waited longer than its sender would; not started"};
         auto r = self->state.policy->submit(std::move(msg.spec));
         if (!r) return {0, int32_t(r.error().code), r.error().message};
         self->state.sinks[r.value()] = self->current_sender();

@@ -1,12 +1,14 @@
 // The session actor's behaviour (see session_actor.hpp).
 #include "actors/session_actor.hpp"
 
+#include <algorithm>
 #include <limits>
 
 namespace cedar {
 namespace {
 
 constexpr uint64_t turn_starting = std::numeric_limits<uint64_t>::max();
+constexpr int64_t reply_margin_ms = 200;  ///< kept for the submit reply's trip back
 
 struct session_state {
   uint64_t session_id = 0;
@@ -35,7 +37,9 @@ caf::result<submit_reply> start_turn(self_ptr self, submit_turn& msg, int64_t ti
   msg.spec.session_id = st.session_id;
   st.active_request = turn_starting;
   auto rp = self->make_response_promise<submit_reply>();
-  self->request(st.sched, std::chrono::milliseconds(timeout_ms), submit_request{std::move(msg.spec), timeout_ms})
+  // the request may start only while its reply can still reach us before we give up on it
+  const int64_t deadline_ms = steady_now_ms() + timeout_ms - std::min<int64_t>(reply_margin_ms, timeout_ms / 2);
+  self->request(st.sched, std::chrono::milliseconds(timeout_ms), submit_request{std::move(msg.spec), deadline_ms})
       .then(
           [=](submit_reply& r) mutable {
             if (r.error_code >= 0) {

@@ -93,8 +93,9 @@ struct rig {
     return out;
   }
 
-  /// A client; session_id 0 makes a one-request client.
-  client& open(uint64_t session_id) {
+  /// A client; session_id 0 makes a one-request client. Its session waits control_timeout_ms
+  /// for the runtime's answer to a submit.
+  client& open(uint64_t session_id, int64_t control_timeout_ms = 60000) {
     clients.push_back(std::make_unique<client>());
     client& c = *clients.back();
     c.out->on_tokens = [&c](const token_batch& b) {
@@ -103,7 +104,7 @@ struct rig {
       if (b.finished) c.reasons.back() = b.finish_reason, c.errors.back() = b.error;
       c.cv.notify_all();
     };
-    c.actor = spawn_session(*sys, session_id, caf::actor_cast<scheduler_actor>(rt), c.out, 60000);
+    c.actor = spawn_session(*sys, session_id, caf::actor_cast<scheduler_actor>(rt), c.out, control_timeout_ms);
     return c;
   }
 
@@ -312,10 +313,66 @@ TEST_CASE("runtime: a submit held past its sender's wait is refused when admissi
   spec.max_tokens = 4;
   spec.ignore_eos = true;
   // its sender waits 1 ms: by the time the switch is done it has long given up
-  const submit_reply reply = s.r.ask<submit_reply>(s.r.rt, submit_request{spec, 1});
+  const submit_reply reply = s.r.ask<submit_reply>(s.r.rt, submit_request{spec, steady_now_ms() + 1});
   s.finish();
   if (s.held) CHECK(reply.error_code == int32_t(engine_errc::cancelled));
   else MESSAGE("the submit arrived outside the switch's wait; nothing to check");
+}
+
+/// The CPU model's layouts; building `slow` takes `build_ms` longer (a GPU layout loading).
+class slow_source final : public rank_source {
+ public:
+  slow_source(std::string slow, int build_ms)
+      : cpu_(make_cpu_rank_source(micro_model())), slow_(std::move(slow)), build_ms_(build_ms) {}
+  const model_args& args() const override { return cpu_->args(); }
+  const kv_layout& layout() const override { return cpu_->layout(); }
+  std::string check(const layout_spec&) const override { return ""; }
+  layout_ranks make(const layout_spec& spec, int first, std::chrono::milliseconds timeout) override {
+    if (spec.name() == slow_) std::this_thread::sleep_for(std::chrono::milliseconds(build_ms_));
+    return cpu_->make(spec, first, timeout);
+  }
+
+ private:
+  std::shared_ptr<rank_source> cpu_;
+  std::string slow_;
+  int build_ms_;
+};
+
+TEST_CASE("runtime: a turn its session gave up on while a switch ran never runs, and the session goes on") {
+  rig r("tp1", options(), std::make_shared<slow_source>("tp2", 1500));
+  client& c = r.open(7, 300);
+  switch_result sw;
+  std::thread switcher([&] { sw = r.ask<switch_result>(r.rt, switch_layout{"tp2"}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the runtime is building tp2
+  request_spec spec;
+  spec.prompt = tokens_for(720, 20);
+  spec.max_tokens = 4;
+  spec.ignore_eos = true;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.turns.emplace_back(), c.reasons.emplace_back(), c.errors.emplace_back();
+  }
+  // the submit waits in the runtime's mailbox until the switch is done; the session gives up first
+  const submit_reply refused = r.ask<submit_reply>(c.actor, submit_turn{spec});
+  CHECK(refused.error_code == int32_t(engine_errc::shard_failed));
+  switcher.join();
+  CHECK_MESSAGE(sw.error_code < 0, sw.error_message);
+  // the runtime took the late submit before this question: it refused it, so nothing ran
+  const auto m = r.ask<metrics_snapshot>(r.rt, metrics_atom::value);
+  CHECK(m.requests_running + m.requests_waiting == 0);
+  CHECK(m.tokens_out == 0);
+  CHECK(r.ask<session_info>(c.actor, info_atom::value).history_tokens == 0);
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    CHECK(c.turns[0].empty());
+    CHECK(c.reasons[0].empty());
+  }
+  // the next turn is the conversation's first
+  r.turn(c, tokens_for(721, 12), 4);
+  REQUIRE(rig::wait(c, 30000));
+  CHECK(c.reasons[1] == "length");
+  CHECK(c.turns[1].size() == 4u);
+  CHECK(r.ask<session_info>(c.actor, info_atom::value).history_tokens == 12 + 4);
 }
 
 TEST_CASE("runtime: counters survive a switch, and dep2's context is one group's KV, not both") {
