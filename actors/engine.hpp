@@ -23,9 +23,6 @@ struct tensor_map;
 class step_model;
 class rank_source;
 
-/// Receives one request's token batches, the last with finished = true.
-using token_callback = std::function<void(const token_batch&)>;
-
 /// A session's state as the engine sees it.
 struct session_status {
   uint64_t session_id = 0;

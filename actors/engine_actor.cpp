@@ -26,12 +26,8 @@ struct engine::impl {
   scheduler_actor sched;
   runtime_actor runtime;  ///< the V4.1 model's layouts (null for a plain step_model)
   int shard_port = -1;    ///< where the runtime is published for shard processes
-  struct session_entry {
-    session_actor actor;
-    std::shared_ptr<session_output> out;
-  };
   std::mutex mu;
-  std::map<uint64_t, session_entry> sessions;
+  std::map<uint64_t, session_actor> sessions;
   uint64_t next_session_id = 1;
   std::atomic<bool> draining{false};
   int64_t* timeout_ms = nullptr;
@@ -65,12 +61,12 @@ std::optional<engine_error> error_of(const Reply& r) {
 engine::engine(std::unique_ptr<impl> p) : impl_(std::move(p)) { impl_->timeout_ms = &control_timeout_ms; }
 
 engine::~engine() {
-  std::map<uint64_t, impl::session_entry> sessions;
+  std::map<uint64_t, session_actor> sessions;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     sessions.swap(impl_->sessions);
   }
-  for (auto& [id, s] : sessions) caf::anon_send_exit(s.actor, caf::exit_reason::user_shutdown);
+  for (auto& [id, s] : sessions) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(impl_->sched, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(impl_->shard, caf::exit_reason::user_shutdown);
   sessions.clear();
@@ -156,19 +152,16 @@ outcome<uint64_t> engine::submit(request_spec spec, token_callback on_tokens) {
   if (impl_->draining) return engine_error{engine_errc::draining, "the engine is draining and takes no new requests"};
   session_actor target;
   if (spec.session_id == 0) {
-    auto out = std::make_shared<session_output>();
-    out->on_tokens = std::move(on_tokens);
-    target = spawn_session(*impl_->sys, 0, impl_->sched, std::move(out), control_timeout_ms);
+    target = spawn_session(*impl_->sys, 0, impl_->sched, std::make_shared<session_output>(), control_timeout_ms);
   } else {
     std::lock_guard<std::mutex> lock(impl_->mu);
     auto it = impl_->sessions.find(spec.session_id);
     if (it == impl_->sessions.end())
       return engine_error{engine_errc::unknown_session, "no open session " + std::to_string(spec.session_id)};
-    target = it->second.actor;
-    std::lock_guard<std::mutex> out_lock(it->second.out->mu);
-    it->second.out->on_tokens = std::move(on_tokens);
+    target = it->second;
   }
-  auto r = impl_->ask<submit_reply>(target, submit_turn{std::move(spec)});
+  // the session installs the callback only if it takes the turn
+  auto r = impl_->ask<submit_reply>(target, submit_turn{std::move(spec), std::move(on_tokens)});
   if (!r) return r.error();
   if (auto e = error_of(r.value())) return *e;
   return r.value().request_id;
@@ -185,22 +178,22 @@ outcome<uint64_t> engine::open_session() {
   if (impl_->draining) return engine_error{engine_errc::draining, "the engine is draining and opens no sessions"};
   std::lock_guard<std::mutex> lock(impl_->mu);
   const uint64_t id = impl_->next_session_id++;
-  auto out = std::make_shared<session_output>();
-  impl_->sessions[id] = {spawn_session(*impl_->sys, id, impl_->sched, out, control_timeout_ms), out};
+  impl_->sessions[id] =
+      spawn_session(*impl_->sys, id, impl_->sched, std::make_shared<session_output>(), control_timeout_ms);
   return id;
 }
 
 status engine::close_session(uint64_t session_id) {
-  impl::session_entry entry;
+  session_actor actor;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     auto it = impl_->sessions.find(session_id);
     if (it == impl_->sessions.end())
       return engine_error{engine_errc::unknown_session, "no open session " + std::to_string(session_id)};
-    entry = it->second;
+    actor = it->second;
     impl_->sessions.erase(it);
   }
-  auto r = impl_->ask<status_reply>(entry.actor, close_atom::value);
+  auto r = impl_->ask<status_reply>(actor, close_atom::value);
   return r ? status(ok_t{}) : status(r.error());
 }
 
@@ -211,7 +204,7 @@ outcome<session_status> engine::lookup_session(uint64_t session_id) {
     auto it = impl_->sessions.find(session_id);
     if (it == impl_->sessions.end())
       return engine_error{engine_errc::unknown_session, "no open session " + std::to_string(session_id)};
-    actor = it->second.actor;
+    actor = it->second;
   }
   auto r = impl_->ask<session_info>(actor, info_atom::value);
   if (!r) return r.error();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,9 @@ struct token_batch {
   std::string error;                            ///< set when finish_reason == "error"
   usage_counts usage;
 };
+
+/// Receives one request's token batches, the last with finished = true.
+using token_callback = std::function<void(const token_batch&)>;
 
 /// A point-in-time view of the scheduler (all counts since start unless noted).
 struct metrics_snapshot {

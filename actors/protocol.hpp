@@ -36,6 +36,10 @@ struct submit_request {
 /// Command: open a session turn: spec.prompt holds only the new tokens.
 struct submit_turn {
   request_spec spec;
+  /// The turn's batches go here once the session takes the turn (a refused turn leaves the
+  /// running one's stream alone); empty: to the session's current callback. Not serialized:
+  /// turns come from this process.
+  token_callback on_tokens;
 };
 /// Reply to submit_request / submit_turn: the request id, or an error (code = engine_errc).
 struct submit_reply {

@@ -36,6 +36,10 @@ caf::result<submit_reply> start_turn(self_ptr self, submit_turn& msg, int64_t ti
   msg.spec.prompt = st.history;
   msg.spec.session_id = st.session_id;
   st.active_request = turn_starting;
+  if (msg.on_tokens) {
+    std::lock_guard<std::mutex> lock(st.out->mu);
+    st.out->on_tokens = std::move(msg.on_tokens);
+  }
   auto rp = self->make_response_promise<submit_reply>();
   // the request may start only while its reply can still reach us before we give up on it
   const int64_t deadline_ms = steady_now_ms() + timeout_ms - std::min<int64_t>(reply_margin_ms, timeout_ms / 2);

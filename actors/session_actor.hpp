@@ -1,7 +1,8 @@
 // The session actor: one per conversation (or one per stand-alone request). It owns the
 // conversation's token history, so a follow-up turn sends only its new tokens; it forwards
 // each turn to the scheduler and streams the turn's token batches to the current callback
-// (the engine installs a new one per turn, which is how a reconnected client resumes).
+// (each turn brings its own, installed when the session takes the turn: that is how a
+// reconnected client resumes).
 #pragma once
 
 #include <mutex>
@@ -11,7 +12,7 @@
 
 namespace cedar {
 
-/// Where a session's batches go; shared with the engine, which swaps the callback per turn.
+/// Where a session's batches go: the current turn's callback (submit_turn replaces it).
 struct session_output {
   std::mutex mu;
   token_callback on_tokens;

@@ -135,6 +135,29 @@ TEST_CASE("engine: a session keeps its history; a follow-up sends only new token
   CHECK(eng->submit(s2, c2.callback()).error().code == engine_errc::unknown_session);
 }
 
+TEST_CASE("engine: a turn refused because its session is busy leaves the running turn's stream alone") {
+  auto eng = start_toy();
+  const uint64_t sid = eng->open_session().value();
+  collector running, refused;
+  request_spec first = spec_of({3, 4, 5}, 100000);
+  first.session_id = sid;
+  const uint64_t id = eng->submit(first, running.callback()).value();
+  while (running.get(id).size() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  request_spec second = spec_of({7, 8}, 4);
+  second.session_id = sid;
+  const auto busy = eng->submit(second, refused.callback());
+  REQUIRE(!busy.ok());
+  CHECK(busy.error().code == engine_errc::session_busy);
+  // the running turn's batches, its last included, still reach its own caller
+  const std::size_t before = running.get(id).size();
+  CHECK(eng->cancel(id).ok());
+  REQUIRE(running.wait(id, 5000));
+  CHECK(running.last[id].finish_reason == "cancelled");
+  CHECK(running.get(id).size() >= before);
+  std::lock_guard<std::mutex> lock(refused.mu);
+  CHECK(refused.tokens.empty());
+}
+
 TEST_CASE("engine: cancellation, bad input and drain answer clearly and leave the runtime working") {
   auto eng = start_toy();
   collector c;
