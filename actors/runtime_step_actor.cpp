@@ -29,12 +29,10 @@ void complete_step(self_ptr self) {
       for (const step_item& it : sent.items) st.faults.erase(it.request_id);
       continue;
     }
-    bool again = false;
-    for (const step_item& it : sent.items) again |= ++st.faults[it.request_id] >= 2;
-    if (again)
-      st.groups[k]->apply(step_output{sent.step_id, {}, "shard failed twice while running it: " + g.failure});
-    else
-      st.groups[k]->abandon_step();
+    std::vector<uint64_t> failed_twice;  // the others run those positions again
+    for (const step_item& it : sent.items)
+      if (++st.faults[it.request_id] >= 2) failed_twice.push_back(it.request_id);
+    st.groups[k]->abandon_step(failed_twice, "shard failed twice while running it: " + g.failure);
   }
   if (!g.failure.empty() && !st.sw) st.sw = pending_switch{st.layout, std::nullopt, std::chrono::steady_clock::now()};
   deliver_events(self);

@@ -57,8 +57,9 @@ class scheduler {
   const prefix_cache& cache() const { return cache_; }
 
   // scheduler_transfer.cpp: moving requests to another scheduler (layout switch, rebuild).
-  /// Forgets the step in flight without applying it: its requests run those positions again.
-  void abandon_step();
+  /// Forgets the step in flight without applying it: its requests run those positions again,
+  /// except those in `failed`, which finish with finish_reason "error" ("shard failed: " + error).
+  void abandon_step(const std::vector<uint64_t>& failed = {}, const std::string& error = {});
   /// Removes and returns every running then waiting request (oldest first). Their KV is not
   /// released: the scheduler is about to be dropped. No step may be in flight.
   std::vector<request_transfer> take_requests();

@@ -6,7 +6,10 @@
 
 namespace cedar {
 
-void scheduler::abandon_step() { in_flight_.reset(); }
+void scheduler::abandon_step(const std::vector<uint64_t>& failed, const std::string& error) {
+  in_flight_.reset();
+  for (uint64_t id : failed) finish(requests_.at(id), "error", "shard failed: " + error);
+}
 
 std::vector<request_transfer> scheduler::take_requests() {
   CEDAR_CHECK(!in_flight_);

@@ -375,6 +375,89 @@ TEST_CASE("runtime: a turn its session gave up on while a switch ran never runs,
   CHECK(r.ask<session_info>(c.actor, info_atom::value).history_tokens == 12 + 4);
 }
 
+/// Steps to fail: the next `fails` forward passes of any shard throw, each once `go` is set
+/// (`entered`: one is waiting for it).
+struct fault_plan {
+  std::atomic<int> fails{0};
+  std::atomic<bool> go{true}, entered{false};
+};
+
+/// A CPU rank that fails the steps its fault_plan asks for.
+class faulty_model final : public step_model {
+ public:
+  faulty_model(std::unique_ptr<step_model> m, std::shared_ptr<fault_plan> plan)
+      : m_(std::move(m)), plan_(std::move(plan)) {}
+  const model_args& args() const override { return m_->args(); }
+  const kv_layout& layout() const override { return m_->layout(); }
+  void forward(std::span<forward_item> batch, std::vector<float>& logits) override {
+    maybe_fail();
+    m_->forward(batch, logits);
+  }
+  std::vector<sampled_token> forward_sample(std::span<forward_item> batch, std::span<const sampling_params> params,
+                                            std::span<const int64_t> token_idx) override {
+    maybe_fail();
+    return m_->forward_sample(batch, params, token_idx);
+  }
+  std::unique_ptr<kv_arena> make_arena(const kv_capacity& cap) const override { return m_->make_arena(cap); }
+
+ private:
+  void maybe_fail() {
+    if (plan_->fails <= 0) return;
+    plan_->entered = true;
+    while (!plan_->go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    --plan_->fails;
+    throw std::runtime_error("injected fault");
+  }
+  std::unique_ptr<step_model> m_;
+  std::shared_ptr<fault_plan> plan_;
+};
+
+/// The CPU model's layouts, every rank following one fault_plan.
+class faulty_source final : public rank_source {
+ public:
+  explicit faulty_source(std::shared_ptr<fault_plan> plan)
+      : cpu_(make_cpu_rank_source(micro_model())), plan_(std::move(plan)) {}
+  const model_args& args() const override { return cpu_->args(); }
+  const kv_layout& layout() const override { return cpu_->layout(); }
+  std::string check(const layout_spec&) const override { return ""; }
+  layout_ranks make(const layout_spec& spec, int first, std::chrono::milliseconds timeout) override {
+    layout_ranks ranks = cpu_->make(spec, first, timeout);
+    for (auto& m : ranks.models) m = std::make_unique<faulty_model>(std::move(m), plan_);
+    return ranks;
+  }
+
+ private:
+  std::shared_ptr<rank_source> cpu_;
+  std::shared_ptr<fault_plan> plan_;
+};
+
+TEST_CASE("runtime: a second failed step ends only the requests it failed twice; the others run on") {
+  auto plan = std::make_shared<fault_plan>();
+  rig r("tp1", options(), std::make_shared<faulty_source>(plan));
+  client& twice = r.open(0);
+  r.turn(twice, tokens_for(730, 20), 200);
+  auto streamed = [&] {
+    std::lock_guard<std::mutex> lock(twice.mu);
+    return twice.turns[0].size();
+  };
+  while (streamed() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  plan->go = false;
+  plan->fails = 2;  // the next two steps fail
+  while (!plan->entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // queued behind the first failing step, so it first runs in the second one
+  client& once = r.open(0);
+  r.turn(once, tokens_for(731, 20), 4);
+  plan->go = true;
+  REQUIRE(rig::wait(twice, 30000));
+  REQUIRE(rig::wait(once, 30000));
+  CHECK(twice.reasons[0] == "error");
+  CHECK(twice.errors[0].find("twice") != std::string::npos);
+  CHECK_MESSAGE(once.reasons[0] == "length", once.errors[0]);
+  CHECK(once.turns[0].size() == 4u);
+  const layout_status st = r.ask<layout_status>(r.rt, layout_atom::value);
+  CHECK(st.rebuilds == 2);
+}
+
 TEST_CASE("runtime: counters survive a switch, and dep2's context is one group's KV, not both") {
   engine_options o = options();
   o.max_num_seqs = 4;
