@@ -89,33 +89,58 @@ void prefix_cache::publish(std::span<const int32_t> tokens, std::span<const int3
     const int32_t p = page_ids[i];
     const uint64_t stamp = base + uint64_t(num_full_pages - i);
     auto it = by_hash_.find(h);
-    if (it == by_hash_.end() && !pool_.is_cached(p)) {
+    if (it != by_hash_.end()) {
+      touch(it->second, session_id, stamp);  // this prefix, cached here or on another page
+    } else if (pool_.is_cached(p)) {
+      break;  // the page is cached for another chain: nothing below could be reached
+    } else {
       by_hash_.emplace(h, p);
-      entry e{h, parent, std::vector<int32_t>(page.begin(), page.end()), {}, 0, stamp};
+      entry e{h, parent, std::vector<int32_t>(page.begin(), page.end()), {}, 0, stamp, {}};
       add_user(p, e, session_id);
       lru_.insert(key_of(p, e));
       entries_.emplace(p, std::move(e));
       pool_.set_cached(p, true);
-    } else if (it != by_hash_.end()) {
-      touch(it->second, session_id, stamp);  // this prefix, cached here or on another page
+      if (parent != 0) entries_.at(by_hash_.at(parent)).children.push_back(p);
     }
     parent = h;
   }
 }
 
 bool prefix_cache::evict_one() {
-  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
-    const int32_t p = std::get<2>(*it);
+  // An idle page with cached pages below it is a prefix that a running request computed again
+  // on a page of its own (both prefilled it at once) while its later pages were cached below
+  // this copy: evicting it cuts them off, so it goes only when no other page is idle, and takes
+  // them out of the cache with it.
+  int32_t extended = -1;
+  for (const lru_key& k : lru_) {
+    const int32_t p = std::get<2>(k);
     if (pool_.ref_count(p) > 0) continue;
+    if (entries_.at(p).children.empty()) {
+      drop(p);
+      return true;
+    }
+    if (extended < 0) extended = p;
+  }
+  if (extended < 0) return false;
+  drop(extended);
+  return true;
+}
+
+void prefix_cache::drop(int32_t page_id) {
+  const uint64_t parent = entries_.at(page_id).parent_hash;
+  if (parent != 0) std::erase(entries_.at(by_hash_.at(parent)).children, page_id);
+  std::vector<int32_t> todo{page_id};
+  while (!todo.empty()) {
+    const int32_t p = todo.back();
+    todo.pop_back();
     const entry& e = entries_.at(p);
+    todo.insert(todo.end(), e.children.begin(), e.children.end());
     by_hash_.erase(e.hash);
     for (uint64_t s : e.sessions) session_pages_[s].erase(p);
-    lru_.erase(it);
+    lru_.erase(key_of(p, e));
     entries_.erase(p);
-    pool_.set_cached(p, false);
-    return true;
+    pool_.set_cached(p, false);  // an idle page is free now, a held one once released
   }
-  return false;
 }
 
 void prefix_cache::session_opened(uint64_t session_id) {

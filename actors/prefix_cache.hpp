@@ -4,7 +4,9 @@
 // hit. Idle pages are evicted LRU, pages no live session used before pages of live ones (a page
 // counts as live while any open session that published or hit it stays open). Every publish and
 // hit stamps a chain's pages tail first, so a page is always older than its parent and eviction
-// takes a chain from its tail: an evicted page never cuts a cached prefix off its root.
+// takes a chain from its tail: an evicted page never cuts a cached prefix off its root. A page
+// is cached only below its cached parent, and a page is evicted only with the cached pages below
+// it (which happens only when nothing else is idle), so a cached page is always reachable.
 // Plain C++, owned by the scheduler's thread, together with the kv_pool it marks pages in.
 #pragma once
 
@@ -46,7 +48,9 @@ class prefix_cache {
                uint64_t session_id);
 
   /// Frees one idle cached page (pages of no live session first, then least recently used; a
-  /// chain's tail before its parent). False when no cached page is idle.
+  /// chain's tail before its parent). A page that cached pages held by running requests extend
+  /// goes last, and takes them out of the cache (they free when released). False when no
+  /// cached page is idle.
   bool evict_one();
 
   void session_opened(uint64_t session_id);
@@ -70,6 +74,7 @@ class prefix_cache {
     std::vector<uint64_t> sessions;  ///< open sessions that published or hit it
     uint64_t last_session = 0;       ///< the last session that used it (exported with its chain)
     uint64_t last_use = 0;
+    std::vector<int32_t> children;   ///< cached pages whose parent is this page
   };
   using lru_key = std::tuple<bool, uint64_t, int32_t>;  ///< (any session live, last use, page)
 
@@ -79,6 +84,8 @@ class prefix_cache {
   /// Stamps the page `stamp` and records `session_id` as a user of it.
   void touch(int32_t page_id, uint64_t session_id, uint64_t stamp);
   void add_user(int32_t page_id, entry& e, uint64_t session_id);
+  /// Takes the page and every cached page below it out of the cache.
+  void drop(int32_t page_id);
   static uint64_t chain_hash(uint64_t parent, std::span<const int32_t> tokens);
 
   int page_tokens_;

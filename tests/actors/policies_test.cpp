@@ -311,6 +311,41 @@ TEST_CASE("prefix_cache: eviction takes a chain from its tail, so what stays is 
   CHECK(reachable_pages(cache) == cache.num_cached_pages());
 }
 
+TEST_CASE("prefix_cache: a prefix two requests prefilled at once keeps the later one's pages reachable") {
+  kv_pool pool = small_pool(8);
+  prefix_cache cache(4, pool);
+  const std::vector<int32_t> s_tokens{1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int32_t> r_tokens{1, 2, 3, 4, 9, 9, 9, 9, 10};
+  const std::vector<int32_t> s_pages{pool.alloc_page(), pool.alloc_page()};
+  const std::vector<int32_t> r_pages{pool.alloc_page(), pool.alloc_page()};
+  cache.publish(s_tokens, s_pages, 2, 0);
+  // r computed the same first page on a page of its own: that copy stays uncached, and r's
+  // second page is cached below s's first
+  cache.publish(r_tokens, r_pages, 2, 0);
+  for (int32_t p : s_pages) pool.release(p);  // s finishes; r still runs
+  REQUIRE(run_request(cache, pool, chain_tokens(3, 1), 0));  // a newer idle page
+  REQUIRE(cache.evict_one());  // s's second page
+  // s's first page is the oldest idle one, but r's cached page hangs from it: the newer goes
+  REQUIRE(cache.evict_one());
+  CHECK(reachable_pages(cache) == cache.num_cached_pages());
+  std::vector<int32_t> hit = cache.lookup(r_tokens, 2, 0, false);
+  CHECK(hit == std::vector<int32_t>{s_pages[0], r_pages[1]});
+  for (int32_t p : hit) pool.release(p);
+  // nothing else idle: it goes, and takes r's page out of the cache (r still holds it)
+  REQUIRE(cache.evict_one());
+  CHECK(cache.num_cached_pages() == 0);
+  CHECK(!cache.evict_one());
+  CHECK(pool.num_pages_free() == 6);
+  // r's next publish caches its own chain
+  cache.publish(r_tokens, r_pages, 2, 0);
+  hit = cache.lookup(r_tokens, 2, 0, false);
+  CHECK(hit == r_pages);
+  for (int32_t p : hit) pool.release(p);
+  for (int32_t p : r_pages) pool.release(p);
+  CHECK(reachable_pages(cache) == cache.num_cached_pages());
+  CHECK(pool.num_pages_free() + pool.num_pages_idle_cached() == 8);
+}
+
 TEST_CASE("prefix_cache: a prefix shared with a closed session stays live while another session uses it") {
   kv_pool pool = small_pool(8);
   prefix_cache cache(4, pool);
