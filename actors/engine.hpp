@@ -55,6 +55,8 @@ class engine {
   /// Opens a conversation. It lives until close_session (not tied to a connection): a
   /// client that reconnects continues it by id.
   outcome<uint64_t> open_session();
+  /// Closes a conversation. A turn still running is cancelled; its callback still gets the
+  /// final batch.
   status close_session(uint64_t session_id);
   outcome<session_status> lookup_session(uint64_t session_id);
 

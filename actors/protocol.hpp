@@ -98,7 +98,7 @@ using session_actor = caf::typed_actor<
     caf::replies_to<submit_turn>::with<submit_reply>,     ///< a new turn (tokens appended)
     caf::reacts_to<token_batch>,                          ///< the current turn's tokens
     caf::replies_to<info_atom>::with<session_info>,       ///< history length and activity
-    caf::replies_to<close_atom>::with<status_reply>>;     ///< cancel the turn and stop
+    caf::replies_to<close_atom>::with<status_reply>>;     ///< cancel the turn; stop after its last batch
 
 // ---- inspect: one per message type (and nested type) ----
 

@@ -14,12 +14,19 @@ struct session_state {
   uint64_t session_id = 0;
   std::vector<int32_t> history;  ///< every token of the conversation so far
   uint64_t active_request = 0;   ///< 0 = idle
+  bool closed = false;           ///< closed mid-turn: the actor stops once the turn has ended
   scheduler_actor sched;
   std::shared_ptr<session_output> out;
   static inline const char* name = "cedar.session";
 };
 
 using self_ptr = session_actor::stateful_pointer<session_state>;
+
+/// A stand-alone session stops after its one turn, a closed one after the turn it was closed in.
+void end_turn(self_ptr self) {
+  self->state.active_request = 0;
+  if (self->state.session_id == 0 || self->state.closed) self->quit();
+}
 
 void emit(self_ptr self, const token_batch& b) {
   std::lock_guard<std::mutex> lock(self->state.out->mu);
@@ -48,18 +55,17 @@ caf::result<submit_reply> start_turn(self_ptr self, submit_turn& msg, int64_t ti
           [=](submit_reply& r) mutable {
             if (r.error_code >= 0) {
               self->state.history = before;
-              self->state.active_request = 0;
-              if (self->state.session_id == 0) self->quit();
+              end_turn(self);
             } else if (self->state.active_request == turn_starting) {
               self->state.active_request = r.request_id;
+              if (self->state.closed) caf::anon_send(self->state.sched, cancel_request{r.request_id});
             }
             rp.deliver(std::move(r));
           },
           [=](caf::error& e) mutable {
             self->state.history = before;
-            self->state.active_request = 0;
             rp.deliver(submit_reply{0, int32_t(engine_errc::shard_failed), "scheduler: " + self->system().render(e)});
-            if (self->state.session_id == 0) self->quit();
+            end_turn(self);
           });
   return rp;
 }
@@ -76,9 +82,7 @@ session_actor::behavior_type session_behavior(self_ptr self, uint64_t session_id
         auto& st = self->state;
         st.history.insert(st.history.end(), b.ids.begin(), b.ids.end());
         emit(self, b);
-        if (!b.finished) return;
-        st.active_request = 0;
-        if (st.session_id == 0) self->quit();
+        if (b.finished) end_turn(self);
       },
       [=](info_atom) -> session_info {
         const auto& st = self->state;
@@ -86,10 +90,18 @@ session_actor::behavior_type session_behavior(self_ptr self, uint64_t session_id
       },
       [=](close_atom) -> status_reply {
         auto& st = self->state;
-        if (st.active_request != 0 && st.active_request != turn_starting)
-          caf::anon_send(st.sched, cancel_request{st.active_request});
         self->send(st.sched, session_changed{st.session_id, false});
-        self->quit();
+        if (st.active_request == 0) {
+          self->quit();
+          return {};
+        }
+        // The turn is cancelled (once its id is known, if it is still being submitted) and the
+        // actor stays until its final batch has reached the caller; a scheduler that stopped
+        // sends none.
+        st.closed = true;
+        if (st.active_request != turn_starting) caf::anon_send(st.sched, cancel_request{st.active_request});
+        self->monitor(st.sched);
+        self->set_down_handler([=](caf::down_msg&) { self->quit(); });
         return {};
       },
   };

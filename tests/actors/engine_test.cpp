@@ -158,6 +158,23 @@ TEST_CASE("engine: a turn refused because its session is busy leaves the running
   CHECK(refused.tokens.empty());
 }
 
+TEST_CASE("engine: closing a session mid-turn cancels the turn, and its caller still gets the final batch") {
+  auto eng = start_toy();
+  const uint64_t sid = eng->open_session().value();
+  collector c;
+  request_spec s = spec_of({3, 4, 5}, 100000);
+  s.session_id = sid;
+  const uint64_t id = eng->submit(s, c.callback()).value();
+  while (c.get(id).size() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(eng->close_session(sid).ok());
+  REQUIRE(c.wait(id, 5000));
+  CHECK(c.last[id].finish_reason == "cancelled");
+  const metrics_snapshot m = eng->metrics();
+  CHECK(m.requests_running == 0);
+  CHECK(m.pages_used == 0);
+  CHECK(m.ring_slots_used == 0);
+}
+
 TEST_CASE("engine: cancellation, bad input and drain answer clearly and leave the runtime working") {
   auto eng = start_toy();
   collector c;

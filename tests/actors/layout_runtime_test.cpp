@@ -375,6 +375,43 @@ TEST_CASE("runtime: a turn its session gave up on while a switch ran never runs,
   CHECK(r.ask<session_info>(c.actor, info_atom::value).history_tokens == 12 + 4);
 }
 
+TEST_CASE("runtime: a session closed while its turn waits behind a switch cancels the turn once it starts") {
+  rig r("tp1", options(), std::make_shared<slow_source>("tp2", 1500));
+  client& c = r.open(8);
+  switch_result sw;
+  std::thread switcher([&] { sw = r.ask<switch_result>(r.rt, switch_layout{"tp2"}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the runtime is building tp2
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.turns.emplace_back(), c.reasons.emplace_back(), c.errors.emplace_back();
+  }
+  request_spec spec;
+  spec.prompt = tokens_for(740, 20);
+  spec.max_tokens = 200;
+  spec.ignore_eos = true;
+  // the turn's submit waits in the runtime's mailbox until the switch is done
+  std::optional<submit_reply> accepted;
+  std::thread submitter([&] {
+    caf::scoped_actor self{*r.sys};
+    self->request(c.actor, std::chrono::seconds(10), submit_turn{spec})
+        .receive([&](submit_reply& reply) { accepted = reply; }, [&](caf::error&) {});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK(r.ask<status_reply>(c.actor, close_atom::value).error_code < 0);
+  submitter.join();
+  switcher.join();
+  CHECK_MESSAGE(sw.error_code < 0, sw.error_message);
+  // the request started after the close, and was cancelled: its caller got its id and the
+  // final batch
+  CHECK((accepted && accepted->error_code < 0));
+  CHECK(rig::wait(c, 10000));
+  CHECK(c.reasons[0] == "cancelled");
+  CHECK(c.turns[0].size() < 200u);
+  const auto m = r.ask<metrics_snapshot>(r.rt, metrics_atom::value);
+  CHECK(m.requests_running + m.requests_waiting == 0);
+  CHECK(m.tokens_out < 200);  // nothing ran on for nobody
+}
+
 /// Steps to fail: the next `fails` forward passes of any shard throw, each once `go` is set
 /// (`entered`: one is waiting for it).
 struct fault_plan {
