@@ -12,15 +12,19 @@ namespace cedar::sampling_order {
 
 inline constexpr int chunk = 256;
 
+/// The chunk starting at c (of n terms) summed from 0 in index order.
+template <class Term>
+double chunk_sum(std::size_t c, std::size_t n, Term& term) {
+  double part = 0;
+  for (std::size_t i = c, end = std::min(n, c + chunk); i < end; ++i) part += term(i);
+  return part;
+}
+
 /// Sum of term(i) for i in [0, n).
 template <class Term>
 double sum(std::size_t n, Term term) {
   double total = 0;
-  for (std::size_t c = 0; c < n; c += chunk) {
-    double part = 0;
-    for (std::size_t i = c, end = std::min(n, c + chunk); i < end; ++i) part += term(i);
-    total += part;
-  }
+  for (std::size_t c = 0; c < n; c += chunk) total += chunk_sum(c, n, term);
   return total;
 }
 
@@ -31,8 +35,7 @@ std::size_t find(std::size_t n, Term term, Stop stop) {
   double prefix = 0;
   for (std::size_t c = 0; c < n; c += chunk) {
     const std::size_t end = std::min(n, c + chunk);
-    double part = 0;
-    for (std::size_t i = c; i < end; ++i) part += term(i);
+    const double part = chunk_sum(c, n, term);
     if (!stop(prefix + part)) {
       prefix += part;
       continue;

@@ -172,9 +172,11 @@ class runtime_bridge final : public engine_bridge {
   void switch_layout(const std::string& layout,
                      std::function<void(int, std::string, std::string)> done) override {
     runtime_->switch_layout(layout, [done = std::move(done)](outcome<switch_result> r) {
-      if (!r) return done(r.error().code == engine_errc::busy ? 409 : 400, r.error().message, {});
+      // another switch running: 409, worth a retry; anything else the request's fault
+      const auto status = [](engine_errc c) { return c == engine_errc::busy ? 409 : 400; };
+      if (!r) return done(status(r.error().code), r.error().message, {});
       const switch_result& s = r.value();
-      if (s.error_code != -1) return done(s.error_code == int32_t(engine_errc::busy) ? 409 : 400, s.error_message, {});
+      if (s.error_code != -1) return done(status(engine_errc(s.error_code)), s.error_message, {});
       char line[256];
       std::snprintf(line, sizeof line,
                     "{\"layout\":\"%s\",\"pause_ms\":%.3f,\"rehome_ms\":%.3f,\"requests_moved\":%lld,"

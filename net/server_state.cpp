@@ -20,10 +20,7 @@ std::string server_state::new_id(const char* prefix) {
 }
 
 log_value log_value::millis(double ms) {
-  if (!std::isfinite(ms)) {
-    log_value v("nan");
-    return v;
-  }
+  if (!std::isfinite(ms)) return log_value("nan");
   char buf[40];
   std::snprintf(buf, sizeof buf, "%.3f", ms);
   log_value v{std::string(buf)};
@@ -33,7 +30,6 @@ log_value log_value::millis(double ms) {
 
 std::string server_state::format_log_line(
     std::string_view ts, std::initializer_list<std::pair<const char*, log_value>> fields) const {
-  std::string line;
   if (options.log_json) {
     json_writer w;
     w.obj().kv("ts", ts);
@@ -44,7 +40,7 @@ std::string server_state::format_log_line(
     }
     return w.end_obj().take();
   }
-  line = "ts=";
+  std::string line = "ts=";
   line += ts;
   for (auto& [k, v] : fields) {
     if (v.text.empty()) continue;

@@ -43,7 +43,9 @@ constexpr int chunk = sampling_order::chunk;
 constexpr int draw_threads = 512;
 
 /// Whether a sampled row's draw walks its ids best first (sorted), or in index order.
-inline bool needs_order(const sample_request& p) { return p.temperature != 0.f && (p.top_k > 0 || p.top_p < 1.f); }
+__host__ __device__ inline bool sorted_walk(const sample_request& p) {
+  return p.temperature != 0.f && (p.top_k > 0 || p.top_p < 1.f);
+}
 
 /// Row blockIdx.y's terms, each the value the host computes, here by one thread each:
 /// prob[i] = exp(l[id(i)] / t - mx) over the top k (sampled rows; id(i) = ids[i] when the row
@@ -58,7 +60,7 @@ __global__ void terms_kernel(const float* logits, int vocab, const int32_t* sort
   const float mxf = row_max[r];
   lse_terms[std::size_t(r) * vocab + i] = exp(double(l[i]) - mxf);
   if (p.temperature == 0.f) return;
-  const bool ordered = p.top_k > 0 || p.top_p < 1.f;
+  const bool ordered = sorted_walk(p);
   const int k = p.top_k > 0 ? min(p.top_k, vocab) : vocab;
   if (i >= k) return;
   const double t = p.temperature;  // in double, as on the host (a tiny temperature)
@@ -137,7 +139,7 @@ __global__ void draw_kernel(const float* logits, int vocab, const int32_t* sorte
   const sample_request p = requests.rows[r];
   if (leave_greedy && p.temperature == 0.f) return;
   const float* l = logits + std::size_t(r) * vocab;
-  const bool ordered = p.top_k > 0 || p.top_p < 1.f;
+  const bool ordered = sorted_walk(p);
   const int32_t* ids = sorted_ids + std::size_t(r) * vocab;
   const double* prob = prob_rows + std::size_t(r) * vocab;
   const double* lse_terms = lse_rows + std::size_t(r) * vocab;
@@ -219,7 +221,7 @@ void sample_rows(const float* logits, int m, int vocab, const sample_request* re
     request_group group{};
     std::copy(requests + first, requests + first + rows, group.rows);
     for (int r = 0; r < rows; ++r) {
-      if (!needs_order(requests[first + r])) continue;
+      if (!sorted_walk(requests[first + r])) continue;
       keys_kernel<<<blocks_for(vocab, 256), 256, 0, stream()>>>(l + std::size_t(r) * vocab, vocab, keys.get(),
                                                                 ids.get());
       CEDAR_CUDA_LAUNCHED();
