@@ -64,6 +64,7 @@ struct request_spec {
   /// Never sampled (tool_choice "none": the tool-call marker). Ids past the model's vocabulary
   /// cannot be sampled anyway and are ignored.
   std::vector<int32_t> banned_ids;
+  forced_lead lead;                  ///< a forced tool call (inactive: none)
 };
 
 /// Token counts of one request.

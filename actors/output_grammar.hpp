@@ -1,6 +1,7 @@
 // Structured output: a JSON grammar (net/response_format.cpp compiles it from a request's
 // response_format), a byte-level matcher that follows a completion through it, and the set of
-// vocabulary tokens that keep the completion inside it. Plain C++: the scheduler keeps one
+// vocabulary tokens that keep the completion inside it; and a forced lead, token sequences one
+// of which a completion must open with (a forced tool call). Plain C++: the scheduler keeps one
 // matcher per constrained request on its thread and builds each sampling step's token mask.
 #pragma once
 
@@ -48,6 +49,15 @@ struct output_grammar {
   /// Whitespace characters allowed in a row between two JSON tokens, at the outermost level;
   /// two more each level deeper (a newline and the indentation of pretty-printed JSON).
   static constexpr int max_whitespace_run = 2;
+};
+
+/// A forced start of a completion (tool_choice "required" or a named function): from just after
+/// the first `after` token of the completion (from its first token when -1), its tokens spell
+/// one of `choices` in full; what follows is free.
+struct forced_lead {
+  std::vector<std::vector<int32_t>> choices;
+  int32_t after = -1;
+  bool active() const { return !choices.empty(); }
 };
 
 /// Whether a value of node `node` may begin with byte c (an any_of takes the first branch that

@@ -137,9 +137,13 @@ typename Inspector::result_type inspect(Inspector& f, step_output& x) {
   return f(caf::meta::type_name("step_output"), x.step_id, x.results, x.error);
 }
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, forced_lead& x) {
+  return f(caf::meta::type_name("forced_lead"), x.choices, x.after);
+}
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_spec& x) {
   return f(caf::meta::type_name("request_spec"), x.session_id, x.prompt, x.sampling, x.max_tokens, x.stop_ids,
-           x.ignore_eos, x.grammar, x.banned_ids);
+           x.ignore_eos, x.grammar, x.banned_ids, x.lead);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, usage_counts& x) {

@@ -34,6 +34,10 @@ struct request_state {
   /// Structured output: where the completion stands in spec.grammar, once the constraint has
   /// started (at once, or after spec.grammar.start_after); empty before and without a grammar.
   std::optional<json_matcher> matcher;
+  /// A forced lead (spec.lead): where it starts in tokens once it has (-1: not yet), and
+  /// whether the tokens since then spell a whole choice.
+  int64_t lead_begin = -1;
+  bool lead_done = false;
   steady_time submit_time{};
   steady_time last_token_time{};
 
@@ -50,6 +54,8 @@ struct request_state {
   bool has_replay() const { return replay_from >= 0; }
   /// Tokens not yet run through the model (1 while decoding: the last sampled token).
   int64_t pending_tokens() const { return int64_t(tokens.size()) - num_computed; }
+  /// Inside a forced lead: the next token is one of the lead's choices.
+  bool in_lead() const { return lead_begin >= 0 && !lead_done; }
 };
 
 }  // namespace cedar

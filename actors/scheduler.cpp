@@ -64,6 +64,15 @@ outcome<uint64_t> scheduler::submit(request_spec spec) {
     if (std::size_t(spec.grammar.root) >= spec.grammar.nodes.size())
       return engine_error{engine_errc::bad_params, "the response format's grammar has no root node"};
   }
+  for (const auto& choice : spec.lead.choices) {
+    if (choice.empty()) return engine_error{engine_errc::bad_params, "a forced tool call's choice has no token"};
+    for (int32_t t : choice)
+      if (t < 0 || t >= args_.vocab_size)
+        return engine_error{engine_errc::bad_params,
+                            "forced token id " + std::to_string(t) + " is outside the vocabulary"};
+  }
+  if (spec.lead.active() && spec.grammar.active())
+    return engine_error{engine_errc::bad_params, "a forced tool call cannot also follow a response format"};
   if (pool_.capacity().num_slots == 0 || pool_.capacity().num_pages == 0)
     return engine_error{engine_errc::kv_exhausted, "the KV budget holds no page or no ring slot"};
   if (n >= context_tokens_) {
@@ -82,6 +91,7 @@ outcome<uint64_t> scheduler::submit(request_spec spec) {
   r.spec.prompt.clear();  // kept once, in tokens
   r.submit_time = std::chrono::steady_clock::now();
   if (r.spec.grammar.active() && r.spec.grammar.start_after < 0) r.matcher.emplace();
+  if (r.spec.lead.active() && r.spec.lead.after < 0) r.lead_begin = r.prompt_len;
   requests_.emplace(id, std::move(r));
   waiting_.push_back(id);
   return id;
@@ -126,6 +136,10 @@ bool scheduler::apply(const step_output& out) {
       finish(r, "error", "the sampled token leaves the response format");
       continue;
     }
+    if (!follow_lead(r)) {
+      finish(r, "error", "the sampled token leaves the forced tool call");
+      continue;
+    }
     const char* reason = stop_reason(r);
     batch.usage.completion_tokens = r.completion_tokens();
     if (reason) batch.finished = true, batch.finish_reason = reason;
@@ -167,10 +181,50 @@ bool scheduler::follow_grammar(request_state& r) const {
   return true;
 }
 
+namespace {
+
+/// The ids that continue r's forced lead (the lead started, not done): the next id of every
+/// choice that the tokens since the lead's start begin; `whole` is set when they spell one.
+std::vector<int32_t> lead_next(const request_state& r, bool* whole = nullptr) {
+  const auto done = r.tokens.begin() + r.lead_begin;
+  const auto n = std::size_t(r.tokens.end() - done);
+  std::vector<int32_t> next;
+  for (const auto& choice : r.spec.lead.choices) {
+    if (choice.size() < n || !std::equal(done, r.tokens.end(), choice.begin())) continue;
+    if (choice.size() == n) {
+      if (whole) *whole = true;
+    } else {
+      next.push_back(choice[n]);
+    }
+  }
+  return next;
+}
+
+}  // namespace
+
+bool scheduler::follow_lead(request_state& r) const {
+  if (!r.spec.lead.active() || r.lead_done) return true;
+  if (r.lead_begin < 0) {
+    if (r.tokens.back() == r.spec.lead.after) r.lead_begin = int64_t(r.tokens.size());
+    return true;
+  }
+  bool whole = false;
+  const bool more = !lead_next(r, &whole).empty();
+  r.lead_done = whole;
+  return whole || more;
+}
+
 std::vector<uint64_t> scheduler::allowed_tokens(const request_state& r) const {
   const std::size_t words = (std::size_t(args_.vocab_size) + 63) / 64;
-  std::vector<uint64_t> mask = r.matcher ? options_.vocab->allowed(r.spec.grammar, *r.matcher)
-                                         : std::vector<uint64_t>(words, ~uint64_t{0});
+  std::vector<uint64_t> mask;
+  if (r.in_lead()) {
+    mask.assign(words, 0);
+    for (int32_t id : lead_next(r))
+      if (id >= 0 && id < args_.vocab_size) mask[std::size_t(id) / 64] |= uint64_t{1} << (id % 64);
+  } else {
+    mask = r.matcher ? options_.vocab->allowed(r.spec.grammar, *r.matcher)
+                     : std::vector<uint64_t>(words, ~uint64_t{0});
+  }
   mask.resize(words, 0);
   if (const std::size_t extra = mask.size() * 64 - std::size_t(args_.vocab_size); extra > 0)
     mask.back() &= ~uint64_t{0} >> extra;  // no id past the model's vocabulary

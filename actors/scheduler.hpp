@@ -97,9 +97,12 @@ class scheduler {
   /// Structured output: moves r.matcher over r's newest token (starting it at the grammar's
   /// start token); false when the token does not fit the grammar.
   bool follow_grammar(request_state& r) const;
-  /// The tokens r's next sampled token may be (r.matcher set): never none (EOS at a dead end).
-  /// The ids the next token may take: the grammar's (when it has started) less the banned ids;
-  /// EOS alone when nothing is left.
+  /// A forced lead: moves r over its newest token (starting the lead at its `after` token and
+  /// ending it once a choice is spelled in full); false when the token left every choice.
+  bool follow_lead(request_state& r) const;
+  /// The ids the next token may take: inside a forced lead, the choices' next ids; else the
+  /// grammar's (when it has started); less the banned ids either way; EOS alone when nothing
+  /// is left.
   std::vector<uint64_t> allowed_tokens(const request_state& r) const;
   token_batch make_batch(const request_state& r) const;
   void record_sample(std::vector<double>& samples, double ms);

@@ -161,7 +161,7 @@ step_item scheduler::make_item(request_state& r, int64_t num_tokens) {
     it.start_pos = r.num_computed;
     it.tokens.assign(r.tokens.begin(), r.tokens.begin() + r.num_computed + num_tokens);
     it.sample = int64_t(it.tokens.size()) == int64_t(r.tokens.size());
-    if (it.sample && (r.matcher || !r.spec.banned_ids.empty())) it.sampling.allowed = allowed_tokens(r);
+    if (it.sample && (r.matcher || r.in_lead() || !r.spec.banned_ids.empty())) it.sampling.allowed = allowed_tokens(r);
   }
   return it;
 }

@@ -312,6 +312,10 @@ opt_error parse_root(std::string_view body, dom::parser& parser, dom::object& ro
 
 }  // namespace
 
+bool names_function(const std::string& tool_choice) {
+  return tool_choice != "auto" && tool_choice != "none" && tool_choice != "required";
+}
+
 opt_error check_tool_choice(const std::string& choice, const std::vector<tool_def>& tools) {
   if (choice == "auto" || choice == "none") return {};
   if (choice == "required") {
@@ -352,6 +356,7 @@ opt_error parse_chat_request(std::string_view body, chat_request& out) {
   if (auto err = parse_tool_choice(root, out.tool_choice)) return err;
   if (auto err = check_tool_choice(out.tool_choice, out.tools)) return err;
   if (auto err = parse_generation(root, out.gen)) return err;
+  if (auto err = get_bool(root, "parallel_tool_calls", out.gen.parallel_tool_calls)) return err;
   if (auto err = parse_reasoning(root, out.reasoning)) return err;
   if (auto err = get_bool(root, "logprobs", out.gen.logprobs)) return err;
   int64_t k = 0;
@@ -516,6 +521,7 @@ opt_error parse_responses_object(dom::object root, responses_request& out) {
   if (auto err = parse_tools(root, true, out.tools)) return err;
   if (auto err = parse_tool_choice(root, out.tool_choice)) return err;  // checked once tools are known
   if (auto err = parse_generation(root, out.gen)) return err;
+  if (auto err = get_bool(root, "parallel_tool_calls", out.gen.parallel_tool_calls)) return err;
   if (auto err = parse_reasoning(root, out.reasoning)) return err;
   dom::element r;
   if (field(root, "reasoning", r)) {

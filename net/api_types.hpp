@@ -52,6 +52,7 @@ struct generation_options {
   bool include_usage = false;
   output_grammar format;    ///< response_format / text.format compiled (inactive: plain text)
   std::string format_json;  ///< Responses: text.format as given, compact (empty: {"type":"text"})
+  bool parallel_tool_calls = true;  ///< false: the reply ends with its first tool call
 };
 
 /// POST /v1/chat/completions

@@ -35,6 +35,7 @@ struct responses_turn {
   std::string instructions;
   std::string previous_response_id;
   std::string tool_choice;
+  bool parallel_tool_calls = true;
   reasoning_options reasoning;
   sampling_params sampling;
   int max_output_tokens = 0;

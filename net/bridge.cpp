@@ -76,6 +76,7 @@ class runtime_bridge final : public engine_bridge {
     spec.sampling.logprobs = std::max(0, r.top_logprobs);
     spec.grammar = std::move(r.grammar);
     spec.banned_ids = std::move(r.banned_ids);
+    spec.lead = std::move(r.lead);
     bool want_logprobs = r.top_logprobs >= 0;
     const uint64_t key = r.session_id;
     std::vector<int32_t> before;  // the session's tokens before this turn, restored on refusal

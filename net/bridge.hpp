@@ -42,6 +42,7 @@ struct generate_request {
   int top_logprobs = -1;          ///< -1: no logprobs; 0: the chosen token's only; k: k alternatives
   output_grammar grammar;         ///< structured output (net/response_format.hpp); inactive: none
   std::vector<int32_t> banned_ids;  ///< never sampled (tool_choice "none": the tool-call marker)
+  forced_lead lead;                 ///< the reply opens with one of these (a forced tool_choice)
 };
 
 /// One alternative token with its log-probability.

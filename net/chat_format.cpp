@@ -212,14 +212,14 @@ bool write_assistant(const message& m, bool with_reasoning, prompt_writer& w, st
   }
   w.lit(m.content);
   if (!m.tool_calls.empty()) {
-    w.text("\n\n<｜DSML｜ calls>\n");
+    w.text(dsv41::calls_open);
     for (size_t i = 0; i < m.tool_calls.size(); ++i) {
       std::string name;
       if (!qualified_name(m.tool_calls[i].name, m.tool_calls[i].name_space, &name, error)) return false;
       if (i) w.text("\n");
-      w.text("<｜DSML｜ invoke name=\"");
+      w.text(dsv41::invoke_open);
       w.lit(name);
-      w.text("\">\n");
+      w.text(dsv41::invoke_name_end);
       write_dsml_arguments(m.tool_calls[i], w);
       w.text("\n</｜DSML｜ invoke>");
     }

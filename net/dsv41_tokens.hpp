@@ -21,6 +21,11 @@ inline constexpr const char* think_begin = "<think>";
 inline constexpr const char* think_end = "</think>";
 inline constexpr const char* dsml = "｜DSML｜";
 inline constexpr const char* image = "<｜deepseek_image｜>";
+/// An assistant turn's tool calls: the block opens after its content, each invoke names its
+/// function ("...name=\"" NAME "\">\n" then the parameters).
+inline constexpr const char* calls_open = "\n\n<｜DSML｜ calls>\n";
+inline constexpr const char* invoke_open = "<｜DSML｜ invoke name=\"";
+inline constexpr const char* invoke_name_end = "\">\n";
 
 inline constexpr int32_t bos_id = 0;
 inline constexpr int32_t eos_id = 1;

@@ -3,6 +3,8 @@
 
 #include <boost/asio/post.hpp>
 
+#include <algorithm>
+
 #include "net/server_state.hpp"
 
 namespace cedar::net {
@@ -18,9 +20,9 @@ std::string turn_result::finish_reason_text() const {
 
 generation::generation(std::shared_ptr<server_state> state, boost::asio::any_io_executor strand,
                        std::unique_ptr<output_stream> parser, std::unique_ptr<response_writer> writer,
-                       std::vector<std::string> stop, frame_sink* sink)
+                       std::vector<std::string> stop, bool parallel_tool_calls, frame_sink* sink)
     : state_(std::move(state)), strand_(std::move(strand)), parser_(std::move(parser)),
-      writer_(std::move(writer)), stop_(std::move(stop)), sink_(sink) {
+      writer_(std::move(writer)), stop_(std::move(stop)), parallel_tool_calls_(parallel_tool_calls), sink_(sink) {
   state_->metrics.num_active_generations.fetch_add(1);
 }
 
@@ -112,9 +114,10 @@ void generation::on_batch(token_batch batch) {
   bool final = batch.finished != finish_reason::none;
   if (final) parser_->finish(deltas);
   filter_stop(deltas, final);
+  limit_tool_calls(deltas);
   apply(deltas);
   if (!deltas.empty() || !batch.ids.empty()) writer_->deltas(deltas, batch, result_, *sink_);
-  if (result_.stopped_by_string) {
+  if (result_.stopped_early) {
     if (!cancel_sent_) {
       cancel_sent_ = true;
       state_->engine->cancel(request_id_);
@@ -142,7 +145,7 @@ void generation::apply(std::vector<stream_delta>& deltas) {
 }
 
 void generation::filter_stop(std::vector<stream_delta>& deltas, bool final) {
-  if (stop_.empty() || result_.stopped_by_string) return;
+  if (stop_.empty() || result_.stopped_early) return;
   size_t longest = 0;
   for (auto& s : stop_) longest = std::max(longest, s.size());
   std::vector<stream_delta> out;
@@ -161,7 +164,7 @@ void generation::filter_stop(std::vector<stream_delta>& deltas, bool final) {
     if (cut != std::string::npos) {
       if (cut) out.push_back({stream_delta::kind::content, stop_hold_.substr(0, cut), -1, {}});
       stop_hold_.clear();
-      result_.stopped_by_string = true;
+      result_.stopped_early = true;
       break;
     }
     size_t keep = std::min(stop_hold_.size(), longest - 1);
@@ -170,9 +173,19 @@ void generation::filter_stop(std::vector<stream_delta>& deltas, bool final) {
     if (emit) out.push_back({stream_delta::kind::content, stop_hold_.substr(0, emit), -1, {}});
     stop_hold_.erase(0, emit);
   }
-  if (final && !result_.stopped_by_string && !stop_hold_.empty())
+  if (final && !result_.stopped_early && !stop_hold_.empty())
     out.push_back({stream_delta::kind::content, std::exchange(stop_hold_, {}), -1, {}});
   deltas = std::move(out);
+}
+
+void generation::limit_tool_calls(std::vector<stream_delta>& deltas) {
+  if (parallel_tool_calls_) return;
+  auto second = std::find_if(deltas.begin(), deltas.end(), [](const stream_delta& d) {
+    return d.type == stream_delta::kind::tool_call_begin && d.tool_index > 0;
+  });
+  if (second == deltas.end()) return;
+  deltas.erase(second, deltas.end());
+  result_.stopped_early = true;
 }
 
 void generation::finish(finish_reason why, std::string error) {

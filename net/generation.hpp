@@ -47,7 +47,8 @@ struct turn_result {
   std::vector<tool_call> tool_calls;
   std::vector<token_logprobs> logprobs;
   finish_reason finished = finish_reason::none;
-  bool stopped_by_string = false;
+  /// The server ended it: a stop string, or a second tool call with parallel_tool_calls false.
+  bool stopped_early = false;
   std::string error;
   int num_prompt_tokens = 0;
   int num_cached_tokens = 0;
@@ -74,7 +75,7 @@ class generation : public std::enable_shared_from_this<generation> {
  public:
   generation(std::shared_ptr<server_state> state, boost::asio::any_io_executor strand,
              std::unique_ptr<output_stream> parser, std::unique_ptr<response_writer> writer,
-             std::vector<std::string> stop, frame_sink* sink);
+             std::vector<std::string> stop, bool parallel_tool_calls, frame_sink* sink);
   ~generation();
 
   /// Submits to the engine; an error (429/503/400) means nothing was started. prompt_param: the
@@ -101,6 +102,8 @@ class generation : public std::enable_shared_from_this<generation> {
   void on_batch(token_batch batch);
   void apply(std::vector<stream_delta>& deltas);
   void filter_stop(std::vector<stream_delta>& deltas, bool final);
+  /// parallel_tool_calls false: a tool call after the first, and all after it, is dropped.
+  void limit_tool_calls(std::vector<stream_delta>& deltas);
   void finish(finish_reason why, std::string error = {});
 
   std::shared_ptr<server_state> state_;
@@ -108,6 +111,7 @@ class generation : public std::enable_shared_from_this<generation> {
   std::unique_ptr<output_stream> parser_;
   std::unique_ptr<response_writer> writer_;
   std::vector<std::string> stop_;
+  bool parallel_tool_calls_;
   frame_sink* sink_;
   turn_result result_;
   std::string stop_hold_;  ///< content held back while it may start a stop string

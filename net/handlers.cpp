@@ -75,7 +75,7 @@ started launch(const std::shared_ptr<server_state>& state, boost::asio::any_io_e
                std::unique_ptr<output_stream> parser, std::unique_ptr<response_writer> writer,
                const generation_options& g, generate_request req, frame_sink* sink, const std::string& prompt_param) {
   auto gen = std::make_shared<generation>(state, std::move(strand), std::move(parser),
-                                          std::move(writer), g.stop, sink);
+                                          std::move(writer), g.stop, g.parallel_tool_calls, sink);
   if (auto err = gen->start(std::move(req), prompt_param)) return {nullptr, std::move(err), g.stream};
   return {std::move(gen), {}, g.stream};
 }
@@ -87,9 +87,20 @@ writer_context context(const server_state& state, std::string id, const generati
 
 /// tool_choice "none": the tools stay in the prompt (it renders as every other turn of the
 /// conversation does, so its prefix stays cached) and the tool-call marker is never sampled.
-/// Other choices are advisory.
-void apply_tool_choice(generate_request& req, const std::string& choice, const std::vector<tool_def>& tools) {
-  if (choice == "none" && !tools.empty()) req.banned_ids.push_back(dsv41::dsml_id);
+/// "required" or a function's name: the reply (after the reasoning, when thinking) opens a call
+/// of one of the tools, or of that function; a response format then has nothing to hold.
+void apply_tool_choice(generate_request& req, const prompt_codec& codec, const std::string& choice,
+                       const std::vector<tool_def>& tools, const reasoning_options& reasoning) {
+  if (tools.empty() || choice == "auto") return;
+  if (choice == "none") {
+    req.banned_ids.push_back(dsv41::dsml_id);
+    return;
+  }
+  const bool named = names_function(choice);
+  for (const auto& tool : tools)
+    if (!named || tool.name == choice) req.lead.choices.push_back(codec.tool_call_lead(tool.name));
+  req.lead.after = reasoning.thinking ? dsv41::think_end_id : -1;
+  req.grammar = {};
 }
 
 }  // namespace
@@ -164,7 +175,7 @@ started start_chat(const std::shared_ptr<server_state>& state, boost::asio::any_
   if (!prompt.error.empty()) return {nullptr, bad_request(prompt.error, "messages")};
   auto writer = make_chat_writer(context(*state, state->new_id("chatcmpl-"), req.gen));
   auto gen_request = make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning);
-  apply_tool_choice(gen_request, req.tool_choice, req.tools);
+  apply_tool_choice(gen_request, *state->codec, req.tool_choice, req.tools, req.reasoning);
   return launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),
                 std::move(writer), req.gen, std::move(gen_request), sink, "messages");
 }
@@ -245,6 +256,7 @@ started start_responses(const std::shared_ptr<server_state>& state,
   turn.tools = req.tools;
   turn.instructions = req.instructions;
   turn.tool_choice = req.tool_choice;
+  turn.parallel_tool_calls = req.gen.parallel_tool_calls;
   turn.reasoning = req.reasoning;
   turn.sampling = req.gen.sampling;
   turn.max_output_tokens = req.gen.max_tokens;
@@ -254,7 +266,7 @@ started start_responses(const std::shared_ptr<server_state>& state,
   turn.on_stored = std::move(on_stored);
   auto gen_request = make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning);
   gen_request.session_id = turn.session_id;
-  apply_tool_choice(gen_request, req.tool_choice, req.tools);
+  apply_tool_choice(gen_request, *state->codec, req.tool_choice, req.tools, req.reasoning);
   const uint64_t session_id = turn.session_id;
   auto writer = make_responses_writer(context(*state, state->new_id("resp_"), req.gen), std::move(turn));
   auto s = launch(state, std::move(strand), state->codec->chat_output(req.reasoning.thinking),

@@ -150,6 +150,26 @@ rendered_prompt prompt_codec::encode_text(const std::string& text) const {
   return {std::move(*ids), {}};
 }
 
+std::vector<int32_t> prompt_codec::tool_call_lead(const std::string& name) const {
+  const std::string head = std::string(dsv41::calls_open) + dsv41::invoke_open;
+  const std::string lead = head + name + dsv41::invoke_name_end;
+  // The call as the model writes it goes on with a parameter; BPE may join the lead's last
+  // bytes with what follows, so the lead ends at the last token boundary inside it.
+  const std::string call = lead + "<｜DSML｜ parameter name=\"";
+  const std::vector<text_range> literal = {text_range{head.size(), name.size()}};
+  const size_t must_cover = head.size() + name.size() + 1;  // the name and its closing quote
+  if (auto ids = tok_->try_encode_with_literals(call, literal, false, nullptr)) {
+    size_t keep = 0, spelled = 0;
+    for (; keep < ids->size(); ++keep) {
+      const std::string_view piece = tok_->token_bytes((*ids)[keep]);
+      if (spelled + piece.size() > lead.size() || lead.compare(spelled, piece.size(), piece) != 0) break;
+      spelled += piece.size();
+    }
+    if (spelled >= must_cover) return std::vector<int32_t>(ids->begin(), ids->begin() + long(keep));
+  }
+  return tok_->try_encode_with_literals(lead, literal, false, nullptr).value_or(std::vector<int32_t>{});
+}
+
 std::string prompt_codec::token_text(int32_t id) const { return std::string(tok_->token_bytes(id)); }
 
 std::string prompt_codec::token_name(int32_t id) const {

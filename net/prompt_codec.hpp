@@ -91,6 +91,11 @@ class prompt_codec {
   /// markers, "</think>") encoded as those tokens, one BOS first (added unless the text starts
   /// with it).
   rendered_prompt encode_text(const std::string& text) const;
+  /// The ids that open an assistant turn's tool call of function `name` (the calls block and the
+  /// invoke up to its name, as the chat encoding writes them): a forced tool_choice makes the
+  /// reply start with them. Tokenized as the same text inside a whole call is, so the model
+  /// goes on from where its own ids would stand.
+  std::vector<int32_t> tool_call_lead(const std::string& name) const;
   /// Parser for chat output (starts inside reasoning when thinking is on).
   std::unique_ptr<output_stream> chat_output(bool thinking) const;
   /// Plain text output for /v1/completions: every token spelled out but BOS and EOS.

@@ -207,10 +207,10 @@ class responses_writer final : public response_writer {
     w.key("max_output_tokens");
     if (turn_.max_output_tokens) w.num(int64_t{turn_.max_output_tokens}); else w.null();
     w.kv("temperature", double(turn_.sampling.temperature)).kv("top_p", double(turn_.sampling.top_p))
-        .kv("parallel_tool_calls", true).key("tool_choice");
+        .kv("parallel_tool_calls", turn_.parallel_tool_calls).key("tool_choice");
     const auto& choice = turn_.tool_choice;
-    if (choice == "auto" || choice == "none" || choice == "required") w.str(choice);
-    else w.obj().kv("type", "function").kv("name", choice).end_obj();  // a named function
+    if (names_function(choice)) w.obj().kv("type", "function").kv("name", choice).end_obj();
+    else w.str(choice);
     w.kv("store", turn_.store);
     w.key("tools").arr();
     // as given: a Responses tool's function_json is {"name":..., "description":..., "parameters":...}

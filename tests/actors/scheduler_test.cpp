@@ -525,3 +525,76 @@ TEST_CASE("scheduler: a grammar with a start token holds only what follows it (t
   CHECK_MESSAGE((fits && m.can_end(s.grammar)), text);
   r.check_nothing_held();
 }
+
+TEST_CASE("scheduler: a forced lead comes first (at once or after its start token), then the answer runs free") {
+  engine_options o = small_options();
+  o.kv_budget_bytes = 1 << 20;  // pressure: some requests are preempted inside their lead
+  rig r(o);
+  std::mt19937 g(31);
+  const request_spec base = make_spec(g, 30, 1, false);
+  request_spec free_run = base;
+  free_run.max_tokens = 4;
+  const uint64_t a = r.sched->submit(free_run).value();
+  r.run_all();
+  REQUIRE(r.out[a].size() == 4);
+  // Two choices sharing a first token, none of them what the model picks by itself.
+  auto unlike = [&](int32_t t) { return 2 + (t + 7) % (r.args.vocab_size - 2); };
+  const int32_t x = unlike(r.out[a][0]);
+  const std::vector<std::vector<int32_t>> choices = {{x, unlike(x), unlike(unlike(x))}, {x, unlike(x + 1)}};
+  struct run {
+    uint64_t id;
+    int32_t after;
+  };
+  std::vector<run> runs;
+  for (int i = 0; i < 16; ++i) {
+    request_spec s = base;
+    s.max_tokens = 12;
+    if (i % 2) s.sampling.temperature = 1.0f, s.sampling.seed = uint64_t(i);
+    s.lead.choices = choices;
+    s.lead.after = i % 4 < 2 ? -1 : r.out[a][0];  // greedy or not, the same first token opens it
+    if (s.lead.after >= 0) s.sampling.temperature = 0;
+    runs.push_back({r.sched->submit(s).value(), s.lead.after});
+  }
+  r.run_all();
+  for (const run& x_run : runs) {
+    const auto& out = r.out[x_run.id];
+    CAPTURE(x_run.after);
+    REQUIRE(out.size() == 12);
+    const std::size_t from = x_run.after < 0 ? 0 : 1;
+    if (from) CHECK(out[0] == x_run.after);
+    int matched = -1;
+    for (std::size_t k = 0; k < choices.size(); ++k)
+      if (std::equal(choices[k].begin(), choices[k].end(), out.begin() + long(from))) matched = int(k);
+    REQUIRE(matched >= 0);
+    if (x_run.after < 0) continue;
+    // Greedy after the lead: what the model says given the prompt, its opener and the lead.
+    request_spec cont = base;
+    cont.prompt.insert(cont.prompt.end(), out.begin(), out.begin() + long(from + choices[std::size_t(matched)].size()));
+    cont.max_tokens = int64_t(out.size()) - int64_t(from + choices[std::size_t(matched)].size());
+    cont.ignore_eos = true;
+    const uint64_t c = r.sched->submit(cont).value();
+    r.run_all();
+    CHECK(std::equal(r.out[c].begin(), r.out[c].end(), out.end() - long(r.out[c].size())));
+  }
+  r.check_nothing_held();
+}
+
+TEST_CASE("scheduler: a forced lead with an empty choice, an id past the vocabulary or a response format is refused") {
+  engine_options o = small_options();
+  o.vocab = toy_json_vocab(test::toy_args().vocab_size);
+  rig r(o);
+  request_spec s;
+  s.prompt = {3, 4};
+  s.max_tokens = 4;
+  s.lead.choices = {{5, 6}, {}};
+  CHECK(r.sched->submit(s).error().message.find("no token") != std::string::npos);
+  s.lead.choices = {{5, r.args.vocab_size}};
+  CHECK(r.sched->submit(s).error().message.find("outside the vocabulary") != std::string::npos);
+  s.lead.choices = {{5, 6}};
+  s.grammar = toy_schema();
+  CHECK(r.sched->submit(s).error().code == engine_errc::bad_params);
+  s.grammar = {};
+  CHECK(r.sched->submit(s).ok());
+  r.run_all();
+  r.check_nothing_held();
+}

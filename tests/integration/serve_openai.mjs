@@ -363,6 +363,69 @@ await check("tool_choice none keeps the tools in the prompt, so an agent's turn 
   assert.notEqual(none.choices[0].finish_reason, "tool_calls");
 });
 
+await check("tool_choice required or a named function: the reply opens a call of it (the tiny model's weights then wander)", async () => {
+  const two = [...tools, { type: "function", function: { name: "get_time", parameters: { type: "object", properties: {} } } }];
+  const messages = [{ role: "user", content: "Weather in Paris?" }];
+  // The random weights never finish a call, so the opened invoke comes back as content, cut by max_tokens.
+  const opened = (text) => /^<｜DSML｜ invoke name="([^"]*)">\n/.exec(text)?.[1];
+  const cases = [[{ type: "function", function: { name: "get_time" } }, ["get_time"]],
+                 [{ type: "function", function: { name: "get_weather" } }, ["get_weather"]],
+                 ["required", ["get_weather", "get_time"]]];
+  for (const [tool_choice, names] of cases) {
+    for (const temperature of [0, 1]) {
+      const r = await tiny.chat.completions.create({ model: "tiny", max_tokens: 16, temperature, seed: 5, tools: two,
+        tool_choice, messages, ...chatMode });
+      const text = r.choices[0].message.content;
+      assert.ok(names.includes(opened(text)), `${JSON.stringify(tool_choice)}: ${text}`);
+    }
+  }
+  const free = await tiny.chat.completions.create({ model: "tiny", max_tokens: 16, temperature: 0, tools: two,
+    messages, ...chatMode });
+  assert.equal(opened(free.choices[0].message.content ?? ""), undefined, "tool_choice auto forced a call");
+  // Responses: the same, with reasoning off
+  const rtools = two.map((t) => ({ type: "function", name: t.function.name, parameters: t.function.parameters }));
+  const rr = await tiny.responses.create({ model: "tiny", input: "Weather?", tools: rtools, max_output_tokens: 16,
+    reasoning: { effort: "none" }, tool_choice: { type: "function", name: "get_weather" } });
+  assert.deepEqual(rr.tool_choice, { type: "function", name: "get_weather" });
+  assert.equal(opened(rr.output_text), "get_weather", rr.output_text);
+});
+
+await check("parallel_tool_calls false: the reply ends with its first tool call", async () => {
+  const calls = new OpenAI({ baseURL: process.env.URL_TWOCALLS + "/v1", apiKey: "unused" });
+  const base = { model: "null", tools, max_tokens: 500, messages: [{ role: "user", content: "Paris and London?" }],
+    ...chatMode };
+  const cities = (tc) => tc.map((c) => JSON.parse(c.function.arguments).location);
+  const both = await calls.chat.completions.create(base);
+  assert.deepEqual(cities(both.choices[0].message.tool_calls), ["Paris", "London"]);
+  const one = await calls.chat.completions.create({ ...base, parallel_tool_calls: false });
+  assert.deepEqual(cities(one.choices[0].message.tool_calls), ["Paris"]);
+  assert.equal(one.choices[0].finish_reason, "tool_calls");
+  const stream = await calls.chat.completions.create({ ...base, parallel_tool_calls: false, stream: true });
+  const seen = new Map();
+  let finish = null;
+  for await (const c of stream) {
+    for (const t of c.choices[0]?.delta?.tool_calls ?? [])
+      seen.set(t.index, (seen.get(t.index) ?? "") + (t.function?.arguments ?? ""));
+    finish = c.choices[0]?.finish_reason ?? finish;
+  }
+  assert.deepEqual([...seen.keys()], [0]);
+  assert.equal(JSON.parse(seen.get(0)).location, "Paris");
+  assert.equal(finish, "tool_calls");
+  const rtools = [{ type: "function", name: "get_weather", parameters: tools[0].function.parameters }];
+  const rboth = await calls.responses.create({ model: "null", input: "Paris and London?", tools: rtools,
+    max_output_tokens: 500, reasoning: { effort: "none" } });
+  assert.equal(rboth.parallel_tool_calls, true);
+  assert.equal(rboth.output.filter((o) => o.type === "function_call").length, 2);
+  const rone = await calls.responses.create({ model: "null", input: "Paris and London?", tools: rtools,
+    max_output_tokens: 500, reasoning: { effort: "none" }, parallel_tool_calls: false });
+  assert.equal(rone.parallel_tool_calls, false);
+  assert.equal(rone.status, "completed");
+  assert.deepEqual(rone.output.filter((o) => o.type === "function_call").map((o) => JSON.parse(o.arguments).location),
+    ["Paris"]);
+  await assert.rejects(calls.chat.completions.create({ ...base, parallel_tool_calls: "no" }),
+    (e) => e.status === 400 && e.param === "parallel_tool_calls");
+});
+
 // Structured output: the tiny model's weights are random, so only the grammar makes its text JSON.
 const verdict = { type: "object", additionalProperties: false, required: ["ok", "level", "why", "tags"],
   properties: { ok: { type: "boolean" }, level: { enum: ["low", "high"] }, why: { type: "string", maxLength: 24 },

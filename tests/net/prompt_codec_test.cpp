@@ -90,6 +90,24 @@ TEST_CASE("prompt codec: tool-call arguments that are JSON but not an object ren
   CHECK(text.find("name=\"days\" string=\"false\">3<") != std::string::npos);
 }
 
+TEST_CASE("prompt codec: a forced tool call opens with the ids the model itself writes for that call") {
+  for (const std::string name : {"get_weather", "f", "search_web_v2", "读取文件"}) {
+    CAPTURE(name);
+    const std::vector<int32_t> lead = codec().tool_call_lead(name);
+    REQUIRE(!lead.empty());
+    const std::string spelled = tok().decode(lead);
+    const std::string call = std::string(dsv41::calls_open) + dsv41::invoke_open + name + dsv41::invoke_name_end;
+    CHECK(call.starts_with(spelled));  // nothing past the name's line
+    CHECK(spelled.starts_with(std::string(dsv41::calls_open) + dsv41::invoke_open + name + "\""));
+    CHECK(std::count(lead.begin(), lead.end(), dsv41::dsml_id) == 2);  // the markers are control tokens
+    // An earlier turn's call of the same function holds the same ids.
+    chat_message reply{"assistant", "", "", {{"call_1", name, "{\"city\": \"Paris\"}"}}, {}};
+    auto p = codec().render_chat({{"user", "q", {}, {}, {}}, reply, {"tool", "ok", {}, {}, "call_1"}}, {}, {false, 75});
+    REQUIRE(p.error.empty());
+    CHECK(std::search(p.ids.begin(), p.ids.end(), lead.begin(), lead.end()) != p.ids.end());
+  }
+}
+
 TEST_CASE("prompt codec: control-token text typed in a message is encoded as text") {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 40; ++trial) {
