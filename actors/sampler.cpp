@@ -2,6 +2,7 @@
 #include "actors/sampler.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 
@@ -23,14 +24,34 @@ double uniform01(uint64_t seed, int64_t token_idx) {
   return double(r >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/// Ids sorted by logit, highest first; ties -> lowest id first.
-std::vector<int32_t> order_by_logit(std::span<const float> logits, std::size_t keep) {
-  std::vector<int32_t> ids(logits.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  keep = std::min(keep, ids.size());
-  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), better);
-  ids.resize(keep);
+/// A key whose ascending order is the logits' descending order (NaN aside); -0 and +0, equal
+/// logits, get one key.
+uint32_t descending_key(float logit) {
+  const uint32_t bits = std::bit_cast<uint32_t>(logit == 0.f ? 0.f : logit);
+  const uint32_t ascending = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+  return ~ascending;
+}
+
+/// Every id by descending logit, ties in id order: a stable LSD radix sort (three 11-bit digits)
+/// of the keys, starting from index order.
+std::vector<int32_t> radix_order(std::span<const float> logits) {
+  const std::size_t n = logits.size();
+  std::vector<uint32_t> keys(n), keys_tmp(n);
+  std::vector<int32_t> ids(n), ids_tmp(n);
+  for (std::size_t i = 0; i < n; ++i) keys[i] = descending_key(logits[i]), ids[i] = int32_t(i);
+  constexpr int digit_bits = 11;
+  constexpr uint32_t buckets = 1u << digit_bits;
+  for (int shift = 0; shift < 32; shift += digit_bits) {
+    std::vector<std::size_t> start(buckets + 1, 0);
+    for (uint32_t k : keys) ++start[((k >> shift) & (buckets - 1)) + 1];
+    if (std::any_of(start.begin() + 1, start.end(), [&](std::size_t c) { return c == n; })) continue;  // one digit
+    for (uint32_t b = 0; b < buckets; ++b) start[b + 1] += start[b];
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::size_t to = start[(keys[i] >> shift) & (buckets - 1)]++;
+      keys_tmp[to] = keys[i], ids_tmp[to] = ids[i];
+    }
+    keys.swap(keys_tmp), ids.swap(ids_tmp);
+  }
   return ids;
 }
 
@@ -68,6 +89,17 @@ int32_t pick_random(std::span<const float> logits, const sampling_params& p, int
 }
 
 }  // namespace
+
+std::vector<int32_t> order_by_logit(std::span<const float> logits, std::size_t keep) {
+  keep = std::min(keep, logits.size());
+  if (keep == logits.size() && keep > 1) return radix_order(logits);
+  std::vector<int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  auto better = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), better);
+  ids.resize(keep);
+  return ids;
+}
 
 std::string validate(const sampling_params& p, int vocab_size) {
   if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature)) return "temperature must be a finite number >= 0";

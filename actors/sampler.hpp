@@ -33,6 +33,10 @@ struct sampled_token {
   std::vector<float> top_logprobs;         ///< their log-probabilities
 };
 
+/// The ids of the `keep` highest logits, highest first (ties: lowest id first). A whole row
+/// (keep >= its size, as top-p needs) is radix-sorted: a few linear passes, not a comparison sort.
+std::vector<int32_t> order_by_logit(std::span<const float> logits, std::size_t keep);
+
 /// Samples from logits [vocab] fp32. token_idx = index of the token being generated within its
 /// request (0 for the first completion token); it seeds the draw together with p.seed. With
 /// p.allowed, only allowed tokens are drawn (the others' logits count as -inf); logprob and the

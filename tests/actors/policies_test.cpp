@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -119,6 +120,33 @@ TEST_CASE("sampler: seeded draws are reproducible and follow temperature / top-k
   bad = {};
   bad.temperature = -1.f;
   CHECK(!validate(bad, 12).empty());
+}
+
+TEST_CASE("sampler: the order by logit is a stable comparison sort's, over ties, signed zeros, -inf and denormals") {
+  std::mt19937 g(21);
+  for (const std::size_t n : {std::size_t(2), std::size_t(3), std::size_t(1000), std::size_t(129280)}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      std::vector<float> l(n);
+      std::normal_distribution<float> d(0.f, 4.f);
+      for (auto& x : l) {
+        x = d(g);
+        if (variant == 1) x = std::round(x * 2.f) / 2.f;  // many ties
+        if (variant == 2) {  // the edge values of a masked or odd row
+          const float edge[] = {-0.f, 0.f, -INFINITY, 1e-42f, -1e-42f, 3e38f, -3e38f, x};
+          x = edge[std::uniform_int_distribution<int>(0, 7)(g)];
+        }
+      }
+      std::vector<int32_t> want(n);
+      std::iota(want.begin(), want.end(), 0);
+      std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) { return l[std::size_t(a)] > l[std::size_t(b)]; });
+      CAPTURE(n);
+      CAPTURE(variant);
+      CHECK(order_by_logit(l, n) == want);
+      CHECK(order_by_logit(l, n + 5) == want);
+      const std::vector<int32_t> top(want.begin(), want.begin() + long(std::min<std::size_t>(n, 20)));
+      CHECK(order_by_logit(l, 20) == top);
+    }
+  }
 }
 
 TEST_CASE("sampling order: blocked sums and the first index whose running sum stops, against the definition") {
