@@ -167,8 +167,10 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<ran
           return {int32_t(engine_errc::bad_params), "the shard's model (" + msg.model + ") is not this engine's (" + mine + ")"};
         self->monitor(msg.shard);
         st.remote_pool.push_back(msg.shard);
+        report(self, "shard_joined", {field("pool", int64_t(st.remote_pool.size())),
+                                      field("node", to_string(msg.shard.node()))});
         if (st.layout.num_shards == 1 && !st.sw) {  // move the one-shard layout onto it
-          st.sw = pending_switch{st.layout, std::nullopt, std::chrono::steady_clock::now()};
+          st.sw = pending_switch{st.layout, std::nullopt, std::chrono::steady_clock::now(), "shard_joined"};
           st.paused = true;
           if (!st.step) run_switch(self);
         }

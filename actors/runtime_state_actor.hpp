@@ -53,6 +53,7 @@ struct pending_switch {
   layout_spec target;
   std::optional<caf::typed_response_promise<switch_result>> rp;  ///< none for a rebuild
   std::chrono::steady_clock::time_point t0;
+  std::string cause;  ///< a rebuild's, for the event log: "shard_failed", "shard_joined"
 };
 
 struct runtime_state {
@@ -94,6 +95,13 @@ void deliver_events(self_ptr self);
 void on_step_output(self_ptr self, const step_output& out);
 /// A shard died, timed out or failed: abort the collectives and rebuild at the boundary.
 void on_fault(self_ptr self, int rank, const std::string& reason, bool kv_lost);
+/// Hands an event to options.on_event, when set (the server's log).
+void report(self_ptr self, const std::string& event, std::vector<runtime_event_field> fields);
+/// A field of report(): text, or a number.
+runtime_event_field field(std::string key, std::string text, bool number = false);
+runtime_event_field field(std::string key, int64_t number);
+/// Milliseconds with three decimals, for a number field.
+std::string millis_text(double ms);
 
 // runtime_actor.cpp
 /// Adds x's counters (prefix lookups and hits, tokens, replays, preemptions, steps) to m.

@@ -5,6 +5,8 @@
 // shards) unless a request was in a failed step before, which then finishes with an error.
 #include "actors/runtime_state_actor.hpp"
 
+#include <cstdio>
+
 namespace cedar::runtime_detail {
 namespace {
 
@@ -34,7 +36,8 @@ void complete_step(self_ptr self) {
       if (++st.faults[it.request_id] >= 2) failed_twice.push_back(it.request_id);
     st.groups[k]->abandon_step(failed_twice, "shard failed twice while running it: " + g.failure);
   }
-  if (!g.failure.empty() && !st.sw) st.sw = pending_switch{st.layout, std::nullopt, std::chrono::steady_clock::now()};
+  if (!g.failure.empty() && !st.sw)
+    st.sw = pending_switch{st.layout, std::nullopt, std::chrono::steady_clock::now(), "shard_failed"};
   deliver_events(self);
   if (st.sw) return run_switch(self);
   pump(self);
@@ -92,6 +95,7 @@ void on_step_output(self_ptr self, const step_output& out) {
   st.step->waiting[r] = false;
   st.step->outputs[r] = out;
   if (!out.error.empty() && st.step->failure.empty()) {
+    report(self, "shard_step_failed", {field("rank", r), field("error", out.error)});
     st.step->failure = "shard " + std::to_string(r) + ": " + out.error;
     st.last_fault = st.step->failure;
     if (st.comm) st.comm->abort(st.step->failure);  // peers blocked in a collective return now
@@ -99,8 +103,24 @@ void on_step_output(self_ptr self, const step_output& out) {
   if (std::none_of(st.step->waiting.begin(), st.step->waiting.end(), [](bool w) { return w; })) complete_step(self);
 }
 
+void report(self_ptr self, const std::string& event, std::vector<runtime_event_field> fields) {
+  if (const auto& log = self->state.options.on_event) log(event, fields);
+}
+
+runtime_event_field field(std::string key, std::string text, bool number) {
+  return {std::move(key), std::move(text), number};
+}
+runtime_event_field field(std::string key, int64_t number) { return {std::move(key), std::to_string(number), true}; }
+
+std::string millis_text(double ms) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3f", ms);
+  return text;
+}
+
 void on_fault(self_ptr self, int rank, const std::string& reason, bool kv_lost) {
   auto& st = self->state;
+  report(self, "shard_lost", {field("rank", rank), field("reason", reason), field("kv_lost", kv_lost ? "yes" : "no")});
   st.last_fault = "shard " + std::to_string(rank) + ": " + reason;
   if (rank >= 0 && rank < int(st.ranks.size())) {
     st.ranks[rank].alive = false;
@@ -116,7 +136,7 @@ void on_fault(self_ptr self, int rank, const std::string& reason, bool kv_lost) 
     }
     return;  // the other ranks' replies (aborted collectives) close the step
   }
-  if (!st.sw) st.sw = pending_switch{st.layout, std::nullopt, std::chrono::steady_clock::now()};
+  if (!st.sw) st.sw = pending_switch{st.layout, std::nullopt, std::chrono::steady_clock::now(), "shard_failed"};
   run_switch(self);
 }
 

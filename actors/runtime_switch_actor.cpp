@@ -37,6 +37,10 @@ void finish_switch(self_ptr self, const rehome_stats& moved, std::chrono::steady
   const auto now = std::chrono::steady_clock::now();
   const double ms = std::chrono::duration<double, std::milli>(now - sw.t0).count();
   st.last_switch_ms = ms;
+  if (!sw.rp)
+    report(self, "layout_rebuilt", {field("cause", sw.cause), field("layout", st.layout.name()),
+                                    field("shards", int64_t(st.ranks.size())), field("pause_ms", millis_text(ms), true),
+                                    field("requests_moved", int64_t(moved.requests_moved))});
   if (sw.rp) {
     switch_result r;
     r.layout = st.layout.name();
@@ -100,6 +104,7 @@ void run_switch(self_ptr self) {
     pending_switch sw = std::move(*st.sw);
     st.sw.reset();
     st.last_fault = "layout " + sw.target.name() + " could not be built: " + e.what();
+    if (!sw.rp) report(self, "layout_rebuild_failed", {field("cause", sw.cause), field("error", st.last_fault)});
     if (sw.rp) sw.rp->deliver(switch_result{int32_t(engine_errc::shard_failed), st.last_fault, st.layout.name()});
     resume_admission(self);
     return;

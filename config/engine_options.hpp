@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -28,6 +29,17 @@ enum class swa_replay_mode : uint8_t {
 /// Token positions per KV page unless --page-tokens says otherwise (kv_layout's default too).
 constexpr int default_page_tokens = 64;
 
+/// One field of a runtime event: a key and its value as text (a number when `number`).
+struct runtime_event_field {
+  std::string key;
+  std::string text;
+  bool number = false;
+};
+
+/// Where the runtime reports what an operator's log should show: a shard process joined, a
+/// shard was lost, the layout was rebuilt. Called on an actor thread: quick and thread-safe.
+using runtime_event_log = std::function<void(const std::string& event, const std::vector<runtime_event_field>& fields)>;
+
 struct engine_options {
   bool prefix_cache = true;                        ///< --prefix-cache on|off
   swa_replay_mode swa_replay = swa_replay_mode::bounded;  ///< --swa-replay bounded|full
@@ -45,6 +57,8 @@ struct engine_options {
   /// The served vocabulary's bytes (the server's tokenizer): structured output needs it; a
   /// request with a grammar is refused without it.
   std::shared_ptr<const token_vocab> vocab;
+  /// Runtime events (none reported when empty): `cedar serve` writes them to its request log.
+  runtime_event_log on_event;
 
   /// --max-batched-tokens and --max-prefill-chunk on a GPU shard when not given (the chunk no
   /// larger than the step): large enough that each expert's weights, read once per step, serve

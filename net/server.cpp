@@ -81,7 +81,12 @@ int run_server(const serve_options& options, const engine_factory& make_engine) 
     for (auto& t : threads) t.join();
   };
   try {
-    state->engine = make_engine(*state->codec);
+    // Weak: the engine (held by the state) must not keep the state alive.
+    std::weak_ptr<server_state> weak = state;
+    state->engine = make_engine(*state->codec, [weak](const std::string& event,
+                                                      const std::vector<runtime_event_field>& fields) {
+      if (auto s = weak.lock()) s->log_event(event, fields);
+    });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cedar serve: cannot start the engine: %s\n", e.what());
     stop_io();

@@ -28,8 +28,7 @@ log_value log_value::millis(double ms) {
   return v;
 }
 
-std::string server_state::format_log_line(
-    std::string_view ts, std::initializer_list<std::pair<const char*, log_value>> fields) const {
+std::string server_state::format_log_line(std::string_view ts, std::span<const log_field> fields) const {
   if (options.log_json) {
     json_writer w;
     w.obj().kv("ts", ts);
@@ -58,7 +57,17 @@ std::string server_state::format_log_line(
   return line;
 }
 
-void server_state::log(std::initializer_list<std::pair<const char*, log_value>> fields) {
+void server_state::log_event(const std::string& event, const std::vector<runtime_event_field>& fields) {
+  std::vector<log_field> line{{"event", log_value(event)}};
+  for (const auto& f : fields) {
+    log_value v(f.text);
+    v.literal = f.number;
+    line.emplace_back(f.key, std::move(v));
+  }
+  log(line);
+}
+
+void server_state::log(std::span<const log_field> fields) {
   char ts[40];
   auto now = std::chrono::system_clock::now();
   std::time_t t = std::chrono::system_clock::to_time_t(now);

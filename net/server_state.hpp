@@ -10,10 +10,12 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "config/engine_options.hpp"
 #include "net/api_types.hpp"
 #include "net/bridge.hpp"
 #include "net/metrics.hpp"
@@ -37,6 +39,9 @@ struct log_value {
   /// Milliseconds with three decimals ("12.345"), a number; not finite: the text "nan".
   static log_value millis(double ms);
 };
+
+/// One field of a log line: its key and value (a field with an empty value is left out).
+using log_field = std::pair<std::string_view, log_value>;
 
 /// `cedar serve` options (engine options travel in engine_config).
 struct serve_options {
@@ -122,10 +127,15 @@ struct server_state {
   /// A fresh id with a prefix, e.g. "chatcmpl-00001a2b3c4d5e6f".
   std::string new_id(const char* prefix);
   /// One line to stderr (JSON or key=value per options.log_json) with a "ts" field first.
-  void log(std::initializer_list<std::pair<const char*, log_value>> fields);
+  void log(std::initializer_list<log_field> fields) { log(std::span(fields.begin(), fields.size())); }
+  void log(std::span<const log_field> fields);
+  /// A runtime event (a shard joined or was lost, a rebuild) as one log line: "event" first.
+  void log_event(const std::string& event, const std::vector<runtime_event_field>& fields);
   /// The line log() writes, without the newline (for tests).
-  std::string format_log_line(std::string_view ts,
-                              std::initializer_list<std::pair<const char*, log_value>> fields) const;
+  std::string format_log_line(std::string_view ts, std::span<const log_field> fields) const;
+  std::string format_log_line(std::string_view ts, std::initializer_list<log_field> fields) const {
+    return format_log_line(ts, std::span(fields.begin(), fields.size()));
+  }
   bool ready() const { return !draining.load() && engine && engine->ready(); }
 
  private:

@@ -76,8 +76,20 @@ bool wait_layout(engine& e, Pred pred, int timeout_s) {
 struct shard_host {
   std::unique_ptr<engine> e;
   engine_options o;
+  /// The runtime's events as "name key=value ...", in order.
+  struct event_list {
+    std::mutex mu;
+    std::vector<std::string> lines;
+  };
+  std::shared_ptr<event_list> events = std::make_shared<event_list>();
 
   explicit shard_host(model_args args) {
+    o.on_event = [events = events](const std::string& name, const std::vector<runtime_event_field>& fields) {
+      std::string line = name;
+      for (const auto& f : fields) line += " " + f.key + "=" + f.text;
+      std::lock_guard lock(events->mu);
+      events->lines.push_back(line);
+    };
     o.page_tokens = 16;
     o.kv_budget_bytes = int64_t(32) << 20;
     o.shard_port = 0;
@@ -153,6 +165,13 @@ TEST_CASE("remote shard: a second process serves the tp1 layout, and its death i
   engine& e = *host.e;
   const auto local = generate(e, 4);
   const pid_t child = host.spawn_shard();
+  /// The events so far, each cut to its name and first field.
+  auto events = [&] {
+    std::lock_guard lock(host.events->mu);
+    std::vector<std::string> heads;
+    for (const auto& line : host.events->lines) heads.push_back(line.substr(0, line.find(' ', line.find(' ') + 1)));
+    return heads;
+  };
 
   const bool joined = wait_layout(e, [](const layout_status& s) { return s.shards.size() == 1 && s.shards[0].remote; }, 60);
   CHECK(joined);
@@ -169,6 +188,10 @@ TEST_CASE("remote shard: a second process serves the tp1 layout, and its death i
   CHECK(wait_layout(e, [](const layout_status& s) { return s.shards.size() == 1 && !s.shards[0].remote; }, 20));
   CHECK(e.healthy());
   CHECK(generate(e, 4) == local);
+  // What the operator's log shows: the join and the move onto it, the loss and the rebuild.
+  const std::vector<std::string> want = {"shard_joined pool=1", "layout_rebuilt cause=shard_joined",
+                                         "shard_lost rank=0", "layout_rebuilt cause=shard_failed"};
+  CHECK(events() == want);
 }
 
 TEST_CASE("remote shard: a shard whose Engram hash or weights differ is refused at join, the engine goes on") {

@@ -4,7 +4,8 @@
 # tp4 -> dep2 -> tp4 -> tp1; every turn must end normally with as many tokens as in an
 # unswitched tp4 run, and (exact replay) with the same text. Then GET /admin/status, and a
 # shard killed mid-stream (POST /admin/kill-shard, a test hook): every stream ends within 10 s,
-# /health answers throughout, and the rebuilt layout serves 32 new sessions.
+# /health answers throughout, the rebuilt layout serves 32 new sessions, and the log records the
+# loss and the rebuild.
 # usage: tests/integration/layout_switch.sh path/to/cedar
 set -euo pipefail
 cedar="$(realpath "${1:?usage: layout_switch.sh path/to/cedar}")"
@@ -22,3 +23,9 @@ opts=(--model micro --layout "${LAYOUT_START:-tp4}" --page-tokens "${LAYOUT_PAGE
 start_server ref "${opts[@]}"
 start_server live "${opts[@]}"
 CEDAR_ROOT="$CEDAR_ROOT" URL_REF="$url_ref" URL_LIVE="$url_live" node "$here/layout_switch.mjs"
+# The operator's log tells of the killed shard and the rebuild that replaced it.
+if [[ "${LAYOUT_KILL:-1}" != 0 ]]; then
+  grep -q 'event=shard_lost rank=1 ' "$tmp/live.log" || { echo "no shard_lost event in the log"; exit 1; }
+  grep -q 'event=layout_rebuilt cause=shard_failed ' "$tmp/live.log" || { echo "no layout_rebuilt event in the log"; exit 1; }
+  grep -E 'event=(shard_lost|layout_rebuilt)' "$tmp/live.log" | sed 's/^/  log: /'
+fi

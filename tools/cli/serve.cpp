@@ -76,8 +76,10 @@ cedar::outcome<std::unique_ptr<cedar::engine>> start_gpu_layout(const model_choi
   return cedar::engine::start(std::move(src), options);
 }
 
-std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& given, const cedar::net::prompt_codec& codec) {
+std::unique_ptr<cedar::net::engine_bridge> build_engine(const model_choice& given, const cedar::net::prompt_codec& codec,
+                                                        cedar::runtime_event_log events) {
   model_choice c = given;
+  c.options.on_event = std::move(events);  // shard joins and losses, rebuilds: to the request log
   if (c.model == "null") {
     std::this_thread::sleep_for(std::chrono::milliseconds(c.null_load_ms));
     std::vector<int32_t> script;
@@ -346,7 +348,9 @@ int serve_main(int argc, char** argv) {
     std::fprintf(stderr, "(cedar serve --help lists the options)\n");
     return 2;
   }
-  return cedar::net::run_server(o, [&](const cedar::net::prompt_codec& codec) { return build_engine(engine, codec); });
+  return cedar::net::run_server(o, [&](const cedar::net::prompt_codec& codec, cedar::runtime_event_log events) {
+    return build_engine(engine, codec, std::move(events));
+  });
 }
 
 }  // namespace
