@@ -3,6 +3,12 @@
 
 #include "actors/rank_source.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
 namespace cedar {
 namespace {
 
@@ -35,6 +41,7 @@ class cpu_rank_source final : public rank_source {
   const kv_layout& layout() const override { return m_->layout(); }
   std::string check(const layout_spec&) const override { return {}; }
   bool remote_shards() const override { return true; }
+  int64_t host_kv_memory_bytes() const override { return host_memory_bytes(); }
   layout_ranks make(const layout_spec& spec, int first, std::chrono::milliseconds timeout) override {
     layout_ranks out;
     if (spec.num_shards > 1) out.comm = inproc_group::make(spec.num_shards, timeout);
@@ -50,7 +57,27 @@ class cpu_rank_source final : public rank_source {
   std::shared_ptr<const model> m_;
 };
 
+std::string gib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", double(bytes) / double(int64_t(1) << 30));
+  return text;
+}
+
 }  // namespace
+
+int64_t host_memory_bytes() {
+  int64_t bytes = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+  std::ifstream limit("/sys/fs/cgroup/memory.max");  // "max" when there is none
+  if (int64_t cgroup = 0; limit >> cgroup && cgroup > 0) bytes = std::min(bytes, cgroup);
+  return bytes;
+}
+
+std::string check_host_kv(const rank_source& src, int64_t budget, int arenas, const std::string& what) {
+  const int64_t host = src.host_kv_memory_bytes();
+  if (host < 0 || arenas <= 0 || budget <= host / arenas) return {};
+  return what + " needs " + std::to_string(arenas) + " KV arenas of --kv-budget-bytes " + std::to_string(budget) +
+         " (" + gib(budget) + ") each, more than this host's " + gib(host) + " of memory; lower --kv-budget-bytes";
+}
 
 std::shared_ptr<rank_source> make_cpu_rank_source(std::shared_ptr<const model> m) {
   return std::make_shared<cpu_rank_source>(std::move(m));

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,7 +39,18 @@ class rank_source {
   /// Whether a layout's shard may run in a shard process (cedar shard --connect): tp1 of the
   /// CPU model.
   virtual bool remote_shards() const { return false; }
+  /// The memory each shard's KV arena is taken from when that is the host's (the CPU model:
+  /// host_memory_bytes()); -1 when every shard's KV lives in its own device's memory.
+  virtual int64_t host_kv_memory_bytes() const { return -1; }
 };
+
+/// This host's memory: physical, or its cgroup's limit when that is lower.
+int64_t host_memory_bytes();
+
+/// Empty when `arenas` KV arenas of `budget` bytes each fit in src's host memory (always, when
+/// the KV lives on devices); else why, naming --kv-budget-bytes. `what` says where the arenas
+/// come from, e.g. "layout 'tp4' (4 shards)".
+std::string check_host_kv(const rank_source& src, int64_t budget, int arenas, const std::string& what);
 
 /// Every layout of the CPU model m (one replica shared by the ranks, in-process collectives).
 std::shared_ptr<rank_source> make_cpu_rank_source(std::shared_ptr<const model> m);

@@ -151,6 +151,14 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<ran
           return switch_result{int32_t(engine_errc::bad_params), "layout '" + msg.layout + "': " + why,
                                st.layout.name()};
         if (st.sw) return switch_result{int32_t(engine_errc::busy), "a layout switch is already running", st.layout.name()};
+        // The new shards' arenas are made before the old ones go (their pages are copied across).
+        const int now = int(std::count_if(st.ranks.begin(), st.ranks.end(), [](const rank_entry& r) { return !r.remote; }));
+        const int next = spec.value().num_shards;
+        if (const std::string why = check_host_kv(*st.src, st.options.kv_budget_bytes, now + next,
+                                                  "switching from " + st.layout.name() + " (" + std::to_string(now) +
+                                                      " shards) to " + msg.layout + " (" + std::to_string(next) + ")");
+            !why.empty())
+          return switch_result{int32_t(engine_errc::kv_exhausted), why, st.layout.name()};
         auto rp = self->make_response_promise<switch_result>();
         st.sw = pending_switch{spec.value(), rp, std::chrono::steady_clock::now()};
         st.paused = true;  // admission stops now; the switch runs at the step boundary

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "actors/protocol.hpp"
+#include "actors/rank_source.hpp"
 #include "actors/runtime_actor.hpp"
 #include "actors/session_actor.hpp"
 #include "config/model_config.hpp"
@@ -571,6 +572,26 @@ TEST_CASE("runtime: a switch whose shards cannot be built is refused and the old
   const switch_result good = r.ask<switch_result>(r.rt, switch_layout{"tp1"});
   CHECK_MESSAGE(good.error_code < 0, good.error_message);
   CHECK(good.layout == "tp1");
+}
+
+TEST_CASE("runtime: a switch whose KV arenas would not fit in host memory is refused before it starts") {
+  engine_options o = options();
+  o.kv_budget_bytes = host_memory_bytes() / 3 + 1;  // one layout's arena fits (pages are made as they fill)
+  rig r("tp1", o);
+  client& running = r.open(0);
+  r.turn(running, tokens_for(910, 20), 12);
+  // tp2 beside tp1 while the pages move: three arenas of a third of the host each
+  const switch_result bad = r.ask<switch_result>(r.rt, switch_layout{"tp2"});
+  CHECK(bad.error_code == int32_t(engine_errc::kv_exhausted));
+  CHECK_MESSAGE(bad.error_message.find("--kv-budget-bytes") != std::string::npos, bad.error_message);
+  CHECK(bad.error_message.find("3 KV arenas") != std::string::npos);
+  CHECK(bad.layout == "tp1");
+  CHECK_FALSE(r.ask<layout_status>(r.rt, layout_atom::value).switching);
+  REQUIRE(rig::wait(running, 60000));
+  CHECK(running.reasons[0] == "length");
+  // two arenas fit: tp1 -> tp1 (a rebuild in place) runs
+  const switch_result good = r.ask<switch_result>(r.rt, switch_layout{"tp1"});
+  CHECK_MESSAGE(good.error_code < 0, good.error_message);
 }
 
 TEST_CASE("runtime: a shard killed mid-run is replaced and every request ends within 10 s") {
