@@ -79,8 +79,12 @@ void websocket_session::handle_event(std::string_view text) {
     if (gen_ && !gen_->finished()) {
       auto keep = gen_;  // cancel() ends in generation_done(); keep it alive until it returns
       keep->cancel();
+      return;
     }
-    return;
+    // Nothing to cancel (never started, or it ended as the cancel crossed it): an error event
+    // says so, and the socket goes on as before.
+    return send_error(api_error{400, "invalid_request_error", "no response is in progress on this socket", {},
+                                "response_cancel_not_active"});
   }
   if (gen_ && !gen_->finished()) {
     const api_error busy{409, "invalid_request_error",

@@ -127,6 +127,12 @@ await check("response.cancel stops a response mid-stream; the socket serves the 
   const next = await ws.next(isEnd);
   assert.equal(next.response.status, "incomplete");
   assert.equal(next.response.usage.output_tokens, 3);
+  // with nothing in progress a cancel is answered with an error, and the socket goes on
+  ws.send(JSON.stringify({ type: "response.cancel" }));
+  const idle = await ws.next((e) => e.type === "error");
+  assert.equal(idle.error.code, "response_cancel_not_active");
+  ws.send(JSON.stringify({ type: "response.create", input: "again", max_output_tokens: 2 }));
+  assert.equal((await ws.next(isEnd)).response.usage.output_tokens, 2);
   ws.close();
 });
 
