@@ -9,8 +9,9 @@
 # those it does (--tokens with moe, prefill and gemv, --tile with moe), and the GPU-only
 # --gpu-dense-bf16 and --gpu-batch-invariant off are refused on the CPU backend; numeric flags
 # are read whole (no silent 0), switches take no value, a bad --host is refused before the
-# engine loads, an engine flag's error prints once,
-# replay-quality --help prints its usage, every command reads a checkpoint directory by its own
+# engine loads, an engine flag's error prints once; generate, logits, kernel-lab, gpu-bench, bench
+# and (de)tokenize name a refused argument and why in one line before the usage, and print the usage
+# on stdout with exit 0 for --help; replay-quality --help prints its usage, every command reads a checkpoint directory by its own
 # layout (stale shards beside model.safetensors are not read); prefix-bench takes --page-tokens.
 # usage: tests/integration/model_cli.sh path/to/cedar
 set -euo pipefail
@@ -149,6 +150,46 @@ rc=0
 # an engine flag's error is printed once
 "$cedar" serve --model micro --max-num-seqs 0 > /dev/null 2> "$tmp/err" || true
 [[ "$(grep -c -- "--max-num-seqs must be" "$tmp/err")" == 1 ]] || { echo "the error is not printed once"; cat "$tmp/err"; exit 1; }
+# a refused argument is named: one line "cedar CMD: ..." on stderr saying which flag and why,
+# then the usage (exit 2); --help prints the usage on stdout and exits 0
+refused() {  # refused NEEDLE CMD ARGS...: exit 2, stderr's first line names NEEDLE, the usage follows
+  local needle="$1" rc=0
+  shift
+  "$cedar" "$@" > /dev/null 2> "$tmp/err" || rc=$?
+  local line
+  line="$(head -1 "$tmp/err")"
+  [[ $rc == 2 && "$line" == "cedar $1"* && "$line" == *"$needle"* ]] && grep -q "usage: cedar" "$tmp/err" ||
+    { echo "cedar $*: exit $rc, not a refusal naming '$needle'"; cat "$tmp/err"; exit 1; }
+}
+for cmd in generate logits kernel-lab gpu-bench bench tokenize detokenize; do
+  refused "unknown option '--bogus'" $cmd --bogus
+  refused "unknown option '--bogus'" $cmd --bogus value
+  rc=0
+  "$cedar" $cmd --help > "$tmp/out" 2> "$tmp/err" || rc=$?
+  [[ $rc == 0 ]] && grep -q "usage: cedar $cmd" "$tmp/out" && [[ ! -s "$tmp/err" ]] ||
+    { echo "cedar $cmd --help: exit $rc"; cat "$tmp/out" "$tmp/err"; exit 1; }
+done
+refused "unknown option '--bogus'" bench compare --bogus
+gen=(generate --model micro --prompt-ids 5)
+refused "--max-tokens: 'abc' is not an integer" "${gen[@]}" --max-tokens abc
+refused "--seed: '-1' is not an integer >= 0" "${gen[@]}" --seed -1
+refused "--device: 'tpu' is not cpu or cuda" "${gen[@]}" --device tpu
+refused "--model needs a value" generate --prompt-ids 5 --model
+refused "--prompt-ids or --prompt, not both" "${gen[@]}" --prompt hello
+refused "--prompt-ids or --prompt is required" generate --model micro
+refused "--gpu-dense-bf16 needs --device cuda" "${gen[@]}" --gpu-dense-bf16
+refused "--max-prefill-s does not go with --truncate on" "${gen[@]}" --max-prefill-s 1 --truncate on
+refused "--out is required" logits --model micro --prompt-ids 5
+refused "--chunk: '2y' is not an integer" logits --model micro --prompt-ids 5 --out "$tmp/x.bin" --chunk 2y
+refused "--tokens needs --op moe, prefill or gemv" kernel-lab --op attention --tokens 64
+refused "--op: 'nope' is not" kernel-lab --op nope
+refused "--steps: '3q' is not an integer" gpu-bench --phases floor --steps 3q
+refused "--layout tp2 needs --device cuda and --gpu-kernels fast" gpu-bench --phases floor --layout tp2
+refused "--url is required" bench --out "$tmp/bench"
+refused "--concurrency: '1,x' is not" bench --url http://127.0.0.1:1 --out "$tmp/bench" --concurrency 1,x
+refused "give --text or --jsonl, not both" tokenize --text hi --jsonl "$tmp/none.jsonl"
+# a value that looks like --help is still a value
+"$cedar" tokenize --text -h > "$tmp/out" && grep -q '^\[' "$tmp/out" || { echo "tokenize --text -h"; exit 1; }
 # --help answers at once with the usage (replay-quality once ran its whole benchmark instead)
 timeout 10 "$cedar" replay-quality --help > "$tmp/out" || { echo "replay-quality --help failed"; exit 1; }
 grep -q "usage: cedar replay-quality" "$tmp/out" || { echo "replay-quality --help printed no usage"; exit 1; }

@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "tools/bench/bench_run.hpp"
 #include "tools/cli/flags.hpp"
@@ -13,8 +15,10 @@
 namespace {
 
 using namespace cedar::bench;
+using cedar::cli::arg_reader;
 using cedar::cli::read_integer;
 using cedar::cli::read_number;
+using cedar::cli::refuse;
 
 constexpr const char* kUsage =
     "usage: cedar bench --url URL --out DIR [options]\n"
@@ -39,8 +43,9 @@ constexpr const char* kUsage =
     "  --no-random-start    start every session at its first turn\n"
     "  --metrics-path P     Prometheus endpoint for the prefix-cache hit rate (default: /metrics)\n";
 
-bool parse_list(const char* text, std::vector<std::string>& out) {
-  std::string s = text;
+void usage(FILE* out) { std::fputs(kUsage, out); }
+
+bool parse_list(const std::string& s, std::vector<std::string>& out) {
   out.clear();
   for (size_t start = 0; start <= s.size();) {
     size_t comma = s.find(',', start);
@@ -51,89 +56,92 @@ bool parse_list(const char* text, std::vector<std::string>& out) {
   return !out.empty();
 }
 
-bool parse_bench_args(int argc, char** argv, bench_options& o) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--no-random-start") {
-      o.random_start = false;
-      continue;
-    }
-    if (i + 1 >= argc) return false;
-    const char* v = argv[++i];
-    std::vector<std::string> items;
-    if (arg == "--url") o.url = v;
-    else if (arg == "--api-key") o.api_key = v;
-    else if (arg == "--model") o.model = v;
-    else if (arg == "--traces") o.traces = v;
-    else if (arg == "--sessions" && read_integer(v, o.num_synthetic_sessions, 1)) {}
-    else if (arg == "--scale" && read_number(v, o.scale, 1e-9)) {}
-    else if (arg == "--warmup" && read_number(v, o.warmup_s, 0)) {}
-    else if (arg == "--duration" && read_number(v, o.duration_s, 1e-9)) {}
-    else if (arg == "--label") o.label = v;
-    else if (arg == "--out") o.out_dir = v;
-    else if (arg == "--think-scale" && read_number(v, o.think_scale, 0)) {}
-    else if (arg == "--max-think" && read_number(v, o.max_think_s, 0)) {}
-    else if (arg == "--max-context" && read_integer(v, o.max_context_tokens, 0)) {}
-    else if (arg == "--timeout" && read_number(v, o.request_timeout_s, 1e-9)) {}
-    else if (arg == "--seed" && read_integer(v, o.seed)) {}
-    else if (arg == "--metrics-path") o.metrics_path = v;
-    else if ((arg == "--concurrency" || arg == "--sweep") && parse_list(v, items)) {
-      o.concurrency.clear();
-      for (auto& c : items)
-        if (int n = 0; read_integer(c, n, 1)) o.concurrency.push_back(n);
-        else return false;
-    } else if (arg == "--api" && parse_list(v, items)) {
-      o.apis.clear();
-      for (auto& a : items)
-        if (auto api = parse_api(a)) o.apis.push_back(*api);
-        else return false;
-    } else {
-      return false;
-    }
-  }
-  return !o.url.empty() && !o.out_dir.empty() && o.scale > 0 && o.duration_s > 0 &&
-         o.num_synthetic_sessions > 0;
-}
-
-bool parse_compare_args(int argc, char** argv, compare_options& o) {
-  std::vector<std::string> dirs;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if ((arg == "--out" || arg == "--bound") && i + 1 < argc) {
-      const char* v = argv[++i];
-      if (arg == "--out") o.out_dir = v;
-      else o.bound = std::atof(v);
-    } else if (arg.rfind("--", 0) == 0) {
-      return false;
-    } else {
-      dirs.push_back(arg);
-    }
-  }
-  if (dirs.size() != 2 || o.out_dir.empty()) return false;
-  o.a_dir = dirs[0];
-  o.b_dir = dirs[1];
+bool parse_concurrency(const std::string& text, std::vector<int>& out) {
+  std::vector<std::string> items;
+  if (!parse_list(text, items)) return false;
+  out.clear();
+  for (auto& c : items)
+    if (int n = 0; read_integer(c, n, 1)) out.push_back(n);
+    else return false;
   return true;
 }
 
+bool parse_apis(const std::string& text, std::vector<api_kind>& out) {
+  std::vector<std::string> items;
+  if (!parse_list(text, items)) return false;
+  out.clear();
+  for (auto& a : items)
+    if (auto api = parse_api(a)) out.push_back(*api);
+    else return false;
+  return true;
+}
+
+/// Empty when the arguments are taken; otherwise why not, naming the flag.
+std::string parse_bench_args(arg_reader& r, bench_options& o) {
+  constexpr double no_limit = std::numeric_limits<double>::max();
+  while (r.next()) {
+    const std::string& arg = r.flag();
+    std::string v;
+    if (arg == "--no-random-start") o.random_start = false;
+    else if (arg == "--url") r.value(o.url);
+    else if (arg == "--api-key") r.value(o.api_key);
+    else if (arg == "--model") r.value(o.model);
+    else if (arg == "--traces") r.value(o.traces);
+    else if (arg == "--sessions") r.integer(o.num_synthetic_sessions, 1);
+    else if (arg == "--scale") r.number(o.scale, 1e-9, no_limit, "a number > 0");
+    else if (arg == "--warmup") r.number(o.warmup_s, 0, no_limit, "a number >= 0");
+    else if (arg == "--duration") r.number(o.duration_s, 1e-9, no_limit, "a number > 0");
+    else if (arg == "--label") r.value(o.label);
+    else if (arg == "--out") r.value(o.out_dir);
+    else if (arg == "--think-scale") r.number(o.think_scale, 0, no_limit, "a number >= 0");
+    else if (arg == "--max-think") r.number(o.max_think_s, 0, no_limit, "a number >= 0");
+    else if (arg == "--max-context") r.integer(o.max_context_tokens, 0);
+    else if (arg == "--timeout") r.number(o.request_timeout_s, 1e-9, no_limit, "a number > 0");
+    else if (arg == "--seed") r.integer(o.seed);
+    else if (arg == "--metrics-path") r.value(o.metrics_path);
+    else if (arg == "--concurrency" || arg == "--sweep") {
+      if (r.value(v) && !parse_concurrency(v, o.concurrency)) r.bad_value(v, "a comma-separated list of integers >= 1");
+    } else if (arg == "--api") {
+      if (r.value(v) && !parse_apis(v, o.apis)) r.bad_value(v, "a comma-separated list of chat, responses, ws");
+    } else r.unknown();
+  }
+  if (r.help() || !r.error().empty()) return r.error();
+  if (o.url.empty()) return "--url is required";
+  if (o.out_dir.empty()) return "--out is required";
+  return "";
+}
+
+/// Empty when the arguments are taken; otherwise why not, naming the flag.
+std::string parse_compare_args(arg_reader& r, compare_options& o) {
+  std::vector<std::string> dirs;
+  while (r.next()) {
+    const std::string& arg = r.flag();
+    double bound = 0;
+    if (arg == "--out") r.value(o.out_dir);
+    else if (arg == "--bound") {
+      r.number(bound, 0, std::numeric_limits<double>::max(), "a number >= 0 (tok/s per user)");
+      o.bound = bound;
+    } else if (arg.rfind("--", 0) == 0) r.unknown();
+    else dirs.push_back(arg);
+  }
+  if (r.help() || !r.error().empty()) return r.error();
+  if (o.out_dir.empty()) return "--out is required";
+  if (dirs.size() != 2)
+    return "give two result directories, A_DIR and B_DIR (" + std::to_string(dirs.size()) + " given)";
+  o.a_dir = dirs[0];
+  o.b_dir = dirs[1];
+  return "";
+}
+
 int bench_command(int argc, char** argv) {
-  if (argc > 1 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  if (argc > 1 && !std::strcmp(argv[1], "compare")) {
-    compare_options o;
-    if (!parse_compare_args(argc - 1, argv + 1, o)) {
-      std::fputs(kUsage, stderr);
-      return 2;
-    }
-    return run_compare(o);
-  }
+  const bool compare = argc > 1 && !std::strcmp(argv[1], "compare");
+  arg_reader reader(argc, argv, compare ? 2 : 1);
+  compare_options c;
   bench_options o;
-  if (!parse_bench_args(argc, argv, o)) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
-  return run_bench(o);
+  const std::string refused = compare ? parse_compare_args(reader, c) : parse_bench_args(reader, o);
+  if (reader.help()) return usage(stdout), 0;
+  if (!refused.empty()) return refuse(compare ? "bench compare" : "bench", refused, usage);
+  return compare ? run_compare(c) : run_bench(o);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -38,10 +39,10 @@ struct generate_args {
   std::optional<bool> batch_invariant;  ///< --gpu-batch-invariant (absent: the process default)
 };
 
-void usage() {
-  std::fprintf(stderr,
+void usage(FILE* out) {
+  std::fprintf(out,
                "usage: cedar generate [--model DIR|PRESET] [--seed S] (--prompt-ids 1,2,3 | --prompt TEXT)\n"
-               "                      --max-tokens N [--chunk N] [--truncate on|off] [--kv-dtype fp4|fp8]\n"
+               "                      [--max-tokens N] [--chunk N] [--truncate on|off] [--kv-dtype fp4|fp8]\n"
                "                      [--ignore-eos] [--json] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
                "                      [--gpu-dense-bf16] [--gpu-batch-invariant on|off] [--progress]\n"
                "                      [--max-prefill-s S]\n"
@@ -51,42 +52,50 @@ void usage() {
                "  copies of the dense linears on the device, for faster many-row steps at twice their\n"
                "  memory; --gpu-batch-invariant off lets a row's bits depend on its batch for faster\n"
                "  decode at 1-2 rows, as cedar serve). Default model: preset '%s' with random\n"
-               "  weights from seed %llu (--seed changes it). --truncate on runs the decoder's late\n"
-               "  layers on the prompt's last window only (approximate, as in serving). --progress:\n"
-               "  load progress and per-chunk / per-16-token times on stderr. --max-prefill-s S: stop\n"
-               "  prefilling at the first chunk boundary after S seconds and decode from there (the\n"
-               "  prompt is cut; the token count prefilled is reported).\n",
+               "  weights from seed %llu (--seed changes it). --max-tokens: tokens to generate (default\n"
+               "  16). --truncate on runs the decoder's late layers on the prompt's last window only\n"
+               "  (approximate, as in serving). --progress: load progress and per-chunk / per-16-token\n"
+               "  times on stderr. --max-prefill-s S: stop prefilling at the first chunk boundary after\n"
+               "  S seconds and decode from there (the prompt is cut; the token count prefilled is\n"
+               "  reported; not with --truncate on, whose window is the whole prompt's end).\n",
                cedar::cli::default_model, static_cast<unsigned long long>(cedar::cli::default_seed));
 }
 
-bool parse(int argc, char** argv, generate_args& a) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--json") { a.json = true; continue; }
-    if (k == "--ignore-eos") { a.ignore_eos = true; continue; }
-    if (k == "--progress") { a.progress = true; continue; }
-    if (k == "--gpu-dense-bf16") { a.dense_bf16 = true; continue; }
-    if (i + 1 >= argc) return false;
-    const std::string v = argv[++i];
-    if (k == "--model") a.model = v;
-    else if (k == "--seed" && cedar::cli::read_integer(v, a.seed)) {}
-    else if (k == "--prompt-ids") a.prompt_ids = v;
-    else if (k == "--prompt") a.prompt = v;
-    else if (k == "--max-tokens" && cedar::cli::read_integer(v, a.max_tokens, 1)) {}
-    else if (k == "--chunk" && cedar::cli::read_integer(v, a.chunk, 0)) {}
-    else if (k == "--max-prefill-s" && cedar::cli::read_number(v, a.max_prefill_s, 0)) {}
-    else if (k == "--device" && cedar::cli::parse_device(v)) a.device = *cedar::cli::parse_device(v);
-    else if (k == "--gpu-kernels" && cedar::cli::parse_gpu_kernels(v)) a.kernels = *cedar::cli::parse_gpu_kernels(v);
-    else if (k == "--truncate" && (v == "on" || v == "off")) a.truncate = v == "on";
-    else if (bool on = true; k == "--gpu-batch-invariant" && cedar::parse_on_off(v, on)) a.batch_invariant = on;
-    else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8"))
-      a.kv = v == "fp4" ? cedar::kv_dtype::fp4 : cedar::kv_dtype::fp8;
-    else return false;
+/// Empty when the arguments are taken; otherwise why not, naming the flag.
+std::string parse(cedar::cli::arg_reader& r, generate_args& a) {
+  const auto on_off = [](const std::string& v) {
+    bool on = true;
+    return cedar::parse_on_off(v, on) ? std::optional(on) : std::nullopt;
+  };
+  while (r.next()) {
+    const std::string& k = r.flag();
+    if (k == "--json") a.json = true;
+    else if (k == "--ignore-eos") a.ignore_eos = true;
+    else if (k == "--progress") a.progress = true;
+    else if (k == "--gpu-dense-bf16") a.dense_bf16 = true;
+    else if (k == "--model") r.value(a.model);
+    else if (k == "--seed") r.integer(a.seed);
+    else if (k == "--prompt-ids") r.value(a.prompt_ids);
+    else if (k == "--prompt") r.value(a.prompt);
+    else if (k == "--max-tokens") r.integer(a.max_tokens, 1);
+    else if (k == "--chunk") r.integer(a.chunk, 0);
+    else if (k == "--max-prefill-s") r.number(a.max_prefill_s, 0, std::numeric_limits<double>::max(), "a number >= 0");
+    else if (k == "--device") r.parsed(a.device, cedar::cli::parse_device, "cpu or cuda");
+    else if (k == "--gpu-kernels") r.parsed(a.kernels, cedar::cli::parse_gpu_kernels, "exact or fast");
+    else if (k == "--truncate") r.parsed(a.truncate, cedar::cli::read_on_off, "on or off");
+    else if (k == "--gpu-batch-invariant") r.parsed(a.batch_invariant, on_off, "on or off");
+    else if (k == "--kv-dtype") r.parsed(a.kv, cedar::cli::parse_kv_dtype, "fp4 or fp8");
+    else r.unknown();
   }
+  if (r.help() || !r.error().empty()) return r.error();
   const bool fast_cuda = a.device == cedar::cli::device_kind::cuda && a.kernels == cedar::gpu_kernels::fast;
-  if ((a.dense_bf16 || a.batch_invariant == false) && !fast_cuda) return false;
-  return a.max_tokens > 0 && a.chunk >= 0 && a.max_prefill_s >= 0 && !(a.max_prefill_s > 0 && a.truncate) &&
-         (a.prompt_ids.empty() != a.prompt.empty());
+  if (a.dense_bf16 && !fast_cuda) return "--gpu-dense-bf16 needs --device cuda and --gpu-kernels fast";
+  if (a.batch_invariant == false && !fast_cuda)
+    return "--gpu-batch-invariant off needs --device cuda and --gpu-kernels fast";
+  if (a.max_prefill_s > 0 && a.truncate) return "--max-prefill-s does not go with --truncate on";
+  if (!a.prompt_ids.empty() && !a.prompt.empty()) return "give --prompt-ids or --prompt, not both";
+  if (a.prompt_ids.empty() && a.prompt.empty()) return "--prompt-ids or --prompt is required";
+  return "";
 }
 
 double seconds_since(clock_type::time_point t0) {
@@ -182,14 +191,10 @@ void print(const generate_args& a, const std::vector<int32_t>& prompt, const run
 
 int generate_main(int argc, char** argv) {
   generate_args a;
-  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
-    usage();
-    return 0;
-  }
-  if (!parse(argc, argv, a)) {
-    usage();
-    return 2;
-  }
+  cedar::cli::arg_reader reader(argc, argv);
+  const std::string refused = parse(reader, a);
+  if (reader.help()) return usage(stdout), 0;
+  if (!refused.empty()) return cedar::cli::refuse("generate", refused, usage);
   std::string error;
   std::unique_ptr<cedar::net::tokenizer> tok;
   std::vector<int32_t> prompt;

@@ -22,9 +22,9 @@ namespace {
 
 const char* const phase_order[] = {"floor", "decode", "prefill", "truncation", "prefix", "generate"};
 
-void usage() {
+void usage(FILE* out) {
   std::fprintf(
-      stderr,
+      out,
       "usage: cedar gpu-bench [--model PRESET|DIR] [--seed S] [--device cpu|cuda] [--gpu-kernels exact|fast]\n"
       "                       [--gpu-dense-bf16] [--gpu-batch-invariant on|off]\n"
       "                       [--kv-dtype fp4|fp8] [--page-tokens 64]\n"
@@ -87,53 +87,68 @@ bool parse_layout_text(const std::string& v, options& o) {
   return true;
 }
 
-bool parse(int argc, char** argv, options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--progress") { o.progress = true; continue; }
-    if (k == "--gpu-dense-bf16") { o.dense_bf16 = true; continue; }
-    if (i + 1 >= argc) return false;
-    const std::string v = argv[++i];
-    long long n = 0;
-    const bool is_integer = read_integer(v, n);
-    bool ok = true;
-    if (k == "--model") o.model = v;
-    else if (k == "--seed") ok = read_integer(v, o.seed);
-    else if (k == "--device" && parse_device(v)) o.device = *parse_device(v);
-    else if (k == "--gpu-kernels" && parse_gpu_kernels(v)) o.kernels = *parse_gpu_kernels(v);
-    else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8")) o.kv = v == "fp4" ? kv_dtype::fp4 : kv_dtype::fp8;
-    else if (k == "--page-tokens") o.page_tokens = int(n), ok = is_integer && n >= 2 && n % 2 == 0 && n <= (1 << 20);
-    else if (k == "--phases") ok = parse_phases(v, o.phases);
-    else if (k == "--batch") ok = parse_list(v, o.batches);
-    else if (k == "--prefill") ok = parse_list(v, o.prefills);
-    else if (k == "--context") o.context = n, ok = is_integer && n >= 1;
-    else if (k == "--chunk") o.chunk = int(n), ok = is_integer && n >= 1;
-    else if (k == "--steps") o.steps = int(n), ok = is_integer && n >= 1;
-    else if (double t = 0; k == "--temperature") ok = read_number(v, t, 0, 100), o.temperature = float(t);
-    else if (double t = 0; k == "--top-p") ok = read_number(v, t, 1e-6, 1) && t > 0, o.top_p = float(t);
-    else if (k == "--logprobs") o.logprobs = int(n), ok = is_integer && n >= 0 && n <= 20;
-    else if (k == "--warmup-steps") o.warmup_steps = int(n), ok = is_integer && n >= 0;
-    else if (k == "--prefix-tokens") o.prefix_tokens = n, ok = is_integer && n >= 1;
-    else if (k == "--new-tokens") o.new_tokens = int(n), ok = is_integer && n >= 1;
-    else if (k == "--gen-prompt") o.gen_prompt = n, ok = is_integer && n >= 1;
-    else if (k == "--gen-tokens") o.gen_tokens = int(n), ok = is_integer && n >= 1;
-    else if (k == "--truncate" && (v == "on" || v == "off")) o.truncate = v == "on";
-    else if (bool on = true; k == "--gpu-batch-invariant" && parse_on_off(v, on)) o.batch_invariant = on;
-    else if (k == "--out") o.out = v;
-    else if (k == "--layout") ok = parse_layout_text(v, o);
-    else return false;
-    if (!ok) return false;
+/// Empty when the arguments are taken; otherwise why not, naming the flag.
+std::string parse(arg_reader& r, options& o) {
+  // a flag whose reader is read(text, field) -> bool
+  const auto read_with = [&r](auto read, auto& field, const char* accepted) {
+    if (auto v = r.value(); v && !read(*v, field)) r.bad_value(*v, accepted);
+  };
+  const auto on_off = [](const std::string& v) {
+    bool on = true;
+    return parse_on_off(v, on) ? std::optional(on) : std::nullopt;
+  };
+  const auto even_page = [](const std::string& v, int& out) {
+    return read_integer(v, out, 2, 1 << 20) && out % 2 == 0;
+  };
+  std::string layout;
+  while (r.next()) {
+    const std::string& k = r.flag();
+    double t = 0;
+    if (k == "--progress") o.progress = true;
+    else if (k == "--gpu-dense-bf16") o.dense_bf16 = true;
+    else if (k == "--model") r.value(o.model);
+    else if (k == "--seed") r.integer(o.seed);
+    else if (k == "--device") r.parsed(o.device, parse_device, "cpu or cuda");
+    else if (k == "--gpu-kernels") r.parsed(o.kernels, parse_gpu_kernels, "exact or fast");
+    else if (k == "--kv-dtype") r.parsed(o.kv, parse_kv_dtype, "fp4 or fp8");
+    else if (k == "--page-tokens") read_with(even_page, o.page_tokens, "an even integer in [2, 1048576]");
+    else if (k == "--phases")
+      read_with(parse_phases, o.phases, "a comma-separated list of floor, decode, prefill, truncation, prefix,"
+                                        " generate");
+    else if (k == "--batch") read_with(parse_list<int>, o.batches, "a comma-separated list of integers >= 1");
+    else if (k == "--prefill") read_with(parse_list<int64_t>, o.prefills, "a comma-separated list of integers >= 1");
+    else if (k == "--context") r.integer(o.context, 1);
+    else if (k == "--chunk") r.integer(o.chunk, 1);
+    else if (k == "--steps") r.integer(o.steps, 1);
+    else if (k == "--temperature") r.number(t, 0, 100, "a number in [0, 100]"), o.temperature = float(t);
+    else if (k == "--top-p") r.number(t, 1e-6, 1, "a number in [1e-6, 1]"), o.top_p = float(t);
+    else if (k == "--logprobs") r.integer(o.logprobs, 0, 20);
+    else if (k == "--warmup-steps") r.integer(o.warmup_steps, 0);
+    else if (k == "--prefix-tokens") r.integer(o.prefix_tokens, 1);
+    else if (k == "--new-tokens") r.integer(o.new_tokens, 1);
+    else if (k == "--gen-prompt") r.integer(o.gen_prompt, 1);
+    else if (k == "--gen-tokens") r.integer(o.gen_tokens, 1);
+    else if (k == "--truncate") r.parsed(o.truncate, read_on_off, "on or off");
+    else if (k == "--gpu-batch-invariant") r.parsed(o.batch_invariant, on_off, "on or off");
+    else if (k == "--out") r.value(o.out);
+    else if (k == "--layout") {
+      if (r.value(layout) && !parse_layout_text(layout, o)) r.bad_value(layout, "tpN or depN");
+    } else r.unknown();
   }
+  if (r.help() || !r.error().empty()) return r.error();
   const bool fast_cuda = o.device == device_kind::cuda && o.kernels == gpu_kernels::fast;
-  if ((o.dense_bf16 || o.batch_invariant == false) && !fast_cuda) return false;
-  if (o.layout_size > 1 && (!fast_cuda || std::any_of(o.phases.begin(), o.phases.end(), [](const std::string& p) {
-                              return p != "floor" && p != "decode";
-                            })))
-    return false;
+  if (o.dense_bf16 && !fast_cuda) return "--gpu-dense-bf16 needs --device cuda and --gpu-kernels fast";
+  if (o.batch_invariant == false && !fast_cuda)
+    return "--gpu-batch-invariant off needs --device cuda and --gpu-kernels fast";
+  if (o.layout_size > 1 && !fast_cuda) return "--layout " + layout + " needs --device cuda and --gpu-kernels fast";
+  if (o.layout_size > 1 && std::any_of(o.phases.begin(), o.phases.end(), [](const std::string& p) {
+        return p != "floor" && p != "decode";
+      }))
+    return "--layout " + layout + " runs the floor and decode phases only (--phases floor,decode)";
   if (o.chunk == 0)
     o.chunk = o.device == device_kind::cuda ? engine_options::gpu_step_tokens
                                             : engine_options{}.max_prefill_tokens_per_request;
-  return true;
+  return "";
 }
 
 /// The model as a shard's step_model, as `cedar serve` opens it: the CPU model, or the GPU
@@ -196,14 +211,10 @@ void run_phases(runner& run, report& r) {
 
 int gpu_bench_main(int argc, char** argv) {
   report r;
-  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
-    usage();
-    return 0;
-  }
-  if (!parse(argc, argv, r.opts)) {
-    usage();
-    return 2;
-  }
+  arg_reader reader(argc, argv);
+  const std::string refused = parse(reader, r.opts);
+  if (reader.help()) return usage(stdout), 0;
+  if (!refused.empty()) return refuse("gpu-bench", refused, usage);
   const options& o = r.opts;
   std::string error;
   const auto args = cli::load_serving_args(o.model, &error);

@@ -11,12 +11,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "config/model_config.hpp"
 #include "kernels/cuda/cuda_ops.hpp"
 #include "kernels/cuda/fast/fast_ops.hpp"
+#include "tools/cli/flags.hpp"
 #include "tools/cli/kernel_lab.hpp"
 #include "tools/cli/registry.hpp"
 #include "tools/cli/roofline.hpp"
@@ -33,39 +35,78 @@ struct options {
   std::string shape;    ///< --shape: one weight of --op linear_fp8 / linear_fp4
 };
 
-bool parse(int argc, char** argv, options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
+void usage(FILE* out) {
+  std::fprintf(out,
+               "usage: cedar kernel-lab --op OP [--out FILE.json] [--quick]\n"
+               "       OP: linear_fp8|linear_fp4|moe|prefill|gemv|attention|mhc|ceilings|floor|all\n"
+               "       --op moe: [--tokens N] (1..65536: that token count only)\n"
+               "                      [--tile gemv|narrow|narrow16|narrow32|split4|split8|skinny|wide|stream]\n"
+               "                      (--op moe only: that tile only; a narrow tile with its form on x's pairs,\n"
+               "                      narrow.pairs, narrow16.pairs or narrow32.pairs for that form only);\n"
+               "       with both, one grouped kernel per matrix, e.g. for\n"
+               "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n"
+               "       --op prefill --tokens N: only the routed + shared experts (moe_ffn) at N tokens\n"
+               "       --op gemv [--tokens N]: the bf16 GEMV (head, wo_a, router, compressor) at N rows\n"
+               "                      (default 1, 2, 4, 8, 16), staged and plain column modes\n"
+               "       --op linear_fp8|linear_fp4 only: [--shape NAME] (that weight only: attn.wq_a, attn.wq_b,\n"
+               "                      attn.wkv, attn.wo_b, shared.w1, shared.w2, shared.w13 (w1 and w3\n"
+               "                      as one product), square; expert.w13, expert.w2)\n"
+               "       weights stream from HBM (copies cycled past the 50 MB L2); CEDAR_LAB_L2_WARM=1 keeps\n"
+               "       one copy, left in L2 between calls, for the dense linears and the GEMV\n");
+}
+
+/// "a, b or c" of a list of names.
+template <class Names>
+std::string one_of(const Names& names) {
+  std::string out;
+  for (std::size_t i = 0; i < std::size(names); ++i)
+    out += (i == 0 ? "" : i + 1 == std::size(names) ? " or " : ", ") + std::string(names[i]);
+  return out;
+}
+
+/// Empty when the arguments are taken; otherwise why not, naming the flag.
+std::string parse(cli::arg_reader& r, options& o) {
+  static const char* const ops[] = {"linear_fp8", "linear_fp4", "moe",      "prefill", "gemv",
+                                    "attention",  "mhc",        "ceilings", "floor",   "all"};
+  static const char* const tiles[] = {"gemv",   "narrow",       "narrow16",       "narrow32",
+                                      "split4", "split8",       "skinny",         "wide",
+                                      "stream", "narrow.pairs", "narrow16.pairs", "narrow32.pairs"};
+  const auto listed = [](const auto& names, const std::string& v) {
+    return std::any_of(std::begin(names), std::end(names), [&](const char* n) { return v == n; });
+  };
+  while (r.next()) {
+    const std::string& a = r.flag();
     if (a == "--quick") o.quick = true;
-    else if (a == "--op" && i + 1 < argc) o.op = argv[++i];
-    else if (a == "--out" && i + 1 < argc) o.out = argv[++i];
-    else if (a == "--tokens" && i + 1 < argc) {
-      char* end = nullptr;
-      const long v = std::strtol(argv[++i], &end, 10);
-      if (*end != '\0' || v < 1 || v > 65536) return false;
-      o.moe.tokens = int(v);
-    } else if (a == "--tile" && i + 1 < argc) {
-      o.moe.tile = argv[++i];
-      static const char* tiles[] = {"gemv",   "narrow", "narrow16", "narrow32", "split4",       "split8",
-                                    "skinny", "wide",   "stream",   "narrow.pairs", "narrow16.pairs", "narrow32.pairs"};
-      if (std::none_of(std::begin(tiles), std::end(tiles), [&](const char* t) { return o.moe.tile == t; }))
-        return false;
-    } else if (a == "--shape" && i + 1 < argc) {
-      o.shape = argv[++i];
-    } else return false;
+    else if (a == "--op") {
+      if (r.value(o.op) && !listed(ops, o.op)) r.bad_value(o.op, one_of(ops));
+    } else if (a == "--out") r.value(o.out);
+    else if (a == "--tokens") r.integer(o.moe.tokens, 1, 65536);
+    else if (a == "--tile") {
+      if (r.value(o.moe.tile) && !listed(tiles, o.moe.tile)) r.bad_value(o.moe.tile, one_of(tiles));
+    } else if (a == "--shape") r.value(o.shape);
+    else r.unknown();
   }
-  if (!o.moe.tile.empty() && o.op != "moe") return false;
-  if (o.moe.tokens > 0 && o.op != "moe" && o.op != "prefill" && o.op != "gemv") return false;
+  if (r.help() || !r.error().empty()) return r.error();
+  if (o.op.empty()) return "--op is required";
+  if (!o.moe.tile.empty() && o.op != "moe") return "--tile needs --op moe";
+  if (o.moe.tokens > 0 && o.op != "moe" && o.op != "prefill" && o.op != "gemv")
+    return "--tokens needs --op moe, prefill or gemv";
   if (!o.shape.empty()) {
     const auto named = [&](const auto& shapes) {
       return std::any_of(std::begin(shapes), std::end(shapes), [&](const lab::linear_shape& s) { return o.shape == s.name; });
     };
-    if (!(o.op == "linear_fp8" && named(lab::fp8_shapes)) && !(o.op == "linear_fp4" && named(lab::fp4_shapes)))
-      return false;
+    const auto names = [](const auto& shapes) {
+      std::vector<const char*> v;
+      for (const lab::linear_shape& s : shapes) v.push_back(s.name);
+      return one_of(v);
+    };
+    if (o.op != "linear_fp8" && o.op != "linear_fp4") return "--shape needs --op linear_fp8 or linear_fp4";
+    if (o.op == "linear_fp8" && !named(lab::fp8_shapes))
+      return "--shape: '" + o.shape + "' is not a weight of --op linear_fp8 (" + names(lab::fp8_shapes) + ")";
+    if (o.op == "linear_fp4" && !named(lab::fp4_shapes))
+      return "--shape: '" + o.shape + "' is not a weight of --op linear_fp4 (" + names(lab::fp4_shapes) + ")";
   }
-  static const char* ops[] = {"linear_fp8", "linear_fp4", "moe",  "prefill", "gemv",
-                              "attention",  "mhc",        "ceilings", "floor", "all"};
-  return std::any_of(std::begin(ops), std::end(ops), [&](const char* n) { return o.op == n; });
+  return "";
 }
 
 #ifdef CEDAR_HAVE_CUDA
@@ -149,26 +190,10 @@ void print_cases(const lab_ceilings& ceil, const std::vector<lab_case>& cases) {
 
 int kernel_lab_main(int argc, char** argv) {
   options o;
-  if (!parse(argc, argv, o)) {
-    std::fprintf(stderr,
-                 "usage: cedar kernel-lab --op OP [--out FILE.json] [--quick]\n"
-                 "       OP: linear_fp8|linear_fp4|moe|prefill|gemv|attention|mhc|ceilings|floor|all\n"
-                 "       --op moe only: [--tokens N] (1..65536: that token count only)\n"
-                 "                      [--tile gemv|narrow|narrow16|narrow32|split4|split8|skinny|wide|stream]\n"
-                 "                      (that tile only; a narrow tile with its form on x's pairs,\n"
-                 "                      narrow.pairs, narrow16.pairs or narrow32.pairs for that form only);\n"
-                 "       with both, one grouped kernel per matrix, e.g. for\n"
-                 "       ncu --kernel-name regex:tiled_kernel --launch-count 1 cedar kernel-lab --op moe ...\n"
-                 "       --op prefill --tokens N: only the routed + shared experts (moe_ffn) at N tokens\n"
-                 "       --op gemv [--tokens N]: the bf16 GEMV (head, wo_a, router, compressor) at N rows\n"
-                 "                      (default 1, 2, 4, 8, 16), staged and plain column modes\n"
-                 "       --op linear_fp8|linear_fp4 only: [--shape NAME] (that weight only: attn.wq_a, attn.wq_b,\n"
-                 "                      attn.wkv, attn.wo_b, shared.w1, shared.w2, shared.w13 (w1 and w3\n"
-                 "                      as one product), square; expert.w13, expert.w2)\n"
-                 "       weights stream from HBM (copies cycled past the 50 MB L2); CEDAR_LAB_L2_WARM=1 keeps\n"
-                 "       one copy, left in L2 between calls, for the dense linears and the GEMV\n");
-    return 2;
-  }
+  cli::arg_reader reader(argc, argv);
+  const std::string refused = parse(reader, o);
+  if (reader.help()) return usage(stdout), 0;
+  if (!refused.empty()) return cli::refuse("kernel-lab", refused, usage);
 #ifndef CEDAR_HAVE_CUDA
   std::fprintf(stderr, "kernel-lab: built without CUDA\n");
   return 1;

@@ -21,8 +21,8 @@ struct logits_args {
   cedar::kv_dtype kv = cedar::kv_dtype::fp4;
 };
 
-void usage() {
-  std::fprintf(stderr,
+void usage(FILE* out) {
+  std::fprintf(out,
                "usage: cedar logits [--model DIR|PRESET] [--seed S] --prompt-ids 1,2,3 --out FILE\n"
                "                    [--chunk N] [--kv-dtype fp4|fp8]\n"
                "  writes {\"rows\":N,\"vocab\":V,\"dtype\":\"f32\"}\\n then N x V little-endian fp32 logits,\n"
@@ -30,31 +30,30 @@ void usage() {
                cedar::cli::default_model, static_cast<unsigned long long>(cedar::cli::default_seed));
 }
 
-bool parse(int argc, char** argv, logits_args& a) {
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model") a.model = v;
-    else if (k == "--seed" && cedar::cli::read_integer(v, a.seed)) {}
-    else if (k == "--prompt-ids") a.prompt_ids = v;
-    else if (k == "--out") a.out = v;
-    else if (k == "--chunk" && cedar::cli::read_integer(v, a.chunk, 0)) {}
-    else if (k == "--kv-dtype" && (v == "fp4" || v == "fp8"))
-      a.kv = v == "fp4" ? cedar::kv_dtype::fp4 : cedar::kv_dtype::fp8;
-    else return false;
+/// Empty when the arguments are taken; otherwise why not, naming the flag.
+std::string parse(cedar::cli::arg_reader& r, logits_args& a) {
+  while (r.next()) {
+    const std::string& k = r.flag();
+    if (k == "--model") r.value(a.model);
+    else if (k == "--seed") r.integer(a.seed);
+    else if (k == "--prompt-ids") r.value(a.prompt_ids);
+    else if (k == "--out") r.value(a.out);
+    else if (k == "--chunk") r.integer(a.chunk, 0);
+    else if (k == "--kv-dtype") r.parsed(a.kv, cedar::cli::parse_kv_dtype, "fp4 or fp8");
+    else r.unknown();
   }
-  return argc % 2 == 1 && !a.prompt_ids.empty() && !a.out.empty() && a.chunk >= 0;
+  if (r.help() || !r.error().empty()) return r.error();
+  if (a.prompt_ids.empty()) return "--prompt-ids is required";
+  if (a.out.empty()) return "--out is required";
+  return "";
 }
 
 int logits_main(int argc, char** argv) {
   logits_args a;
-  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
-    usage();
-    return 0;
-  }
-  if (!parse(argc, argv, a)) {
-    usage();
-    return 2;
-  }
+  cedar::cli::arg_reader reader(argc, argv);
+  const std::string refused = parse(reader, a);
+  if (reader.help()) return usage(stdout), 0;
+  if (!refused.empty()) return cedar::cli::refuse("logits", refused, usage);
   const auto prompt = cedar::cli::parse_ids(a.prompt_ids);
   if (!prompt) {
     std::fprintf(stderr, "cedar: --prompt-ids must be comma-separated non-negative integers\n");

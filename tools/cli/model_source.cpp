@@ -74,6 +74,12 @@ std::optional<std::vector<int32_t>> parse_ids(const std::string& text) {
   return ids;
 }
 
+std::optional<kv_dtype> parse_kv_dtype(const std::string& text) {
+  if (text == "fp4") return kv_dtype::fp4;
+  if (text == "fp8") return kv_dtype::fp8;
+  return std::nullopt;
+}
+
 owned_request::owned_request(const kv_layout& layout, int64_t max_tokens) {
   pages.assign(max_tokens / layout.page_tokens + 1, std::vector<uint8_t>(layout.page_bytes, 0));
   for (auto& p : pages) kv.pages.push_back(p.data());

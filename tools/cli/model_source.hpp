@@ -33,6 +33,9 @@ std::unique_ptr<model> open_model(const std::string& dir_or_preset, uint64_t see
 /// anything else (negative ids, a descending or over-long run, stray characters).
 std::optional<std::vector<int32_t>> parse_ids(const std::string& text);
 
+/// "fp4" | "fp8" -> the KV cache's dtype; nullopt on anything else.
+std::optional<kv_dtype> parse_kv_dtype(const std::string& text);
+
 /// One request's KV memory, sized for max_tokens positions.
 struct owned_request {
   std::vector<std::vector<uint8_t>> pages;

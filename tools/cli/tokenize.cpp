@@ -12,6 +12,7 @@
 
 #include "net/py_json.hpp"
 #include "net/tokenizer.hpp"
+#include "tools/cli/flags.hpp"
 #include "tools/cli/registry.hpp"
 
 namespace {
@@ -22,8 +23,8 @@ struct tok_args {
   bool has_text = false, bos = false, v41 = false, json_out = false, no_added = false, bench = false;
 };
 
-void usage_tokenize() {
-  std::fprintf(stderr,
+void usage_tokenize(FILE* out) {
+  std::fprintf(out,
                "usage: cedar tokenize [--tokenizer PATH] (--text T | --jsonl FILE) [--bos] [--v41] [--no-added]\n"
                "  prints the ids as a JSON array; with --jsonl each line of FILE is a JSON string and\n"
                "  each output line the array of its ids (no BOS).\n"
@@ -33,34 +34,37 @@ void usage_tokenize() {
                "  default tokenizer: $CEDAR_TOKENIZER or the npm DeepSeek-V3 tokenizer.json\n");
 }
 
-void usage_detokenize() {
-  std::fprintf(stderr,
+void usage_detokenize(FILE* out) {
+  std::fprintf(out,
                "usage: cedar detokenize [--tokenizer PATH] (--ids 1,2,3 | --ids-jsonl FILE) [--v41] [--json]\n"
                "  prints the decoded text (--json: as a JSON string); with --ids-jsonl each line of FILE\n"
                "  is a JSON array of ids and each output line the JSON string it decodes to\n");
 }
 
-bool parse(int argc, char** argv, tok_args* a) {
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    if (k == "--tokenizer") { if (!value(&a->path)) return false; }
-    else if (k == "--text") { if (!value(&a->text)) return false; a->has_text = true; }
-    else if (k == "--jsonl") { if (!value(&a->jsonl)) return false; }
-    else if (k == "--ids") { if (!value(&a->ids)) return false; }
-    else if (k == "--ids-jsonl") { if (!value(&a->ids_jsonl)) return false; }
-    else if (k == "--bos") a->bos = true;
+/// Empty when the arguments are taken; otherwise why not, naming the flag. `encode`: tokenize's
+/// flags, else detokenize's.
+std::string parse(cedar::cli::arg_reader& r, bool encode, tok_args* a) {
+  while (r.next()) {
+    const std::string& k = r.flag();
+    if (k == "--tokenizer") r.value(a->path);
     else if (k == "--v41") a->v41 = true;
-    else if (k == "--json") a->json_out = true;
-    else if (k == "--no-added") a->no_added = true;
-    else if (k == "--bench") a->bench = true;
-    else return false;
+    else if (encode && k == "--text") a->has_text = r.value(a->text);
+    else if (encode && k == "--jsonl") r.value(a->jsonl);
+    else if (encode && k == "--bos") a->bos = true;
+    else if (encode && k == "--no-added") a->no_added = true;
+    else if (encode && k == "--bench") a->bench = true;
+    else if (!encode && k == "--ids") r.value(a->ids);
+    else if (!encode && k == "--ids-jsonl") r.value(a->ids_jsonl);
+    else if (!encode && k == "--json") a->json_out = true;
+    else r.unknown();
   }
-  return true;
+  if (r.help() || !r.error().empty()) return r.error();
+  if (encode && a->has_text && !a->jsonl.empty()) return "give --text or --jsonl, not both";
+  if (encode && !a->has_text && a->jsonl.empty()) return "--text or --jsonl is required";
+  if (encode && a->bench && a->jsonl.empty()) return "--bench needs --jsonl";
+  if (!encode && !a->ids.empty() && !a->ids_jsonl.empty()) return "give --ids or --ids-jsonl, not both";
+  if (!encode && a->ids.empty() && a->ids_jsonl.empty()) return "--ids or --ids-jsonl is required";
+  return "";
 }
 
 std::unique_ptr<cedar::net::tokenizer> open_tokenizer(const tok_args& a) {
@@ -136,10 +140,10 @@ int run_bench(const cedar::net::tokenizer& tok, const tok_args& a) {
 
 int tokenize_main(int argc, char** argv) {
   tok_args a;
-  if (!parse(argc, argv, &a) || (a.has_text == !a.jsonl.empty())) {
-    usage_tokenize();
-    return 2;
-  }
+  cedar::cli::arg_reader reader(argc, argv);
+  const std::string refused = parse(reader, true, &a);
+  if (reader.help()) return usage_tokenize(stdout), 0;
+  if (!refused.empty()) return cedar::cli::refuse("tokenize", refused, usage_tokenize);
   auto tok = open_tokenizer(a);
   if (!tok) return 1;
   if (!a.jsonl.empty()) return a.bench ? run_bench(*tok, a) : run_jsonl(*tok, a);
@@ -187,10 +191,10 @@ int run_ids_jsonl(const cedar::net::tokenizer& tok, const tok_args& a) {
 
 int detokenize_main(int argc, char** argv) {
   tok_args a;
-  if (!parse(argc, argv, &a) || a.ids.empty() == a.ids_jsonl.empty()) {
-    usage_detokenize();
-    return 2;
-  }
+  cedar::cli::arg_reader reader(argc, argv);
+  const std::string refused = parse(reader, false, &a);
+  if (reader.help()) return usage_detokenize(stdout), 0;
+  if (!refused.empty()) return cedar::cli::refuse("detokenize", refused, usage_detokenize);
   if (!a.ids_jsonl.empty()) {
     auto tok = open_tokenizer(a);
     return tok ? run_ids_jsonl(*tok, a) : 1;
