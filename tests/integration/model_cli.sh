@@ -147,6 +147,12 @@ mkdir -p "$tmp/noweights" && cp "$tmp/ckpt/config.json" "$tmp/noweights/"
 rc=0
 "$cedar" serve --model "$tmp/noweights" --host 256.0.0.1 > /dev/null 2> "$tmp/err" || rc=$?
 [[ $rc == 2 ]] && grep -q "bad --host" "$tmp/err" || { echo "serve --host 256.0.0.1: exit $rc"; cat "$tmp/err"; exit 1; }
+# KV arenas that would not fit in host memory are refused before serving, naming the flag
+mem=$(( $(getconf _PHYS_PAGES) * $(getconf PAGE_SIZE) ))
+rc=0
+"$cedar" serve --model micro --port 0 --layout tp2 --kv-budget-bytes $((mem * 6 / 10)) > /dev/null 2> "$tmp/err" || rc=$?
+[[ $rc == 1 ]] && grep -q "2 KV arenas of --kv-budget-bytes" "$tmp/err" ||
+  { echo "serve with KV arenas past host memory: exit $rc"; cat "$tmp/err"; exit 1; }
 # an engine flag's error is printed once
 "$cedar" serve --model micro --max-num-seqs 0 > /dev/null 2> "$tmp/err" || true
 [[ "$(grep -c -- "--max-num-seqs must be" "$tmp/err")" == 1 ]] || { echo "the error is not printed once"; cat "$tmp/err"; exit 1; }
