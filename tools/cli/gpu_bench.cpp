@@ -3,6 +3,8 @@
 // against cuBLASLt's FP8 rate, decoder truncation, a prefix hit with bounded replay against a
 // cold prefill, and a long prompt with generation. --device cpu runs the same phases on the
 // CPU model (no ceilings), which is how CI checks the harness.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,7 +35,7 @@ void usage(FILE* out) {
       "                       [--top-p P] [--logprobs K]\n"
       "                       [--prefill 8192,32768] [--chunk N] [--prefix-tokens 32768] [--new-tokens 200]\n"
       "                       [--gen-prompt 32768] [--gen-tokens 256] [--truncate on|off] [--out FILE.json]\n"
-      "                       [--layout tpN|depN] [--progress]\n"
+      "                       [--layout tpN|depN] [--progress | --no-progress]\n"
       "  --gpu-kernels: the kernel set of --device cuda (default fast, as serving). --gpu-dense-bf16:\n"
       "    keep bf16 copies of the dense linears on the device (as cedar serve --gpu-dense-bf16).\n"
       "  --gpu-batch-invariant off: faster decode tiles at 1-2 rows whose bits depend on the batch\n"
@@ -54,7 +56,9 @@ void usage(FILE* out) {
       "  --layout tpN|depN (N > 1, --device cuda, fast kernels): the decode phase on N devices, rank r\n"
       "    on device r, each with its own shard and thread; TP-N runs each batch on every rank, DEP-N\n"
       "    splits it into N parts. The floor is the step's bytes at N devices' copy rate. Only the\n"
-      "    floor and decode phases run with a layout.\n");
+      "    floor and decode phases run with a layout.\n"
+      "  --progress / --no-progress: a line on stderr as each phase goes (default: on when stderr\n"
+      "    is a terminal). On the CPU (the default device) the default phases take minutes.\n");
 }
 
 template <class T>
@@ -89,6 +93,7 @@ bool parse_layout_text(const std::string& v, options& o) {
 
 /// Empty when the arguments are taken; otherwise why not, naming the flag.
 std::string parse(arg_reader& r, options& o) {
+  o.progress = isatty(STDERR_FILENO);  // someone watching: the phases take minutes on the CPU
   // a flag whose reader is read(text, field) -> bool
   const auto read_with = [&r](auto read, auto& field, const char* accepted) {
     if (auto v = r.value(); v && !read(*v, field)) r.bad_value(*v, accepted);
@@ -104,7 +109,7 @@ std::string parse(arg_reader& r, options& o) {
   while (r.next()) {
     const std::string& k = r.flag();
     double t = 0;
-    if (k == "--progress") o.progress = true;
+    if (k == "--progress" || k == "--no-progress") o.progress = k == "--progress";
     else if (k == "--gpu-dense-bf16") o.dense_bf16 = true;
     else if (k == "--model") r.value(o.model);
     else if (k == "--seed") r.integer(o.seed);

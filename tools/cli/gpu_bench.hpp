@@ -50,7 +50,7 @@ struct options {
   int gen_tokens = 256;                           ///< generate phase: generated tokens
   bool truncate = true;  ///< decoder truncation in the prefix and generate phases (serving's default)
   std::string out;       ///< JSON path ("" = none)
-  bool progress = false;
+  bool progress = false;  ///< progress lines on stderr (parse: on when stderr is a terminal)
   /// --layout tpN / depN (N > 1): the decode phase on N devices, rank r on device r.
   parallel_mode layout_mode = parallel_mode::tp;
   int layout_size = 1;
