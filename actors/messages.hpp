@@ -15,10 +15,14 @@ namespace cedar {
 
 // ---- scheduler -> shard (hot path) ----
 
-/// One request's slice of a step: run positions [start_pos, end_pos) of `tokens`.
+/// One request's slice of a step: run positions [start_pos, end_pos()) of the request.
 struct step_item {
   uint64_t request_id = 0;
-  std::vector<int32_t> tokens;     ///< the request's token ids [0, end_pos); [0, start_pos) is history
+  /// The request's token ids [tokens_from, end_pos()): the ones before start_pos are the
+  /// model's look-back (Engram n-grams), not the whole history, so a step's size does not grow
+  /// with the context.
+  std::vector<int32_t> tokens;
+  int64_t tokens_from = 0;         ///< the position of tokens[0]
   int64_t start_pos = 0;           ///< KV positions already processed before this item
   std::vector<int32_t> page_ids;   ///< page i holds positions [i*page_tokens, (i+1)*page_tokens)
   int32_t ring_slot = -1;          ///< SWA ring and compressor tail slot
@@ -27,6 +31,8 @@ struct step_item {
   bool sample = false;             ///< sample a token after the last row
   sampling_params sampling;
   int64_t token_idx = 0;           ///< completion index of the token sampled (seeds the draw)
+
+  int64_t end_pos() const { return tokens_from + int64_t(tokens.size()); }
 };
 
 /// Command: run one forward step. `step_id` increases by one per step.

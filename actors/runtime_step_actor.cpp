@@ -79,7 +79,7 @@ void pump(self_ptr self) {
     const auto& mine = g.group_steps[rank.group];
     run_step step = mine ? *mine : run_step{0, {}};
     ++rank.steps;
-    for (const step_item& it : step.items) rank.rows += int64_t(it.tokens.size()) - it.start_pos;
+    for (const step_item& it : step.items) rank.rows += it.end_pos() - it.start_pos;
     self->send(rank.actor, std::move(step));
   }
   self->delayed_send(self, std::chrono::milliseconds(st.options.step_timeout_ms), step_timed_out{g.id});

@@ -41,6 +41,7 @@ scheduler::scheduler(const model_args& args, const kv_layout& layout, const engi
   CEDAR_CHECK(layout.page_tokens == options.page_tokens);
   context_tokens_ = std::min<int64_t>(args.max_position_embeddings,
                                       int64_t(pool_.capacity().num_pages) * layout.page_tokens);
+  lookback_ = args.history_lookback();
 }
 
 outcome<uint64_t> scheduler::submit(request_spec spec) {

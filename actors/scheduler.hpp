@@ -111,6 +111,7 @@ class scheduler {
   kv_layout layout_;
   engine_options options_;
   int64_t context_tokens_ = 0;
+  int64_t lookback_ = 0;  ///< tokens before an item's first position that its step carries
   kv_pool pool_;
   prefix_cache cache_;
   std::map<uint64_t, request_state> requests_;  ///< every waiting or running request

@@ -22,7 +22,7 @@ std::optional<run_step> scheduler::next_step() {
   if (items.empty()) return std::nullopt;
   run_step step{next_step_id_++, std::move(items)};
   in_flight_step flight{step.step_id, {}};
-  for (const auto& it : step.items) flight.items.push_back({it.request_id, int64_t(it.tokens.size()), it.replay});
+  for (const auto& it : step.items) flight.items.push_back({it.request_id, it.end_pos(), it.replay});
   in_flight_ = std::move(flight);
   return step;
 }
@@ -152,15 +152,15 @@ step_item scheduler::make_item(request_state& r, int64_t num_tokens) {
   it.truncate_below = r.truncate_below;
   it.sampling = r.spec.sampling;
   it.token_idx = r.completion_tokens();
+  const int64_t end = r.has_replay() ? r.replay_to : r.num_computed + num_tokens;
+  it.start_pos = r.has_replay() ? r.replay_from : r.num_computed;
+  it.tokens_from = std::max<int64_t>(0, it.start_pos - lookback_);
+  it.tokens.assign(r.tokens.begin() + it.tokens_from, r.tokens.begin() + end);
   if (r.has_replay()) {
     it.replay = true;
-    it.start_pos = r.replay_from;
-    it.tokens.assign(r.tokens.begin(), r.tokens.begin() + r.replay_to);
     counters_.replay_tokens += r.replay_to - r.replay_from;
   } else {
-    it.start_pos = r.num_computed;
-    it.tokens.assign(r.tokens.begin(), r.tokens.begin() + r.num_computed + num_tokens);
-    it.sample = int64_t(it.tokens.size()) == int64_t(r.tokens.size());
+    it.sample = end == int64_t(r.tokens.size());
     if (it.sample && (r.matcher || r.in_lead() || !r.spec.banned_ids.empty())) it.sampling.allowed = allowed_tokens(r);
   }
   return it;

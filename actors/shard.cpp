@@ -73,9 +73,10 @@ step_output shard::run(const run_step& step) {
     kvs[i].tails = arena_->tails(s.ring_slot);
     kvs[i].num_tokens = s.start_pos;
     std::span<const int32_t> all(s.tokens);
+    const auto before = std::size_t(s.start_pos - s.tokens_from);
     batch[i].kv = &kvs[i];
-    batch[i].history = all.first(s.start_pos);
-    batch[i].tokens = all.subspan(s.start_pos);
+    batch[i].history = all.first(before);
+    batch[i].tokens = all.subspan(before);
     batch[i].logits = s.sample ? logits_mode::last : logits_mode::none;
     batch[i].replay = s.replay;
     batch[i].truncate_below = s.truncate_below;

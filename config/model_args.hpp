@@ -3,6 +3,7 @@
 // Read by config/model_config.cpp; used read-only by kernels/, actors/ and net/.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -146,6 +147,8 @@ struct model_args {
   int hc_dim() const { return hc_mult * hc_mult + 2 * hc_mult; }  ///< 24 mix outputs
   int heads_per_group() const { return num_attention_heads / o_groups; }
   int engram_rows_per_token() const { return (engram_max_ngram_size - 1) * engram_n_heads; }
+  /// Tokens before a forward call's first position that the call reads (Engram's n-grams).
+  int history_lookback() const { return std::max(0, engram_max_ngram_size - 1); }
 };
 
 }  // namespace cedar

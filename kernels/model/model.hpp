@@ -23,7 +23,9 @@ enum class logits_mode : uint8_t { none, last, all };
 /// One request's slice of a forward call.
 struct forward_item {
   request_kv* kv = nullptr;            ///< positions [kv->num_tokens, +tokens.size()) are run
-  std::span<const int32_t> history;    ///< every token id before this chunk (Engram look-back)
+  /// The token ids just before this chunk: at least the last args.history_lookback() (Engram's
+  /// n-grams), or all of them when there are fewer; more are allowed and not read.
+  std::span<const int32_t> history;
   std::span<const int32_t> tokens;     ///< the new tokens of this call
   logits_mode logits = logits_mode::last;
   /// Replay: rebuild SWA rings and compressor tails for already-cached positions without

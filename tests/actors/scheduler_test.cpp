@@ -34,6 +34,10 @@ struct rig {
   bool step() {
     auto s = sched->next_step();
     if (!s) return false;
+    // A step carries each item's look-back, not its whole history: its size stays flat as
+    // contexts grow.
+    for (const step_item& it : s->items)
+      CHECK(it.start_pos - it.tokens_from == std::min<int64_t>(it.start_pos, args.history_lookback()));
     const step_output o = sh->run(*s);
     REQUIRE(o.error.empty());
     REQUIRE(sched->apply(o));

@@ -68,7 +68,10 @@ class toy_model final : public step_model {
 
   void run_item(forward_item& it, std::vector<float>& logits) const {
     request_kv& kv = *it.kv;
-    if (int64_t(it.history.size()) != kv.num_tokens) throw std::runtime_error("history / num_tokens mismatch");
+    // the look-back the contract promises (the toy reads no token of it)
+    if (int64_t(it.history.size()) > kv.num_tokens ||
+        int64_t(it.history.size()) < std::min<int64_t>(kv.num_tokens, args_.history_lookback()))
+      throw std::runtime_error("history / num_tokens mismatch");
     for (std::size_t i = 0; i < it.tokens.size(); ++i) {
       const int64_t pos = kv.num_tokens + int64_t(i);
       // Like SWA attention, every row reads the window before it; a replay clips at its start.
