@@ -110,8 +110,8 @@ std::vector<sampled_token> gpu_step_model::forward_sample(std::span<forward_item
     m_->forward(batch, none, nullptr, view());
     return std::vector<sampled_token>(rows);
   }
-  // Top alternatives and structured output's masks need the host sampler: only those rows'
-  // logits come back (CEDAR_GPU_HOST_SAMPLING=batch: every row's, the former form, kept to
+  // Top alternatives, structured output's masks and penalties need the host sampler: only those
+  // rows' logits come back (CEDAR_GPU_HOST_SAMPLING=batch: every row's, the former form, kept to
   // measure against); the other rows draw on the device.
   static const bool whole_batch = [] {
     const char* v = std::getenv("CEDAR_GPU_HOST_SAMPLING");
@@ -121,7 +121,7 @@ std::vector<sampled_token> gpu_step_model::forward_sample(std::span<forward_item
   std::vector<cuda::sample_request> requests;
   for (std::size_t i = 0; i < params.size(); ++i) {
     requests.push_back({params[i].temperature, params[i].top_k, params[i].top_p, params[i].seed, token_idx[i]});
-    if (params[i].logprobs > 0 || !params[i].allowed.empty()) {
+    if (params[i].host_only()) {
       host_rows.push_back(int(i));
       requests.back().temperature = 0;  // greedy on the device, redrawn on the host below
     }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,8 @@ struct request_state {
   /// whether the tokens since then spell a whole choice.
   int64_t lead_begin = -1;
   bool lead_done = false;
+  /// With a frequency or presence penalty: each completion token and how often it came.
+  std::unordered_map<int32_t, int32_t> seen;
   steady_time submit_time{};
   steady_time last_token_time{};
 

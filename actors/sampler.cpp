@@ -106,6 +106,11 @@ std::string validate(const sampling_params& p, int vocab_size) {
   if (p.top_k < 0) return "top_k must be >= 0";
   if (!(p.top_p > 0.f && p.top_p <= 1.f)) return "top_p must be in (0, 1]";
   if (p.logprobs < 0 || p.logprobs > 20 || p.logprobs > vocab_size) return "logprobs must be in [0, 20]";
+  if (!(std::abs(p.frequency_penalty) <= 2.f) || !(std::abs(p.presence_penalty) <= 2.f))
+    return "frequency_penalty and presence_penalty must be in [-2, 2]";
+  if (p.seen_ids.size() != p.seen_counts.size()) return "seen_ids and seen_counts must be the same length";
+  for (int32_t id : p.seen_ids)
+    if (id < 0 || id >= vocab_size) return "a seen token id is outside the vocabulary";
   if (!p.allowed.empty() && p.allowed.size() != (std::size_t(vocab_size) + 63) / 64)
     return "the allowed-token mask must hold one bit per vocabulary token";
   return {};
@@ -113,13 +118,17 @@ std::string validate(const sampling_params& p, int vocab_size) {
 
 sampled_token sample(std::span<const float> logits, const sampling_params& p, int64_t token_idx) {
   sampled_token out;
-  std::vector<float> masked;
+  std::vector<float> adjusted;
   std::span<const float> pick_from = logits;
-  if (!p.allowed.empty()) {
-    masked.assign(logits.begin(), logits.end());
-    for (std::size_t id = 0; id < masked.size(); ++id)
-      if (!(p.allowed[id / 64] >> (id % 64) & 1)) masked[id] = -INFINITY;
-    pick_from = masked;
+  if (!p.allowed.empty() || (p.has_penalty() && !p.seen_ids.empty())) {
+    adjusted.assign(logits.begin(), logits.end());
+    for (std::size_t i = 0; i < p.seen_ids.size() && p.has_penalty(); ++i)
+      adjusted[std::size_t(p.seen_ids[i])] -=
+          float(p.seen_counts[i]) * p.frequency_penalty + (p.seen_counts[i] > 0 ? p.presence_penalty : 0.f);
+    if (!p.allowed.empty())
+      for (std::size_t id = 0; id < adjusted.size(); ++id)
+        if (!(p.allowed[id / 64] >> (id % 64) & 1)) adjusted[id] = -INFINITY;
+    pick_from = adjusted;
   }
   out.token_id = p.temperature == 0.f ? order_by_logit(pick_from, 1)[0] : pick_random(pick_from, p, token_idx);
   const double lse = log_sum_exp(logits);

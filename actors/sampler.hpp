@@ -21,6 +21,18 @@ struct sampling_params {
   /// Structured output: bit id set when token id may be sampled ([ceil(vocab / 64)] words;
   /// empty: every token). Built by the scheduler for each step (actors/output_grammar.hpp).
   std::vector<uint64_t> allowed;
+  /// OpenAI's penalties over the completion so far: a token sampled c times before has
+  /// c * frequency_penalty + presence_penalty (when c > 0) taken off its logit.
+  float frequency_penalty = 0.f;
+  float presence_penalty = 0.f;
+  /// The completion's tokens so far and how often each came (the scheduler fills them for each
+  /// step of a request with a penalty); parallel arrays.
+  std::vector<int32_t> seen_ids;
+  std::vector<int32_t> seen_counts;
+
+  bool has_penalty() const { return frequency_penalty != 0.f || presence_penalty != 0.f; }
+  /// Whether only the host sampler draws this row: top logprobs, a mask, or penalties.
+  bool host_only() const { return logprobs > 0 || !allowed.empty() || has_penalty(); }
 };
 
 /// Empty when valid, else a message naming the bad field.
@@ -39,8 +51,9 @@ std::vector<int32_t> order_by_logit(std::span<const float> logits, std::size_t k
 
 /// Samples from logits [vocab] fp32. token_idx = index of the token being generated within its
 /// request (0 for the first completion token); it seeds the draw together with p.seed. With
-/// p.allowed, only allowed tokens are drawn (the others' logits count as -inf); logprob and the
-/// top alternatives stay those of the model's own distribution.
+/// p.allowed, only allowed tokens are drawn (the others' logits count as -inf); penalties lower
+/// the seen tokens' logits before the draw; logprob and the top alternatives stay those of the
+/// model's own distribution.
 sampled_token sample(std::span<const float> logits, const sampling_params& p, int64_t token_idx);
 
 }  // namespace cedar

@@ -159,6 +159,7 @@ void scheduler::append_token(request_state& r, const item_result& res, token_bat
     record_sample(counters_.itl_ms, ms_between(r.last_token_time, now));
   r.last_token_time = now;
   r.tokens.push_back(res.token.token_id);
+  if (r.spec.sampling.has_penalty()) ++r.seen[res.token.token_id];
   ++counters_.tokens_out;
   batch.ids.push_back(res.token.token_id);
   batch.logprobs.push_back(res.token.logprob);

@@ -240,6 +240,10 @@ opt_error parse_generation(dom::object obj, generation_options& g) {
     if (d <= 0) return bad_request("'top_p' must be greater than 0", "top_p");
     g.sampling.top_p = float(d);
   }
+  if (auto err = get_number(obj, "frequency_penalty", -2, 2, d, has)) return err;
+  if (has) g.sampling.frequency_penalty = float(d);
+  if (auto err = get_number(obj, "presence_penalty", -2, 2, d, has)) return err;
+  if (has) g.sampling.presence_penalty = float(d);
   if (auto err = get_int(obj, "top_k", -1, 1 << 20, i, has)) return err;
   if (has) g.sampling.top_k = i < 0 ? 0 : int(i);
   if (auto err = get_int(obj, "seed", INT64_MIN, INT64_MAX, i, has)) return err;

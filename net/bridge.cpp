@@ -72,6 +72,8 @@ class runtime_bridge final : public engine_bridge {
     spec.sampling.temperature = r.sampling.temperature;
     spec.sampling.top_p = r.sampling.top_p;
     spec.sampling.top_k = r.sampling.top_k;
+    spec.sampling.frequency_penalty = r.sampling.frequency_penalty;
+    spec.sampling.presence_penalty = r.sampling.presence_penalty;
     spec.sampling.seed = r.sampling.has_seed ? r.sampling.seed : random_seed();
     spec.sampling.logprobs = std::max(0, r.top_logprobs);
     spec.grammar = std::move(r.grammar);

@@ -27,6 +27,8 @@ struct sampling_params {
   int top_k = 0;           ///< 0 = off
   uint64_t seed = 0;
   bool has_seed = false;
+  float frequency_penalty = 0.0f;  ///< [-2, 2], over the completion's tokens so far
+  float presence_penalty = 0.0f;   ///< [-2, 2]
 };
 
 /// One generation: the full prompt of a conversation (the runtime's prefix cache finds the

@@ -122,6 +122,47 @@ TEST_CASE("sampler: seeded draws are reproducible and follow temperature / top-k
   CHECK(!validate(bad, 12).empty());
 }
 
+TEST_CASE("sampler: frequency and presence penalties lower the logits of tokens already sampled") {
+  std::vector<float> l(10, 0.f);
+  l[3] = 5.f, l[7] = 4.f, l[2] = 3.5f;
+  sampling_params p;  // greedy
+  p.seen_ids = {3, 7};
+  p.seen_counts = {2, 1};
+  CHECK(sample(l, p, 0).token_id == 3);  // no penalty set: the counts are not read
+  p.presence_penalty = 0.9f;  // 3: 4.1, 7: 3.1, 2: 3.5
+  CHECK(sample(l, p, 0).token_id == 3);
+  p.frequency_penalty = 0.5f;  // 3: 5 - 1 - 0.9 = 3.1, 7: 4 - 0.5 - 0.9 = 2.6, 2: 3.5
+  const sampled_token t = sample(l, p, 0);
+  CHECK(t.token_id == 2);
+  // the logprob stays the model's own, before the penalty
+  double z = 0;
+  for (float x : l) z += std::exp(double(x));
+  CHECK(t.logprob == doctest::Approx(3.5 - std::log(z)).epsilon(1e-5));
+  p.frequency_penalty = p.presence_penalty = -2.f;  // negative: seen tokens are favoured
+  p.seen_ids = {0};
+  p.seen_counts = {3};  // 0 + 6 + 2 = 8
+  CHECK(sample(l, p, 0).token_id == 0);
+  // sampled draws never take a token pushed far down, and follow the adjusted distribution
+  p.temperature = 1.f, p.seed = 4;
+  p.frequency_penalty = 2.f, p.presence_penalty = 2.f;
+  p.seen_ids = {3, 7, 2};
+  p.seen_counts = {20, 20, 20};
+  for (int i = 0; i < 200; ++i) {
+    const int32_t id = sample(l, p, i).token_id;
+    CHECK((id != 3 && id != 7 && id != 2));
+  }
+  sampling_params bad;
+  bad.frequency_penalty = 2.5f;
+  CHECK(validate(bad, 10).find("frequency_penalty") != std::string::npos);
+  bad = {};
+  bad.seen_ids = {12};
+  bad.seen_counts = {1};
+  CHECK(!validate(bad, 10).empty());
+  CHECK(bad.host_only() == false);
+  bad.presence_penalty = 0.1f;
+  CHECK(bad.host_only());
+}
+
 TEST_CASE("sampler: the order by logit is a stable comparison sort's, over ties, signed zeros, -inf and denormals") {
   std::mt19937 g(21);
   for (const std::size_t n : {std::size_t(2), std::size_t(3), std::size_t(1000), std::size_t(129280)}) {

@@ -258,7 +258,7 @@ TEST_CASE("scheduler: a preempted request's generated tokens are recomputed in c
   r.check_nothing_held();
 }
 
-TEST_CASE("scheduler: 2,000 requests, random lengths, 20% cancelled mid-stream, KV pressure: no leaks, no loss") {
+TEST_CASE("scheduler: 2,000 requests, random lengths, some with penalties, 20% cancelled mid-stream, KV pressure: no leaks, no loss") {
   engine_options o = small_options();
   o.swa_replay = swa_replay_mode::full;  // resumed requests rebuild their rings exactly
   o.max_num_seqs = 24;
@@ -275,6 +275,10 @@ TEST_CASE("scheduler: 2,000 requests, random lengths, 20% cancelled mid-stream, 
   while (submitted < num_requests || r.sched->has_work()) {
     while (submitted < num_requests && r.sched->metrics().requests_waiting < 12) {
       auto s = make_spec(g, 80, 30, submitted % 2 == 0);
+      if (submitted % 3 == 0) {  // penalties, greedy or sampled: counted across preemptions
+        s.sampling.frequency_penalty = 0.5f * float(g() % 5);
+        s.sampling.presence_penalty = 1.5f - 0.5f * float(g() % 4);
+      }
       const uint64_t id = r.sched->submit(s).value();
       if (g() % 5 == 0) cancel_after[id] = int(g() % uint32_t(s.max_tokens));
       specs[id] = std::move(s);

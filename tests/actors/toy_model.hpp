@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <span>
 #include <vector>
 #include <stdexcept>
@@ -114,7 +115,8 @@ class toy_model final : public step_model {
 
 /// The stand-alone tokens of `s` on the toy model (default args), computed directly without a
 /// scheduler or a pool: the whole prompt in one forward call on private pages and ring, then
-/// one token per call, sampled with the request's seed and token index as the shard samples.
+/// one token per call, sampled with the request's seed and token index as the shard samples
+/// (penalties counted afresh from the output each time).
 inline std::vector<int32_t> toy_alone(const request_spec& s, int page_tokens = 16) {
   toy_model m(toy_args(), page_tokens);
   const kv_layout& l = m.layout();
@@ -135,7 +137,13 @@ inline std::vector<int32_t> toy_alone(const request_spec& s, int page_tokens = 1
     it.history = std::span<const int32_t>(seq).first(std::size_t(kv.num_tokens));
     it.tokens = std::span<const int32_t>(seq).subspan(std::size_t(kv.num_tokens));
     m.forward(std::span<forward_item>(&it, 1), logits);
-    out.push_back(sample(logits, s.sampling, int64_t(out.size())).token_id);
+    sampling_params p = s.sampling;
+    if (p.has_penalty()) {  // recounted from the output at every token
+      std::map<int32_t, int32_t> counts;
+      for (int32_t t : out) ++counts[t];
+      for (auto [id, n] : counts) p.seen_ids.push_back(id), p.seen_counts.push_back(n);
+    }
+    out.push_back(sample(logits, p, int64_t(out.size())).token_id);
     seq.push_back(out.back());
   }
   return out;

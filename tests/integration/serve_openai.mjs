@@ -190,6 +190,24 @@ await check("completions echo: the prompt comes back before the text, a token-id
   assert.ok(!c.choices[0].text.startsWith("<｜begin"), "echoed without echo");
 });
 
+await check("frequency_penalty and presence_penalty: negative ones repeat a token, positive ones avoid repeats", async () => {
+  const tokens = async (penalty) => {
+    const r = await tiny.completions.create({ model: "tiny", prompt: "Hello there", max_tokens: 24, temperature: 0,
+      logprobs: 0, frequency_penalty: penalty, presence_penalty: penalty });
+    return r.choices[0].logprobs.tokens;
+  };
+  const favoured = await tokens(-2), avoided = await tokens(2);
+  assert.equal(favoured.length, 24);
+  assert.ok(new Set(favoured).size <= 3, `-2: ${favoured.join("|")}`);
+  assert.equal(new Set(avoided).size, avoided.length, `2: ${avoided.join("|")}`);
+  // chat takes them too; past [-2, 2] is a 400 naming the field
+  const chat = await tiny.chat.completions.create({ model: "tiny", max_tokens: 4, frequency_penalty: 0.5,
+    presence_penalty: -0.5, messages: [{ role: "user", content: "x" }], ...chatMode });
+  assert.equal(chat.usage.completion_tokens, 4);
+  await assert.rejects(tiny.chat.completions.create({ model: "tiny", max_tokens: 4, presence_penalty: 2.5,
+    messages: [{ role: "user", content: "x" }] }), (e) => e.status === 400 && e.param === "presence_penalty");
+});
+
 await check("logprobs with top_logprobs", async () => {
   const r = await tiny.chat.completions.create({ model: "tiny", max_tokens: 3, logprobs: true, top_logprobs: 2,
     messages: [{ role: "user", content: "x" }], ...chatMode });
