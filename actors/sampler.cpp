@@ -111,6 +111,12 @@ std::string validate(const sampling_params& p, int vocab_size) {
   if (p.seen_ids.size() != p.seen_counts.size()) return "seen_ids and seen_counts must be the same length";
   for (int32_t id : p.seen_ids)
     if (id < 0 || id >= vocab_size) return "a seen token id is outside the vocabulary";
+  if (p.bias_ids.size() != p.bias_values.size()) return "bias_ids and bias_values must be the same length";
+  for (std::size_t i = 0; i < p.bias_ids.size(); ++i) {
+    if (p.bias_ids[i] < 0 || p.bias_ids[i] >= vocab_size)
+      return "logit_bias names token " + std::to_string(p.bias_ids[i]) + ", outside the vocabulary";
+    if (!(std::abs(p.bias_values[i]) <= 100.f)) return "logit_bias values must be in [-100, 100]";
+  }
   if (!p.allowed.empty() && p.allowed.size() != (std::size_t(vocab_size) + 63) / 64)
     return "the allowed-token mask must hold one bit per vocabulary token";
   return {};
@@ -120,8 +126,9 @@ sampled_token sample(std::span<const float> logits, const sampling_params& p, in
   sampled_token out;
   std::vector<float> adjusted;
   std::span<const float> pick_from = logits;
-  if (!p.allowed.empty() || (p.has_penalty() && !p.seen_ids.empty())) {
+  if (!p.allowed.empty() || (p.has_penalty() && !p.seen_ids.empty()) || !p.bias_ids.empty()) {
     adjusted.assign(logits.begin(), logits.end());
+    for (std::size_t i = 0; i < p.bias_ids.size(); ++i) adjusted[std::size_t(p.bias_ids[i])] += p.bias_values[i];
     for (std::size_t i = 0; i < p.seen_ids.size() && p.has_penalty(); ++i)
       adjusted[std::size_t(p.seen_ids[i])] -=
           float(p.seen_counts[i]) * p.frequency_penalty + (p.seen_counts[i] > 0 ? p.presence_penalty : 0.f);

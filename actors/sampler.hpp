@@ -29,10 +29,13 @@ struct sampling_params {
   /// step of a request with a penalty); parallel arrays.
   std::vector<int32_t> seen_ids;
   std::vector<int32_t> seen_counts;
+  /// OpenAI's logit_bias: bias_values[i] is added to the logit of bias_ids[i] (parallel arrays).
+  std::vector<int32_t> bias_ids;
+  std::vector<float> bias_values;
 
   bool has_penalty() const { return frequency_penalty != 0.f || presence_penalty != 0.f; }
-  /// Whether only the host sampler draws this row: top logprobs, a mask, or penalties.
-  bool host_only() const { return logprobs > 0 || !allowed.empty() || has_penalty(); }
+  /// Whether only the host sampler draws this row: top logprobs, a mask, penalties or biases.
+  bool host_only() const { return logprobs > 0 || !allowed.empty() || has_penalty() || !bias_ids.empty(); }
 };
 
 /// Empty when valid, else a message naming the bad field.
@@ -51,8 +54,8 @@ std::vector<int32_t> order_by_logit(std::span<const float> logits, std::size_t k
 
 /// Samples from logits [vocab] fp32. token_idx = index of the token being generated within its
 /// request (0 for the first completion token); it seeds the draw together with p.seed. With
-/// p.allowed, only allowed tokens are drawn (the others' logits count as -inf); penalties lower
-/// the seen tokens' logits before the draw; logprob and the top alternatives stay those of the
+/// p.allowed, only allowed tokens are drawn (the others' logits count as -inf); penalties and
+/// biases move logits before the draw; logprob and the top alternatives stay those of the
 /// model's own distribution.
 sampled_token sample(std::span<const float> logits, const sampling_params& p, int64_t token_idx);
 

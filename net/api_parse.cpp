@@ -3,6 +3,7 @@
 
 #include <simdjson.h>
 
+#include <charconv>
 #include <cmath>
 
 #include "net/json_writer.hpp"
@@ -228,6 +229,29 @@ opt_error parse_stop(dom::object obj, std::vector<std::string>& out) {
   return {};
 }
 
+/// logit_bias: {"token id": bias in [-100, 100], ...}; the ids are checked against the model's
+/// vocabulary when the request is submitted.
+opt_error parse_logit_bias(dom::object obj, std::vector<std::pair<int32_t, float>>& out) {
+  dom::element e;
+  if (!field(obj, "logit_bias", e)) return {};
+  dom::object bias;
+  if (e.get(bias) != simdjson::SUCCESS) return type_error("logit_bias", "an object of token ids to numbers");
+  for (auto [key, value] : bias) {
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > INT32_MAX)
+      return bad_request("'logit_bias' keys must be token ids (got '" + std::string(key) + "')", "logit_bias");
+    double v = 0;
+    if (value.is_double()) v = value.get_double().value_unsafe();
+    else if (value.is_int64()) v = double(value.get_int64().value_unsafe());
+    else return type_error("logit_bias", "an object of token ids to numbers");
+    if (!(v >= -100 && v <= 100)) return bad_request("'logit_bias' values must be in [-100, 100]", "logit_bias");
+    out.emplace_back(int32_t(id), float(v));
+  }
+  if (out.size() > 1024) return bad_request("'logit_bias' holds at most 1024 tokens", "logit_bias");
+  return {};
+}
+
 /// Sampling and output fields shared by the three endpoints.
 opt_error parse_generation(dom::object obj, generation_options& g) {
   double d = 0;
@@ -244,6 +268,7 @@ opt_error parse_generation(dom::object obj, generation_options& g) {
   if (has) g.sampling.frequency_penalty = float(d);
   if (auto err = get_number(obj, "presence_penalty", -2, 2, d, has)) return err;
   if (has) g.sampling.presence_penalty = float(d);
+  if (auto err = parse_logit_bias(obj, g.sampling.logit_bias)) return err;
   if (auto err = get_int(obj, "top_k", -1, 1 << 20, i, has)) return err;
   if (has) g.sampling.top_k = i < 0 ? 0 : int(i);
   if (auto err = get_int(obj, "seed", INT64_MIN, INT64_MAX, i, has)) return err;

@@ -74,6 +74,8 @@ class runtime_bridge final : public engine_bridge {
     spec.sampling.top_k = r.sampling.top_k;
     spec.sampling.frequency_penalty = r.sampling.frequency_penalty;
     spec.sampling.presence_penalty = r.sampling.presence_penalty;
+    for (auto [id, bias] : r.sampling.logit_bias)
+      spec.sampling.bias_ids.push_back(id), spec.sampling.bias_values.push_back(bias);
     spec.sampling.seed = r.sampling.has_seed ? r.sampling.seed : random_seed();
     spec.sampling.logprobs = std::max(0, r.top_logprobs);
     spec.grammar = std::move(r.grammar);

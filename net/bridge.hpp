@@ -29,6 +29,7 @@ struct sampling_params {
   bool has_seed = false;
   float frequency_penalty = 0.0f;  ///< [-2, 2], over the completion's tokens so far
   float presence_penalty = 0.0f;   ///< [-2, 2]
+  std::vector<std::pair<int32_t, float>> logit_bias;  ///< token id -> added to its logit, [-100, 100]
 };
 
 /// One generation: the full prompt of a conversation (the runtime's prefix cache finds the

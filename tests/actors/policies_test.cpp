@@ -163,6 +163,32 @@ TEST_CASE("sampler: frequency and presence penalties lower the logits of tokens 
   CHECK(bad.host_only());
 }
 
+TEST_CASE("sampler: logit_bias moves the draw, not the reported logprobs") {
+  std::vector<float> l(10, 0.f);
+  l[3] = 5.f;
+  sampling_params p;
+  p.bias_ids = {6};
+  p.bias_values = {4.5f};
+  CHECK(sample(l, p, 0).token_id == 3);  // 4.5 < 5
+  p.bias_values = {5.5f};
+  const sampled_token t = sample(l, p, 0);
+  CHECK(t.token_id == 6);
+  double z = 0;
+  for (float x : l) z += std::exp(double(x));
+  CHECK(t.logprob == doctest::Approx(-std::log(z)).epsilon(1e-5));
+  p.bias_ids = {3, 6};  // -100 bans a token in practice, sampled or not
+  p.bias_values = {-100.f, 0.f};
+  p.temperature = 1.f, p.seed = 9;
+  for (int i = 0; i < 200; ++i) CHECK(sample(l, p, i).token_id != 3);
+  CHECK(p.host_only());
+  p.bias_ids = {10};
+  p.bias_values = {1.f};
+  CHECK(validate(p, 10).find("outside the vocabulary") != std::string::npos);
+  p.bias_ids = {1};
+  p.bias_values = {101.f};
+  CHECK(!validate(p, 10).empty());
+}
+
 TEST_CASE("sampler: the order by logit is a stable comparison sort's, over ties, signed zeros, -inf and denormals") {
   std::mt19937 g(21);
   for (const std::size_t n : {std::size_t(2), std::size_t(3), std::size_t(1000), std::size_t(129280)}) {

@@ -208,6 +208,27 @@ await check("frequency_penalty and presence_penalty: negative ones repeat a toke
     messages: [{ role: "user", content: "x" }] }), (e) => e.status === 400 && e.param === "presence_penalty");
 });
 
+await check("logit_bias: +100 makes a token the answer, -100 keeps it out; a bad key or id is a 400", async () => {
+  const texts = async (logit_bias) => {
+    const r = await tiny.completions.create({ model: "tiny", prompt: [5, 6, 7], max_tokens: 6, temperature: 0,
+      logprobs: 0, logit_bias });
+    return r.choices[0].logprobs.tokens;
+  };
+  const free = await texts({});
+  const a = await texts({ 1000: 100 });
+  const b = await texts({ 1000: -100, 1001: 100 });
+  const c = await texts({ 1000: 100, 1001: 100, 5: 0 });
+  assert.ok(a.every((t) => t === a[0]) && a[0] !== free[0], `${free.join("|")} / ${a.join("|")}`);
+  assert.ok(b.every((t) => t === b[0]) && b[0] !== a[0], `${a.join("|")} / ${b.join("|")}`);
+  assert.ok(c.every((t) => t === a[0] || t === b[0]), c.join("|"));
+  await assert.rejects(tiny.completions.create({ model: "tiny", prompt: [5], max_tokens: 1, logit_bias: { abc: 1 } }),
+    (e) => e.status === 400 && e.param === "logit_bias");
+  await assert.rejects(tiny.completions.create({ model: "tiny", prompt: [5], max_tokens: 1, logit_bias: { 5: 101 } }),
+    (e) => e.status === 400 && e.param === "logit_bias");
+  await assert.rejects(tiny.completions.create({ model: "tiny", prompt: [5], max_tokens: 1, logit_bias: { 999999: 1 } }),
+    (e) => e.status === 400 && /outside the vocabulary/.test(e.message));
+});
+
 await check("logprobs with top_logprobs", async () => {
   const r = await tiny.chat.completions.create({ model: "tiny", max_tokens: 3, logprobs: true, top_logprobs: 2,
     messages: [{ role: "user", content: "x" }], ...chatMode });
