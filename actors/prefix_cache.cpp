@@ -55,6 +55,11 @@ std::vector<int32_t> prefix_cache::hit_pages(std::span<const int32_t> tokens, in
   return hit;
 }
 
+void prefix_cache::touch_prefix(std::span<const int32_t> tokens, uint64_t session_id) {
+  const std::vector<int32_t> hit = hit_pages(tokens, int64_t(tokens.size()) / page_tokens_);
+  for (auto p = hit.rbegin(); p != hit.rend(); ++p) touch(*p, session_id, ++clock_);  // tail first, as lookup
+}
+
 prefix_cache::peek_result prefix_cache::peek(std::span<const int32_t> tokens, int64_t max_pages) const {
   peek_result r;
   for (int32_t p : hit_pages(tokens, max_pages)) ++r.pages, r.idle_pages += pool_.ref_count(p) == 0;

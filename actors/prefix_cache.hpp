@@ -34,6 +34,10 @@ class prefix_cache {
   std::vector<int32_t> lookup(std::span<const int32_t> tokens, int64_t max_pages, uint64_t session_id,
                               bool count = true);
 
+  /// Marks the cached run of full pages that prefixes `tokens` as used now (the newest in the
+  /// LRU order), without retaining or counting anything.
+  void touch_prefix(std::span<const int32_t> tokens, uint64_t session_id);
+
   /// What lookup() would hit, without retaining, stamping or counting anything.
   struct peek_result {
     int64_t pages = 0;       ///< hit pages

@@ -69,6 +69,9 @@ class scheduler {
   /// many as the pool holds) and publishes them; the caller copies the bytes in before the
   /// next step.
   adopted_pages adopt_chain(const page_chain& chain);
+  /// Marks an adopted chain as used now: re-homing adopts chains most recent first (so they
+  /// get the pages), then touches them least recent first, so the LRU order carries over.
+  void touch_chain(const page_chain& chain) { cache_.touch_prefix(chain.tokens, chain.session_id); }
   /// Queues a moved request behind the ones already queued (adopt before new submissions);
   /// it resumes through the prefix cache (and SWA replay) like a preempted request.
   void adopt_request(request_transfer t);

@@ -139,3 +139,48 @@ TEST_CASE("rehome: a group whose KV was lost recomputes from the tokens") {
   }
   CHECK(got == want);
 }
+
+TEST_CASE("rehome: merging groups keeps each group's newest chains, and their LRU order") {
+  // Two old groups, each with four finished sessions (oldest first): four cached chains each.
+  const engine_options o = toy_options();
+  group g0(o), g1(o);
+  std::map<uint64_t, std::vector<int32_t>> out;
+  std::vector<std::vector<int32_t>> prompts[2];
+  for (int k = 0; k < 4; ++k) {
+    for (int s = 0; s < 2; ++s) {
+      request_spec spec = spec_of(2 + k);
+      for (auto& t : spec.prompt) t = 2 + (t + 31 * s + 7 * k) % 60;  // no prefix shared across chains
+      spec.session_id = 0;
+      prompts[s].push_back(spec.prompt);
+      group& g = s ? g1 : g0;
+      g.sched->submit(spec);
+      while (g.step(out)) {
+      }
+    }
+  }
+  const auto c0 = g0.sched->cached_chains(), c1 = g1.sched->cached_chains();
+  REQUIRE(c0.size() == 4);
+  REQUIRE(c1.size() == 4);
+  // The new group holds only about half of it: the two newest chains of each old group.
+  int64_t pages_needed = 0;
+  for (const auto& c : {c0[0], c0[1], c1[0], c1[1]}) pages_needed += int64_t(c.page_ids.size());
+  engine_options small = o;
+  const auto layout = kv_layout::make(test::toy_args(), kv_dtype::fp4, o.page_tokens);
+  small.kv_budget_bytes = int64_t(o.max_num_seqs) * int64_t(layout.ring_bytes() + layout.tail_floats() * 4) +
+                          pages_needed * int64_t(layout.page_bytes);
+  group merged(small);
+  REQUIRE(merged.sched->pool().capacity().num_pages == pages_needed);
+  session_router router(2);
+  router.regroup(1);
+  std::map<uint64_t, int> where;
+  const rehome_stats st = rehome({{g0.sched.get(), &g0.sh->arena()}, {g1.sched.get(), &g1.sh->arena()}},
+                                 {{merged.sched.get(), {&merged.sh->arena()}}}, layout, router, where);
+  CHECK(st.pages_copied == pages_needed);
+  CHECK(st.chains_dropped == 4);
+  // What the new group caches, most recent first: the newest of each, then the next of each,
+  // each old group's order kept (a chain is known by its first tokens).
+  std::vector<std::vector<int32_t>> kept;
+  for (const auto& c : merged.sched->cached_chains()) kept.emplace_back(c.tokens.begin(), c.tokens.begin() + 16);
+  auto head = [&](int s, int k) { return std::vector<int32_t>(prompts[s][std::size_t(k)].begin(), prompts[s][std::size_t(k)].begin() + 16); };
+  CHECK(kept == std::vector<std::vector<int32_t>>{head(0, 3), head(1, 3), head(0, 2), head(1, 2)});
+}
