@@ -108,9 +108,8 @@ outcome<std::unique_ptr<engine>> engine::start(std::unique_ptr<step_model> model
     if (options.shard_port >= 0 && !layered->remote_shards())
       return engine_error{engine_errc::bad_params, "--shard-port: this model's shards run in this process only"};
     const int shards = spec.value().num_shards;
-    if (const std::string why = check_host_kv(*layered, options.kv_budget_bytes, shards,
-                                              "layout '" + options.layout + "' (" + std::to_string(shards) + " shards)");
-        !why.empty())
+    const std::string what = "layout '" + options.layout + "' (" + std::to_string(shards) + " shards)";
+    if (const std::string why = check_host_kv(*layered, options.kv_budget_bytes, shards, what); !why.empty())
       return engine_error{engine_errc::kv_exhausted, why};
     parallel = spec.value();
   }

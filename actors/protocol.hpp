@@ -122,8 +122,8 @@ typename Inspector::result_type inspect(Inspector& f, sampled_token& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_item& x) {
-  return f(caf::meta::type_name("step_item"), x.request_id, x.tokens, x.tokens_from, x.start_pos, x.page_ids, x.ring_slot,
-           x.replay, x.truncate_below, x.sample, x.sampling, x.token_idx);
+  return f(caf::meta::type_name("step_item"), x.request_id, x.tokens, x.tokens_from, x.start_pos, x.page_ids,
+           x.ring_slot, x.replay, x.truncate_below, x.sample, x.sampling, x.token_idx);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, run_step& x) {

@@ -152,7 +152,8 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<ran
                                st.layout.name()};
         if (st.sw) return switch_result{int32_t(engine_errc::busy), "a layout switch is already running", st.layout.name()};
         // The new shards' arenas are made before the old ones go (their pages are copied across).
-        const int now = int(std::count_if(st.ranks.begin(), st.ranks.end(), [](const rank_entry& r) { return !r.remote; }));
+        const int now =
+            int(std::count_if(st.ranks.begin(), st.ranks.end(), [](const rank_entry& r) { return !r.remote; }));
         const int next = spec.value().num_shards;
         if (const std::string why = check_host_kv(*st.src, st.options.kv_budget_bytes, now + next,
                                                   "switching from " + st.layout.name() + " (" + std::to_string(now) +

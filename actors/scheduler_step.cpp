@@ -162,8 +162,12 @@ step_item scheduler::make_item(request_state& r, int64_t num_tokens) {
   } else {
     it.sample = end == int64_t(r.tokens.size());
     if (it.sample && (r.matcher || r.in_lead() || !r.spec.banned_ids.empty())) it.sampling.allowed = allowed_tokens(r);
-    if (it.sample)
-      for (const auto& [id, count] : r.seen) it.sampling.seen_ids.push_back(id), it.sampling.seen_counts.push_back(count);
+    if (it.sample) {
+      for (const auto& [id, count] : r.seen) {
+        it.sampling.seen_ids.push_back(id);
+        it.sampling.seen_counts.push_back(count);
+      }
+    }
   }
   return it;
 }
