@@ -562,6 +562,11 @@ opt_error parse_responses_object(dom::object root, responses_request& out) {
       return bad_request("unknown reasoning.effort '" + effort + "'", "reasoning.effort");
   }
   if (auto err = get_bool(root, "store", out.store)) return err;
+  std::string truncation = "disabled";
+  if (auto err = get_string(root, "truncation", truncation)) return err;
+  if (truncation != "auto" && truncation != "disabled")
+    return bad_request("'truncation' must be auto or disabled", "truncation");
+  out.truncation_auto = truncation == "auto";
   if (auto err = parse_metadata(root, out.metadata_json)) return err;
   dom::element text;
   if (field(root, "text", text)) {

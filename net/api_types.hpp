@@ -87,6 +87,9 @@ struct responses_request {
   reasoning_options reasoning;
   generation_options gen;
   bool store = true;
+  /// "auto": when the conversation outgrows the context window, its oldest turns are dropped
+  /// (not the instructions, nor the newest turn); "disabled" (default): such a request is a 400.
+  bool truncation_auto = false;
   std::string metadata_json = "{}";  ///< metadata as given (string values), echoed back
 };
 

@@ -44,6 +44,7 @@ struct responses_turn {
   uint64_t session_id = 0;
   std::shared_ptr<const chat_context> context;  ///< the prompt as rendered; the reply extends it
   bool store = true;
+  bool truncation_auto = false;
   /// Called with the stored turn when the response completes (the WebSocket keeps its last one).
   std::function<void(std::shared_ptr<const stored_response>)> on_stored;
 };

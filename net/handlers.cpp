@@ -103,6 +103,45 @@ void apply_tool_choice(generate_request& req, const prompt_codec& codec, const s
   req.grammar = {};
 }
 
+/// The Responses prompt of `conversation` from scratch: the instructions, then the messages.
+context_prompt render_responses(const server_state& state, const responses_request& req,
+                                const std::vector<chat_message>& conversation) {
+  std::vector<chat_message> rendered;
+  if (!req.instructions.empty()) rendered.push_back({"system", req.instructions, {}, {}, {}});
+  rendered.insert(rendered.end(), conversation.begin(), conversation.end());
+  return state.codec->extend_chat(nullptr, rendered, req.tools, req.reasoning);
+}
+
+/// truncation "auto": drops the conversation's oldest turns (a turn starts at a user message;
+/// what comes before the first one, such as a developer message, stays) until the prompt
+/// leaves room for the answer in the context window, or only the newest turn is left; the
+/// fewest turns that fit are dropped. `prompt` and `conversation` become the truncated ones.
+void truncate_to_window(const server_state& state, const responses_request& req, std::vector<chat_message>& conversation,
+                        context_prompt& prompt) {
+  const int64_t window = state.engine->summary().max_context_tokens;
+  const int64_t answer = req.gen.max_tokens > 0 ? req.gen.max_tokens : state.options.default_max_tokens;
+  const int64_t limit = window - std::min<int64_t>(answer, window / 2);
+  if (window <= 0 || int64_t(prompt.ids.size()) <= limit) return;
+  std::vector<std::size_t> starts;  // where each turn begins
+  for (std::size_t i = 0; i < conversation.size(); ++i)
+    if (conversation[i].role == "user") starts.push_back(i);
+  if (starts.size() < 2) return;
+  auto without = [&](std::size_t turns) {  // the conversation less its `turns` oldest turns
+    std::vector<chat_message> kept(conversation.begin(), conversation.begin() + long(starts[0]));
+    kept.insert(kept.end(), conversation.begin() + long(starts[turns]), conversation.end());
+    return kept;
+  };
+  std::size_t lo = 1, hi = starts.size() - 1;  // drop hi turns at most (the newest stays)
+  while (lo < hi) {
+    const std::size_t mid = (lo + hi) / 2;
+    const context_prompt p = render_responses(state, req, without(mid));
+    if (p.error.empty() && int64_t(p.ids.size()) <= limit) hi = mid;
+    else lo = mid + 1;
+  }
+  conversation = without(lo);
+  prompt = render_responses(state, req, conversation);
+}
+
 }  // namespace
 
 simple_response error_response(const api_error& e) {
@@ -246,12 +285,10 @@ started start_responses(const std::shared_ptr<server_state>& state,
       state->codec->can_continue(*previous->context, req.tools, req.reasoning)) {
     prompt = state->codec->extend_chat(previous->context, req.input, req.tools, req.reasoning);
   } else {
-    std::vector<chat_message> rendered;
-    if (!req.instructions.empty()) rendered.push_back({"system", req.instructions, {}, {}, {}});
-    rendered.insert(rendered.end(), turn.conversation.begin(), turn.conversation.end());
-    prompt = state->codec->extend_chat(nullptr, rendered, req.tools, req.reasoning);
+    prompt = render_responses(*state, req, turn.conversation);
   }
   if (!prompt.error.empty()) return {nullptr, bad_request(prompt.error, "input")};
+  if (req.truncation_auto) truncate_to_window(*state, req, turn.conversation, prompt);
   turn.context = std::move(prompt.context);
   turn.tools = req.tools;
   turn.instructions = req.instructions;
@@ -263,6 +300,7 @@ started start_responses(const std::shared_ptr<server_state>& state,
   turn.format_json = req.gen.format_json;
   turn.metadata_json = req.metadata_json;
   turn.store = req.store;
+  turn.truncation_auto = req.truncation_auto;
   turn.on_stored = std::move(on_stored);
   auto gen_request = make_request(*state, std::move(prompt.ids), req.gen, &req.reasoning);
   gen_request.session_id = turn.session_id;

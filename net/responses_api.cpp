@@ -211,7 +211,7 @@ class responses_writer final : public response_writer {
     const auto& choice = turn_.tool_choice;
     if (names_function(choice)) w.obj().kv("type", "function").kv("name", choice).end_obj();
     else w.str(choice);
-    w.kv("store", turn_.store);
+    w.kv("store", turn_.store).kv("truncation", turn_.truncation_auto ? "auto" : "disabled");
     w.key("tools").arr();
     // as given: a Responses tool's function_json is {"name":..., "description":..., "parameters":...}
     for (auto& t : turn_.tools) w.raw("{\"type\":\"function\"," + t.function_json.substr(1));

@@ -576,4 +576,30 @@ await check("the context window: a prompt past it is a 400 naming its field; a m
   assert.equal(again.usage.completion_tokens, 1);
 });
 
+await check("Responses truncation auto: a chain past the context window drops its oldest turns and goes on", async () => {
+  const win = new OpenAI({ baseURL: process.env.URL_WINDOW + "/v1", apiKey: "unused", maxRetries: 0 });
+  const window = (await win.models.list()).data[0].max_model_len;
+  const input = (i) => `turn ${i}: ` + "word ".repeat(Math.floor(window / 4));
+  const chain = async (truncation) => {
+    let prev = null;
+    const seen = [];
+    for (let i = 0; i < 7; i++) {
+      const r = await win.responses.create({ model: "tiny", input: input(i), max_output_tokens: 4, temperature: 0,
+        reasoning: { effort: "none" }, previous_response_id: prev, ...(truncation ? { truncation } : {}) });
+      seen.push(r);
+      prev = r.id;
+    }
+    return seen;
+  };
+  const turns = await chain("auto");
+  assert.ok(turns.every((r) => r.truncation === "auto" && r.usage.input_tokens <= window - 4),
+            turns.map((r) => r.usage.input_tokens).join(","));
+  assert.ok(turns[6].usage.input_tokens < turns[2].usage.input_tokens + window / 4, "nothing was dropped");
+  console.log(`      window ${window}; input tokens by turn: ${turns.map((r) => r.usage.input_tokens).join(", ")}`);
+  // the default, disabled: the same chain is refused once it outgrows the window
+  await assert.rejects(chain(undefined), (e) => e.status === 400 && e.code === "context_length_exceeded");
+  await assert.rejects(win.responses.create({ model: "tiny", input: "x", truncation: "sometimes" }),
+    (e) => e.status === 400 && e.param === "truncation");
+});
+
 console.log(`serve_openai: ${passed} checks passed${skipped ? `, ${skipped} skipped` : ""}`);
