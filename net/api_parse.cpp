@@ -193,14 +193,14 @@ opt_error parse_tools(dom::object obj, bool flat, std::vector<tool_def>& out) {
   return {};
 }
 
-opt_error parse_tool_choice(dom::object obj, std::string& out) {
+opt_error parse_tool_choice(dom::object obj, tool_choice_spec& out) {
   dom::element e;
   if (!field(obj, "tool_choice", e)) return {};
   std::string_view s;
   if (e.get(s) == simdjson::SUCCESS) {
     if (s != "auto" && s != "none" && s != "required")
       return bad_request("'tool_choice' must be auto, none, required or a function", "tool_choice");
-    out.assign(s);
+    out = {std::string(s), {}};
     return {};
   }
   dom::object o;
@@ -209,8 +209,9 @@ opt_error parse_tool_choice(dom::object obj, std::string& out) {
   dom::object fn = o;
   if (field(o, "function", f) && f.get(fn) != simdjson::SUCCESS)
     return type_error("tool_choice.function", "an object");
-  if (auto err = get_string(fn, "name", out)) return err;
-  if (out.empty()) return bad_request("'tool_choice' names no function", "tool_choice");
+  out.mode = "function";
+  if (auto err = get_string(fn, "name", out.function)) return err;
+  if (out.function.empty()) return bad_request("'tool_choice' names no function", "tool_choice");
   return {};
 }
 
@@ -341,19 +342,13 @@ opt_error parse_root(std::string_view body, dom::parser& parser, dom::object& ro
 
 }  // namespace
 
-bool names_function(const std::string& tool_choice) {
-  return tool_choice != "auto" && tool_choice != "none" && tool_choice != "required";
-}
-
-opt_error check_tool_choice(const std::string& choice, const std::vector<tool_def>& tools) {
-  if (choice == "auto" || choice == "none") return {};
-  if (choice == "required") {
-    if (tools.empty()) return bad_request("'tool_choice' is 'required' but no tools are given", "tool_choice");
-    return {};
-  }
+opt_error check_tool_choice(const tool_choice_spec& choice, const std::vector<tool_def>& tools) {
+  if (choice.mode == "required" && tools.empty())
+    return bad_request("'tool_choice' is 'required' but no tools are given", "tool_choice");
+  if (!choice.names_function()) return {};
   for (const tool_def& t : tools)
-    if (t.name == choice) return {};
-  return bad_request("'tool_choice' names '" + choice + "', which is not among the tools", "tool_choice");
+    if (t.name == choice.function) return {};
+  return bad_request("'tool_choice' names '" + choice.function + "', which is not among the tools", "tool_choice");
 }
 
 bool parse_effort(std::string_view name, reasoning_options& out) {

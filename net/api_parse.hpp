@@ -27,11 +27,9 @@ std::optional<api_error> parse_ws_event(std::string_view text, ws_client_event& 
 /// POST /admin/layout: {"layout":"tp4"|"dep2"|...}.
 std::optional<api_error> parse_layout_request(std::string_view body, std::string& layout);
 
-/// Whether a parsed tool_choice names a function (else it is auto, none or required).
-bool names_function(const std::string& tool_choice);
 /// A 400 for a tool_choice the tools offered cannot meet: "required" with no tools, or a function
 /// not among them (Responses: after a chained turn has taken its previous turn's tools).
-std::optional<api_error> check_tool_choice(const std::string& choice, const std::vector<tool_def>& tools);
+std::optional<api_error> check_tool_choice(const tool_choice_spec& choice, const std::vector<tool_def>& tools);
 
 /// Maps reasoning_effort values to 1-100: "low" 50, "medium"/"high"/"xhigh" 75, "max" 100;
 /// "none" turns thinking off. Returns false for anything else.

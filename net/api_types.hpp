@@ -33,6 +33,15 @@ struct tool_def {
   std::string function_json;  ///< the "function" object, re-serialized compactly
 };
 
+/// tool_choice: auto, none or required, or one function by name (kept apart, so that a tool
+/// named "none" can be chosen).
+struct tool_choice_spec {
+  std::string mode = "auto";  ///< auto, none, required, or function
+  std::string function;       ///< mode function: the tool's name
+
+  bool names_function() const { return mode == "function"; }
+};
+
 /// Reasoning on/off and effort (1-100).
 struct reasoning_options {
   bool thinking = true;
@@ -60,7 +69,7 @@ struct chat_request {
   std::string model;
   std::vector<chat_message> messages;
   std::vector<tool_def> tools;
-  std::string tool_choice = "auto";  ///< auto, none, required, or a function name
+  tool_choice_spec tool_choice;
   reasoning_options reasoning;
   generation_options gen;
   std::string user;
@@ -83,7 +92,7 @@ struct responses_request {
   std::vector<chat_message> input;  ///< the new items, mapped to messages
   std::string previous_response_id;
   std::vector<tool_def> tools;
-  std::string tool_choice = "auto";
+  tool_choice_spec tool_choice;
   reasoning_options reasoning;
   generation_options gen;
   bool store = true;

@@ -34,7 +34,7 @@ struct responses_turn {
   std::vector<tool_def> tools;
   std::string instructions;
   std::string previous_response_id;
-  std::string tool_choice;
+  tool_choice_spec tool_choice;
   bool parallel_tool_calls = true;
   reasoning_options reasoning;
   sampling_params sampling;

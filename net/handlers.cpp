@@ -89,16 +89,16 @@ writer_context context(const server_state& state, std::string id, const generati
 /// conversation does, so its prefix stays cached) and the tool-call marker is never sampled.
 /// "required" or a function's name: the reply (after the reasoning, when thinking) opens a call
 /// of one of the tools, or of that function; a response format then has nothing to hold.
-void apply_tool_choice(generate_request& req, const prompt_codec& codec, const std::string& choice,
+void apply_tool_choice(generate_request& req, const prompt_codec& codec, const tool_choice_spec& choice,
                        const std::vector<tool_def>& tools, const reasoning_options& reasoning) {
-  if (tools.empty() || choice == "auto") return;
-  if (choice == "none") {
+  if (tools.empty() || choice.mode == "auto") return;
+  if (choice.mode == "none") {
     req.banned_ids.push_back(dsv41::dsml_id);
     return;
   }
-  const bool named = names_function(choice);
   for (const auto& tool : tools)
-    if (!named || tool.name == choice) req.lead.choices.push_back(codec.tool_call_lead(tool.name));
+    if (!choice.names_function() || tool.name == choice.function)
+      req.lead.choices.push_back(codec.tool_call_lead(tool.name));
   req.lead.after = reasoning.thinking ? dsv41::think_end_id : -1;
   req.grammar = {};
 }

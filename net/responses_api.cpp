@@ -209,8 +209,8 @@ class responses_writer final : public response_writer {
     w.kv("temperature", double(turn_.sampling.temperature)).kv("top_p", double(turn_.sampling.top_p))
         .kv("parallel_tool_calls", turn_.parallel_tool_calls).key("tool_choice");
     const auto& choice = turn_.tool_choice;
-    if (names_function(choice)) w.obj().kv("type", "function").kv("name", choice).end_obj();
-    else w.str(choice);
+    if (choice.names_function()) w.obj().kv("type", "function").kv("name", choice.function).end_obj();
+    else w.str(choice.mode);
     w.kv("store", turn_.store).kv("truncation", turn_.truncation_auto ? "auto" : "disabled");
     w.key("tools").arr();
     // as given: a Responses tool's function_json is {"name":..., "description":..., "parameters":...}

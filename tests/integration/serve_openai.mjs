@@ -407,9 +407,11 @@ await check("tool_choice required or a named function: the reply opens a call of
   const messages = [{ role: "user", content: "Weather in Paris?" }];
   // The random weights never finish a call, so the opened invoke comes back as content, cut by max_tokens.
   const opened = (text) => /^<｜DSML｜ invoke name="([^"]*)">\n/.exec(text)?.[1];
+  two.push({ type: "function", function: { name: "none", parameters: { type: "object", properties: {} } } });
   const cases = [[{ type: "function", function: { name: "get_time" } }, ["get_time"]],
+                 [{ type: "function", function: { name: "none" } }, ["none"]],  // a tool named like a mode
                  [{ type: "function", function: { name: "get_weather" } }, ["get_weather"]],
-                 ["required", ["get_weather", "get_time"]]];
+                 ["required", ["get_weather", "get_time", "none"]]];
   for (const [tool_choice, names] of cases) {
     for (const temperature of [0, 1]) {
       const r = await tiny.chat.completions.create({ model: "tiny", max_tokens: 16, temperature, seed: 5, tools: two,

@@ -101,7 +101,8 @@ TEST_CASE("chat request: fields land in the native struct") {
   CHECK(r.messages[3].tool_call_id == "c1");
   REQUIRE(r.tools.size() == 1);
   CHECK(r.tools[0].name == "f");
-  CHECK(r.tool_choice == "f");
+  CHECK(r.tool_choice.mode == "function");
+  CHECK(r.tool_choice.function == "f");
   CHECK(r.gen.sampling.temperature == doctest::Approx(0.5));
   CHECK(r.gen.sampling.top_k == 40);
   CHECK(r.gen.sampling.has_seed);
@@ -144,6 +145,14 @@ TEST_CASE("chat request: each wrongly-typed field is a 400 naming it") {
   CHECK_FALSE(parse(with_f + R"("tool_choice":"required"})"));
   CHECK(parse(with_f + R"("tool_choice":{"type":"function","function":{"name":"g"}}})")->message ==
         "'tool_choice' names 'g', which is not among the tools");
+  // a tool may be named like a mode: chosen by name, it is that function, not the mode
+  chat_request named;
+  const std::string with_none = std::string(base) + R"(,"tools":[{"type":"function","function":{"name":"none"}}],)";
+  CHECK_FALSE(parse_chat_request(with_none + R"("tool_choice":{"type":"function","function":{"name":"none"}}})", named));
+  CHECK(named.tool_choice.mode == "function");
+  CHECK(named.tool_choice.function == "none");
+  CHECK_FALSE(parse_chat_request(with_none + R"("tool_choice":"none"})", named));
+  CHECK(named.tool_choice.mode == "none");
   CHECK(parse_chat_request(R"({"messages":[]})", out)->code == "empty_messages");
   // the range as a client reads it, not as "[0.000000, 2.000000]"
   CHECK(parse_chat_request(std::string(base) + R"(,"temperature":3})", out)->message ==
