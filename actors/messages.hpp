@@ -66,6 +66,7 @@ struct request_spec {
   int64_t max_tokens = 16;           ///< completion tokens at most (>= 1)
   std::vector<int32_t> stop_ids;     ///< besides EOS
   bool ignore_eos = false;
+  int64_t min_tokens = 0;            ///< EOS and the stop ids are not sampled before this many
   output_grammar grammar;            ///< structured output (inactive: none)
   /// Never sampled (tool_choice "none": the tool-call marker). Ids past the model's vocabulary
   /// cannot be sampled anyway and are ignored.

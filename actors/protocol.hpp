@@ -144,7 +144,7 @@ typename Inspector::result_type inspect(Inspector& f, forced_lead& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_spec& x) {
   return f(caf::meta::type_name("request_spec"), x.session_id, x.prompt, x.sampling, x.max_tokens, x.stop_ids,
-           x.ignore_eos, x.grammar, x.banned_ids, x.lead);
+           x.ignore_eos, x.grammar, x.banned_ids, x.lead, x.min_tokens);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, usage_counts& x) {

@@ -48,6 +48,8 @@ outcome<uint64_t> scheduler::submit(request_spec spec) {
   const int64_t n = int64_t(spec.prompt.size());
   if (draining_) return engine_error{engine_errc::draining, "the engine is draining and takes no new requests"};
   if (n == 0) return engine_error{engine_errc::bad_params, "the prompt is empty"};
+  if (spec.min_tokens < 0 || spec.min_tokens > spec.max_tokens)
+    return engine_error{engine_errc::bad_params, "min_tokens must be in [0, max_tokens]"};
   if (spec.max_tokens < 1)
     return engine_error{engine_errc::bad_params,
                         "max_tokens must be >= 1 (got " + std::to_string(spec.max_tokens) + ")"};
@@ -230,8 +232,14 @@ std::vector<uint64_t> scheduler::allowed_tokens(const request_state& r) const {
   mask.resize(words, 0);
   if (const std::size_t extra = mask.size() * 64 - std::size_t(args_.vocab_size); extra > 0)
     mask.back() &= ~uint64_t{0} >> extra;  // no id past the model's vocabulary
-  for (int32_t id : r.spec.banned_ids)
+  auto ban = [&](int32_t id) {
     if (id >= 0 && id < args_.vocab_size) mask[std::size_t(id) / 64] &= ~(uint64_t{1} << (id % 64));
+  };
+  for (int32_t id : r.spec.banned_ids) ban(id);
+  if (r.completion_tokens() < r.spec.min_tokens) {
+    ban(args_.eos_token_id);
+    for (int32_t id : r.spec.stop_ids) ban(id);
+  }
   if (std::all_of(mask.begin(), mask.end(), [](uint64_t w) { return w == 0; }))
     mask[std::size_t(args_.eos_token_id) / 64] |= uint64_t{1} << (args_.eos_token_id % 64);  // a dead end: stop
   return mask;

@@ -104,8 +104,8 @@ class scheduler {
   /// ending it once a choice is spelled in full); false when the token left every choice.
   bool follow_lead(request_state& r) const;
   /// The ids the next token may take: inside a forced lead, the choices' next ids; else the
-  /// grammar's (when it has started); less the banned ids either way; EOS alone when nothing
-  /// is left.
+  /// grammar's (when it has started); less the banned ids either way, and less EOS and the stop
+  /// ids before min_tokens; EOS alone when nothing is left.
   std::vector<uint64_t> allowed_tokens(const request_state& r) const;
   token_batch make_batch(const request_state& r) const;
   void record_sample(std::vector<double>& samples, double ms);

@@ -161,7 +161,9 @@ step_item scheduler::make_item(request_state& r, int64_t num_tokens) {
     counters_.replay_tokens += r.replay_to - r.replay_from;
   } else {
     it.sample = end == int64_t(r.tokens.size());
-    if (it.sample && (r.matcher || r.in_lead() || !r.spec.banned_ids.empty())) it.sampling.allowed = allowed_tokens(r);
+    const bool too_soon = r.completion_tokens() < r.spec.min_tokens;  // no end token yet
+    if (it.sample && (r.matcher || r.in_lead() || too_soon || !r.spec.banned_ids.empty()))
+      it.sampling.allowed = allowed_tokens(r);
     if (it.sample) {
       for (const auto& [id, count] : r.seen) {
         it.sampling.seen_ids.push_back(id);

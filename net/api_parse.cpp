@@ -281,6 +281,23 @@ opt_error parse_generation(dom::object obj, generation_options& g) {
   if (auto err = get_int(obj, "n", 1, 1, i, has))
     return bad_request("only n=1 is supported", "n", "unsupported_value");
   if (auto err = parse_stop(obj, g.stop)) return err;
+  if (auto err = get_bool(obj, "ignore_eos", g.ignore_eos)) return err;
+  if (auto err = get_int(obj, "min_tokens", 0, 1 << 30, i, has)) return err;
+  if (has) g.min_tokens = int(i);
+  if (g.max_tokens > 0 && g.min_tokens > g.max_tokens)
+    return bad_request("'min_tokens' must not exceed the answer's token limit", "min_tokens");
+  dom::element ids;
+  if (field(obj, "stop_token_ids", ids)) {
+    dom::array arr;
+    if (ids.get(arr) != simdjson::SUCCESS) return type_error("stop_token_ids", "an array of token ids");
+    for (dom::element e : arr) {
+      int64_t id = -1;
+      if (e.get(id) != simdjson::SUCCESS || id < 0 || id > INT32_MAX)
+        return type_error("stop_token_ids", "an array of token ids");
+      g.stop_token_ids.push_back(int32_t(id));
+    }
+    if (g.stop_token_ids.size() > 64) return bad_request("at most 64 stop_token_ids", "stop_token_ids");
+  }
   if (auto err = get_bool(obj, "stream", g.stream)) return err;
   dom::element so;
   if (field(obj, "stream_options", so)) {

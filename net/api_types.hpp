@@ -62,6 +62,10 @@ struct generation_options {
   output_grammar format;    ///< response_format / text.format compiled (inactive: plain text)
   std::string format_json;  ///< Responses: text.format as given, compact (empty: {"type":"text"})
   bool parallel_tool_calls = true;  ///< false: the reply ends with its first tool call
+  // vLLM's extras, which benchmark clients send:
+  bool ignore_eos = false;               ///< the end token does not end the answer
+  int min_tokens = 0;                    ///< no end token or stop token id before this many tokens
+  std::vector<int32_t> stop_token_ids;   ///< these end the answer too
 };
 
 /// POST /v1/chat/completions

@@ -69,6 +69,8 @@ class runtime_bridge final : public engine_bridge {
     request_spec spec;
     spec.max_tokens = r.max_tokens;
     spec.stop_ids = std::move(r.stop_ids);
+    spec.ignore_eos = r.ignore_eos;
+    spec.min_tokens = std::min(r.min_tokens, r.max_tokens);
     spec.sampling.temperature = r.sampling.temperature;
     spec.sampling.top_p = r.sampling.top_p;
     spec.sampling.top_k = r.sampling.top_k;

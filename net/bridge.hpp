@@ -42,6 +42,8 @@ struct generate_request {
   sampling_params sampling;
   int max_tokens = 256;
   std::vector<int32_t> stop_ids;  ///< generation ends after emitting one of these
+  bool ignore_eos = false;        ///< the model's end token does not end it
+  int min_tokens = 0;             ///< the end token and stop_ids are not sampled before this many
   int top_logprobs = -1;          ///< -1: no logprobs; 0: the chosen token's only; k: k alternatives
   output_grammar grammar;         ///< structured output (net/response_format.hpp); inactive: none
   std::vector<int32_t> banned_ids;  ///< never sampled (tool_choice "none": the tool-call marker)

@@ -63,7 +63,10 @@ generate_request make_request(const server_state& state, std::vector<int32_t> id
   req.prompt_ids = std::move(ids);
   req.sampling = g.sampling;
   req.max_tokens = g.max_tokens > 0 ? g.max_tokens : state.options.default_max_tokens;
-  req.stop_ids = state.codec->stop_ids();
+  if (!g.ignore_eos) req.stop_ids = state.codec->stop_ids();
+  req.stop_ids.insert(req.stop_ids.end(), g.stop_token_ids.begin(), g.stop_token_ids.end());
+  req.ignore_eos = g.ignore_eos;
+  req.min_tokens = g.min_tokens;
   req.top_logprobs = g.logprobs ? g.top_logprobs : -1;
   req.grammar = g.format;
   if (req.grammar.active() && reasoning && reasoning->thinking) req.grammar.start_after = dsv41::think_end_id;

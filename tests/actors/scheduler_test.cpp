@@ -606,3 +606,34 @@ TEST_CASE("scheduler: a forced lead with an empty choice, an id past the vocabul
   r.run_all();
   r.check_nothing_held();
 }
+
+TEST_CASE("scheduler: min_tokens keeps the end token and the stop ids out until that many tokens") {
+  rig r(small_options());
+  std::mt19937 g(44);
+  std::vector<std::pair<uint64_t, request_spec>> runs;
+  for (int i = 0; i < 40; ++i) {
+    request_spec s = make_spec(g, 12, 1, true);
+    s.sampling.temperature = 2.0f;  // flat: the end token and the stop ids come early when allowed
+    s.ignore_eos = false;
+    s.stop_ids = {5, 6, 7};
+    s.max_tokens = 30;
+    s.min_tokens = 1 + i % 20;
+    runs.emplace_back(r.sched->submit(s).value(), s);
+  }
+  r.run_all();
+  int stopped_right_after = 0;
+  for (const auto& [id, s] : runs) {
+    const auto& out = r.out[id];
+    REQUIRE(int64_t(out.size()) > s.min_tokens);
+    for (int64_t k = 0; k < s.min_tokens; ++k) {
+      CHECK(out[std::size_t(k)] != r.args.eos_token_id);
+      CHECK(std::find(s.stop_ids.begin(), s.stop_ids.end(), out[std::size_t(k)]) == s.stop_ids.end());
+    }
+    stopped_right_after += r.reason[id] == "stop" && int64_t(out.size()) == s.min_tokens + 1;
+  }
+  CHECK(stopped_right_after > 0);  // allowed again, they do come
+  request_spec bad = runs[0].second;
+  bad.min_tokens = bad.max_tokens + 1;
+  CHECK(r.sched->submit(bad).error().code == engine_errc::bad_params);
+  r.check_nothing_held();
+}

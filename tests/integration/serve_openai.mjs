@@ -229,6 +229,20 @@ await check("logit_bias: +100 makes a token the answer, -100 keeps it out; a bad
     (e) => e.status === 400 && /outside the vocabulary/.test(e.message));
 });
 
+await check("vLLM's extras: ignore_eos, min_tokens and stop_token_ids", async () => {
+  const run = async (extra) => {
+    const r = await tiny.completions.create({ model: "tiny", prompt: [5, 6], max_tokens: 8, temperature: 0, ...extra });
+    return [r.usage.completion_tokens, r.choices[0].finish_reason];
+  };
+  const eos = { logit_bias: { 1: 100 } };  // the end token, always
+  assert.deepEqual(await run(eos), [1, "stop"]);
+  assert.deepEqual(await run({ ...eos, ignore_eos: true }), [8, "length"]);
+  assert.deepEqual(await run({ ...eos, min_tokens: 5 }), [6, "stop"]);
+  assert.deepEqual(await run({ logit_bias: { 1000: 100 }, stop_token_ids: [1000] }), [1, "stop"]);
+  await assert.rejects(run({ min_tokens: 9 }), (e) => e.status === 400 && e.param === "min_tokens");
+  await assert.rejects(run({ stop_token_ids: ["x"] }), (e) => e.status === 400 && e.param === "stop_token_ids");
+});
+
 await check("logprobs with top_logprobs", async () => {
   const r = await tiny.chat.completions.create({ model: "tiny", max_tokens: 3, logprobs: true, top_logprobs: 2,
     messages: [{ role: "user", content: "x" }], ...chatMode });
