@@ -61,7 +61,7 @@ double log_sum_exp(std::span<const float> logits) {
   return mx + std::log(s);
 }
 
-/// Softmax of logit / temperature, then the top-p cut and the draw, every sum in
+/// Softmax of logit / temperature, then the min-p and top-p cuts and the draw, every sum in
 /// sampling_order's blocked order. With neither top-k nor top-p the draw walks the ids in index
 /// order (no sort: any fixed order draws from the same distribution); otherwise best first.
 int32_t pick_random(std::span<const float> logits, const sampling_params& p, int64_t token_idx) {
@@ -75,6 +75,10 @@ int32_t pick_random(std::span<const float> logits, const sampling_params& p, int
   const double mx = *std::max_element(logits.begin(), logits.end()) / t;
   std::vector<double> prob(k);
   for (std::size_t i = 0; i < k; ++i) prob[i] = std::exp(logits[id(i)] / t - mx);
+  // min_p: the likeliest token's term is 1, so the cut is a fixed threshold on the terms
+  if (p.min_p > 0.f)
+    for (double& x : prob)
+      if (x < double(p.min_p)) x = 0;
   const auto term = [&](std::size_t i) { return prob[i]; };
   double total = sampling_order::sum(k, term);
   std::size_t n = k;
@@ -105,6 +109,7 @@ std::string validate(const sampling_params& p, int vocab_size) {
   if (!(p.temperature >= 0.f) || !std::isfinite(p.temperature)) return "temperature must be a finite number >= 0";
   if (p.top_k < 0) return "top_k must be >= 0";
   if (!(p.top_p > 0.f && p.top_p <= 1.f)) return "top_p must be in (0, 1]";
+  if (!(p.min_p >= 0.f && p.min_p <= 1.f)) return "min_p must be in [0, 1]";
   if (p.logprobs < 0 || p.logprobs > 20 || p.logprobs > vocab_size) return "logprobs must be in [0, 20]";
   if (!(std::abs(p.frequency_penalty) <= 2.f) || !(std::abs(p.presence_penalty) <= 2.f))
     return "frequency_penalty and presence_penalty must be in [-2, 2]";

@@ -16,6 +16,7 @@ struct sampling_params {
   float temperature = 0.f;  ///< 0 = greedy; otherwise logits are divided by it
   int top_k = 0;            ///< keep the k most likely tokens; 0 = all
   float top_p = 1.f;        ///< keep the smallest set whose probability reaches top_p; 1 = all
+  float min_p = 0.f;        ///< drop tokens less likely than min_p times the likeliest; 0 = off
   uint64_t seed = 0;        ///< with token_idx, fixes the random draw
   int logprobs = 0;         ///< return this many top alternatives (0 = none; the sampled token's is always given)
   /// Structured output: bit id set when token id may be sampled ([ceil(vocab / 64)] words;
@@ -35,7 +36,9 @@ struct sampling_params {
 
   bool has_penalty() const { return frequency_penalty != 0.f || presence_penalty != 0.f; }
   /// Whether only the host sampler draws this row: top logprobs, a mask, penalties or biases.
-  bool host_only() const { return logprobs > 0 || !allowed.empty() || has_penalty() || !bias_ids.empty(); }
+  bool host_only() const {
+    return logprobs > 0 || !allowed.empty() || has_penalty() || !bias_ids.empty() || min_p > 0.f;
+  }
 };
 
 /// Empty when valid, else a message naming the bad field.

@@ -265,6 +265,8 @@ opt_error parse_generation(dom::object obj, generation_options& g) {
     if (d <= 0) return bad_request("'top_p' must be greater than 0", "top_p");
     g.sampling.top_p = float(d);
   }
+  if (auto err = get_number(obj, "min_p", 0, 1, d, has)) return err;
+  if (has) g.sampling.min_p = float(d);
   if (auto err = get_number(obj, "frequency_penalty", -2, 2, d, has)) return err;
   if (has) g.sampling.frequency_penalty = float(d);
   if (auto err = get_number(obj, "presence_penalty", -2, 2, d, has)) return err;

@@ -74,6 +74,7 @@ class runtime_bridge final : public engine_bridge {
     spec.sampling.temperature = r.sampling.temperature;
     spec.sampling.top_p = r.sampling.top_p;
     spec.sampling.top_k = r.sampling.top_k;
+    spec.sampling.min_p = r.sampling.min_p;
     spec.sampling.frequency_penalty = r.sampling.frequency_penalty;
     spec.sampling.presence_penalty = r.sampling.presence_penalty;
     for (auto [id, bias] : r.sampling.logit_bias)

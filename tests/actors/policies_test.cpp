@@ -62,7 +62,12 @@ std::vector<double> reference_probs(const std::vector<float>& l, const sampling_
   const int k = p.top_k > 0 ? std::min(p.top_k, n) : n;
   std::vector<double> w(n, 0.0);
   double z = 0;
-  for (int i = 0; i < k; ++i) z += w[ids[i]] = std::exp(double(l[ids[i]]) / p.temperature);
+  const double top = std::exp(double(l[ids[0]]) / p.temperature);
+  for (int i = 0; i < k; ++i) {
+    w[ids[i]] = std::exp(double(l[ids[i]]) / p.temperature);
+    if (w[ids[i]] < p.min_p * top) w[ids[i]] = 0;  // min_p: against the likeliest token
+    z += w[ids[i]];
+  }
   double cum = 0;
   std::vector<double> out(n, 0.0);
   double kept = 0;
@@ -94,9 +99,10 @@ TEST_CASE("sampler: greedy picks the arg-max (ties to the lowest id) and reports
 
 TEST_CASE("sampler: seeded draws are reproducible and follow temperature / top-k / top-p") {
   const std::vector<float> l = random_logits(12, 2);
-  for (auto [temp, k, top_p] : {std::tuple{1.f, 0, 1.f}, {0.7f, 5, 1.f}, {1.3f, 0, 0.8f}, {1.f, 4, 0.6f}}) {
+  for (auto [temp, k, top_p, min_p] : {std::tuple{1.f, 0, 1.f, 0.f}, {0.7f, 5, 1.f, 0.f}, {1.3f, 0, 0.8f, 0.f},
+                                        {1.f, 4, 0.6f, 0.f}, {1.f, 0, 1.f, 0.1f}, {1.2f, 0, 0.9f, 0.05f}}) {
     sampling_params p;
-    p.temperature = temp, p.top_k = k, p.top_p = top_p, p.seed = 42;
+    p.temperature = temp, p.top_k = k, p.top_p = top_p, p.min_p = min_p, p.seed = 42;
     const auto ref = reference_probs(l, p);
     std::vector<double> freq(l.size(), 0.0);
     const int n = 40000;

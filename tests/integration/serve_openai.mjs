@@ -229,7 +229,7 @@ await check("logit_bias: +100 makes a token the answer, -100 keeps it out; a bad
     (e) => e.status === 400 && /outside the vocabulary/.test(e.message));
 });
 
-await check("vLLM's extras: ignore_eos, min_tokens and stop_token_ids", async () => {
+await check("vLLM's extras: ignore_eos, min_tokens, stop_token_ids and min_p", async () => {
   const run = async (extra) => {
     const r = await tiny.completions.create({ model: "tiny", prompt: [5, 6], max_tokens: 8, temperature: 0, ...extra });
     return [r.usage.completion_tokens, r.choices[0].finish_reason];
@@ -240,6 +240,11 @@ await check("vLLM's extras: ignore_eos, min_tokens and stop_token_ids", async ()
   assert.deepEqual(await run({ ...eos, min_tokens: 5 }), [6, "stop"]);
   assert.deepEqual(await run({ logit_bias: { 1000: 100 }, stop_token_ids: [1000] }), [1, "stop"]);
   await assert.rejects(run({ min_tokens: 9 }), (e) => e.status === 400 && e.param === "min_tokens");
+  // min_p 1 keeps only the likeliest token: sampled at temperature 1, the greedy answer
+  const text = async (extra) => (await tiny.completions.create({ model: "tiny", prompt: [5, 6], max_tokens: 8,
+    ...extra })).choices[0].text;
+  assert.equal(await text({ temperature: 1, seed: 11, min_p: 1 }), await text({ temperature: 0 }));
+  await assert.rejects(run({ min_p: 1.5 }), (e) => e.status === 400 && e.param === "min_p");
   await assert.rejects(run({ stop_token_ids: ["x"] }), (e) => e.status === 400 && e.param === "stop_token_ids");
 });
 
