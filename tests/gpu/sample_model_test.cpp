@@ -50,7 +50,8 @@ TEST_CASE("gpu model: forward_sample draws the host sampler's tokens from forwar
     gpu_model m(*args, weights, kv_dtype::fp4, {}, kernels);
     gpu_kv_arena arena(m.layout(), 0.02);
     const std::vector<std::vector<int32_t>> prompts = {{5, 9, 13, 200, 7}, {42, 43}, {1000, 3, 3, 3, 3, 3, 3, 9}};
-    const std::vector<sampling_params> params = {{}, {0.8f, 0, 0.9f, 7}, {1.3f, 20, 1.f, 11}};
+    const std::vector<sampling_params> params = {
+        {}, {.temperature = 0.8f, .top_p = 0.9f, .seed = 7}, {.temperature = 1.3f, .top_k = 20, .seed = 11}};
     // reference: forward's logits, sampled on the host
     std::vector<sampled_token> expect;
     std::vector<float> logits;
@@ -61,8 +62,8 @@ TEST_CASE("gpu model: forward_sample draws the host sampler's tokens from forwar
       for (size_t i = 0; i < prompts.size(); ++i) batch[i].kv = &kvs[i], batch[i].tokens = prompts[i];
       m.forward(batch, logits);
       for (size_t i = 0; i < prompts.size(); ++i)
-        expect.push_back(sample(std::span<const float>(logits).subspan(i * args->vocab_size, args->vocab_size),
-                                params[i], 3));
+        expect.push_back(
+            sample(std::span<const float>(logits).subspan(i * args->vocab_size, args->vocab_size), params[i], 3));
       for (auto& kv : kvs) arena.release(kv);
     }
     std::vector<request_kv> kvs;
@@ -93,7 +94,8 @@ TEST_CASE("gpu shard: rows needing the host sampler (top logprobs, a mask) are d
   const auto args = load_model_args("micro", &error);
   REQUIRE_MESSAGE(args.has_value(), error);
   const auto weights = std::make_shared<tensor_map>(make_random_weights(*args, 78));
-  auto model = std::make_shared<const gpu_model>(*args, weights, kv_dtype::fp4, upload_progress_fn{}, gpu_kernels::fast);
+  auto model =
+      std::make_shared<const gpu_model>(*args, weights, kv_dtype::fp4, upload_progress_fn{}, gpu_kernels::fast);
   gpu_step_model shard_model(model, false);
   gpu_kv_arena arena(model->layout(), 0.02);
   const std::vector<std::vector<int32_t>> prompts = {{5, 9, 13}, {42, 43}, {1000, 3, 9}, {7, 7}, {300}};

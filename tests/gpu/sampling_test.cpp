@@ -31,8 +31,12 @@ TEST_CASE("gpu sampling: the host sampler's tokens for every rule") {
     for (int j = 0; j < vocab; ++j) logits[std::size_t(2) * vocab + j] = std::round(logits[std::size_t(2) * vocab + j]);
     for (int j = 0; j < vocab; j += 2) logits[std::size_t(3) * vocab + j] = j % 4 ? 0.0f : -0.0f;
     dev<float> dl(logits);
-    const sampling_params rules[] = {{0.f, 0, 1.f, 1, 0},    {0.7f, 0, 1.f, 2, 0}, {1.0f, 50, 1.f, 3, 0},
-                                     {1.3f, 0, 0.9f, 4, 0},  {0.8f, 40, 0.5f, 5, 0}, {2.0f, 1, 1.f, 6, 0}};
+    const sampling_params rules[] = {{.temperature = 0.f, .seed = 1},
+                                     {.temperature = 0.7f, .seed = 2},
+                                     {.temperature = 1.0f, .top_k = 50, .seed = 3},
+                                     {.temperature = 1.3f, .top_p = 0.9f, .seed = 4},
+                                     {.temperature = 0.8f, .top_k = 40, .top_p = 0.5f, .seed = 5},
+                                     {.temperature = 2.0f, .top_k = 1, .seed = 6}};
     int same = 0, total = 0;
     double worst_lp = 0;
     for (const sampling_params& rule : rules)
