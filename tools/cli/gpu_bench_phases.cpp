@@ -109,7 +109,7 @@ void runner::decode_step(std::vector<bench_request>& reqs) {
   for (const bench_request& req : reqs) {
     items.push_back(make_item(req, req.num_computed + 1, true, -1));
     if (o_.temperature > 0)  // --temperature, --top-p
-      items.back().sampling = {o_.temperature, 0, o_.top_p, o_.seed + req.id};
+      items.back().sampling = {.temperature = o_.temperature, .top_p = o_.top_p, .seed = o_.seed + req.id};
   }
   if (o_.logprobs > 0 && !items.empty()) items.front().sampling.logprobs = o_.logprobs;  // --logprobs: one request
   const step_output out = run(std::move(items));
