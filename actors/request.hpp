@@ -39,7 +39,7 @@ struct request_state {
   /// whether the tokens since then spell a whole choice.
   int64_t lead_begin = -1;
   bool lead_done = false;
-  /// With a frequency or presence penalty: each completion token and how often it came.
+  /// With a frequency, presence or repetition penalty: each completion token and how often it came.
   std::unordered_map<int32_t, int32_t> seen;
   steady_time submit_time{};
   steady_time last_token_time{};

@@ -113,6 +113,11 @@ std::string validate(const sampling_params& p, int vocab_size) {
   if (p.logprobs < 0 || p.logprobs > 20 || p.logprobs > vocab_size) return "logprobs must be in [0, 20]";
   if (!(std::abs(p.frequency_penalty) <= 2.f) || !(std::abs(p.presence_penalty) <= 2.f))
     return "frequency_penalty and presence_penalty must be in [-2, 2]";
+  if (!(p.repetition_penalty > 0.f) || !std::isfinite(p.repetition_penalty))
+    return "repetition_penalty must be a finite number > 0";
+  for (std::size_t i = 0; i < p.prompt_ids.size(); ++i)
+    if (p.prompt_ids[i] < 0 || p.prompt_ids[i] >= vocab_size || (i > 0 && p.prompt_ids[i] <= p.prompt_ids[i - 1]))
+      return "prompt_ids must be distinct vocabulary ids in ascending order";
   if (p.seen_ids.size() != p.seen_counts.size()) return "seen_ids and seen_counts must be the same length";
   for (int32_t id : p.seen_ids)
     if (id < 0 || id >= vocab_size) return "a seen token id is outside the vocabulary";
@@ -131,9 +136,19 @@ sampled_token sample(std::span<const float> logits, const sampling_params& p, in
   sampled_token out;
   std::vector<float> adjusted;
   std::span<const float> pick_from = logits;
-  if (!p.allowed.empty() || (p.has_penalty() && !p.seen_ids.empty()) || !p.bias_ids.empty()) {
+  const bool penalized = p.has_penalty() && (!p.seen_ids.empty() || !p.prompt_ids.empty());
+  if (!p.allowed.empty() || penalized || !p.bias_ids.empty()) {
     adjusted.assign(logits.begin(), logits.end());
     for (std::size_t i = 0; i < p.bias_ids.size(); ++i) adjusted[std::size_t(p.bias_ids[i])] += p.bias_values[i];
+    if (p.repetition_penalty != 1.f) {  // vLLM's order: the bias, this, then the OpenAI penalties
+      const auto repeat = [&](int32_t id) {
+        float& v = adjusted[std::size_t(id)];
+        v = v > 0.f ? v / p.repetition_penalty : v * p.repetition_penalty;
+      };
+      for (int32_t id : p.prompt_ids) repeat(id);
+      for (int32_t id : p.seen_ids)
+        if (!std::binary_search(p.prompt_ids.begin(), p.prompt_ids.end(), id)) repeat(id);
+    }
     for (std::size_t i = 0; i < p.seen_ids.size() && p.has_penalty(); ++i)
       adjusted[std::size_t(p.seen_ids[i])] -=
           float(p.seen_counts[i]) * p.frequency_penalty + (p.seen_counts[i] > 0 ? p.presence_penalty : 0.f);

@@ -26,15 +26,23 @@ struct sampling_params {
   /// c * frequency_penalty + presence_penalty (when c > 0) taken off its logit.
   float frequency_penalty = 0.f;
   float presence_penalty = 0.f;
+  /// vLLM's repetition_penalty over the prompt and the completion so far: such a token's logit
+  /// is divided by it when positive, multiplied by it otherwise. 1 = off; must be > 0.
+  float repetition_penalty = 1.f;
   /// The completion's tokens so far and how often each came (the scheduler fills them for each
   /// step of a request with a penalty); parallel arrays.
   std::vector<int32_t> seen_ids;
   std::vector<int32_t> seen_counts;
+  /// The distinct ids of the request's prompt, ascending (the scheduler fills them once, with a
+  /// repetition penalty); with seen_ids, the tokens a repetition penalty reaches.
+  std::vector<int32_t> prompt_ids;
   /// OpenAI's logit_bias: bias_values[i] is added to the logit of bias_ids[i] (parallel arrays).
   std::vector<int32_t> bias_ids;
   std::vector<float> bias_values;
 
-  bool has_penalty() const { return frequency_penalty != 0.f || presence_penalty != 0.f; }
+  bool has_penalty() const {
+    return frequency_penalty != 0.f || presence_penalty != 0.f || repetition_penalty != 1.f;
+  }
   /// Whether only the host sampler draws this row: top logprobs, a mask, penalties or biases.
   bool host_only() const {
     return logprobs > 0 || !allowed.empty() || has_penalty() || !bias_ids.empty() || min_p > 0.f;

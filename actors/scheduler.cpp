@@ -92,6 +92,12 @@ outcome<uint64_t> scheduler::submit(request_spec spec) {
   r.prompt_len = n;
   r.spec = std::move(spec);
   r.spec.prompt.clear();  // kept once, in tokens
+  if (r.spec.sampling.repetition_penalty != 1.f) {
+    auto& ids = r.spec.sampling.prompt_ids;
+    ids = r.tokens;
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  }
   r.submit_time = std::chrono::steady_clock::now();
   if (r.spec.grammar.active() && r.spec.grammar.start_after < 0) r.matcher.emplace();
   if (r.spec.lead.active() && r.spec.lead.after < 0) r.lead_begin = r.prompt_len;

@@ -271,6 +271,11 @@ opt_error parse_generation(dom::object obj, generation_options& g) {
   if (has) g.sampling.frequency_penalty = float(d);
   if (auto err = get_number(obj, "presence_penalty", -2, 2, d, has)) return err;
   if (has) g.sampling.presence_penalty = float(d);
+  if (auto err = get_number(obj, "repetition_penalty", 0, 1e6, d, has)) return err;
+  if (has) {
+    if (d <= 0) return bad_request("'repetition_penalty' must be greater than 0", "repetition_penalty");
+    g.sampling.repetition_penalty = float(d);
+  }
   if (auto err = parse_logit_bias(obj, g.sampling.logit_bias)) return err;
   if (auto err = get_int(obj, "top_k", -1, 1 << 20, i, has)) return err;
   if (has) g.sampling.top_k = i < 0 ? 0 : int(i);

@@ -77,6 +77,7 @@ class runtime_bridge final : public engine_bridge {
     spec.sampling.min_p = r.sampling.min_p;
     spec.sampling.frequency_penalty = r.sampling.frequency_penalty;
     spec.sampling.presence_penalty = r.sampling.presence_penalty;
+    spec.sampling.repetition_penalty = r.sampling.repetition_penalty;
     for (auto [id, bias] : r.sampling.logit_bias)
       spec.sampling.bias_ids.push_back(id), spec.sampling.bias_values.push_back(bias);
     spec.sampling.seed = r.sampling.has_seed ? r.sampling.seed : random_seed();

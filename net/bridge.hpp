@@ -30,6 +30,7 @@ struct sampling_params {
   float frequency_penalty = 0.0f;  ///< [-2, 2], over the completion's tokens so far
   float presence_penalty = 0.0f;   ///< [-2, 2]
   float min_p = 0.0f;              ///< [0, 1]: vLLM's cut relative to the likeliest token
+  float repetition_penalty = 1.0f;  ///< > 0, vLLM's: over the prompt and the completion; 1 = off
   std::vector<std::pair<int32_t, float>> logit_bias;  ///< token id -> added to its logit, [-100, 100]
 };
 

@@ -169,6 +169,50 @@ TEST_CASE("sampler: frequency and presence penalties lower the logits of tokens 
   CHECK(bad.host_only());
 }
 
+TEST_CASE("sampler: a repetition penalty divides positive logits and multiplies negative ones, once a token") {
+  std::vector<float> l(10, 0.f);
+  l[3] = 6.f, l[7] = 4.f, l[2] = 3.5f, l[5] = -1.f, l[1] = -0.5f;
+  sampling_params p;  // greedy
+  p.prompt_ids = {3, 5};
+  p.seen_ids = {3, 7};
+  p.seen_counts = {4, 1};
+  CHECK(sample(l, p, 0).token_id == 3);  // no penalty set: neither list is read
+  p.repetition_penalty = 1.6f;           // 3: 6 / 1.6 = 3.75 (once, though in both lists), 7: 2.5, 2: 3.5
+  const sampled_token t = sample(l, p, 0);
+  CHECK(t.token_id == 3);
+  p.repetition_penalty = 1.75f;  // 3: 3.43, 2: 3.5
+  CHECK(sample(l, p, 0).token_id == 2);
+  // below 1 it favours repeats: a negative logit is multiplied (5: -1 * 0.1 = -0.1 beats 1's -0.5)
+  std::vector<float> neg(10, -3.f);
+  neg[5] = -1.f, neg[1] = -0.5f;
+  p.repetition_penalty = 0.1f;
+  p.prompt_ids = {5};
+  p.seen_ids = {}, p.seen_counts = {};
+  CHECK(sample(neg, p, 0).token_id == 5);
+  // the logprob stays the model's own
+  double z = 0;
+  for (float x : neg) z += std::exp(double(x));
+  CHECK(sample(neg, p, 0).logprob == doctest::Approx(-1.0 - std::log(z)).epsilon(1e-5));
+  // with the OpenAI penalties after it: 3 is 6 / 1.5 = 4, less 2 * 0.5 = 3; 7: 4 / 1.5 - 0.5 = 2.17; 2: 3.5
+  p.repetition_penalty = 1.5f, p.frequency_penalty = 0.5f;
+  p.prompt_ids = {};
+  p.seen_ids = {3, 7}, p.seen_counts = {2, 1};
+  CHECK(sample(l, p, 0).token_id == 2);
+  CHECK(p.host_only());
+  sampling_params bad;
+  bad.repetition_penalty = 0.f;
+  CHECK(validate(bad, 10).find("repetition_penalty") != std::string::npos);
+  bad.repetition_penalty = INFINITY;
+  CHECK(!validate(bad, 10).empty());
+  bad = {};
+  bad.prompt_ids = {4, 2};  // not ascending
+  CHECK(!validate(bad, 10).empty());
+  bad.prompt_ids = {2, 10};  // outside the vocabulary
+  CHECK(!validate(bad, 10).empty());
+  bad.prompt_ids = {2, 4};
+  CHECK(validate(bad, 10).empty());
+}
+
 TEST_CASE("sampler: logit_bias moves the draw, not the reported logprobs") {
   std::vector<float> l(10, 0.f);
   l[3] = 5.f;

@@ -278,6 +278,7 @@ TEST_CASE("scheduler: 2,000 requests, random lengths, some with penalties, 20% c
       if (submitted % 3 == 0) {  // penalties, greedy or sampled: counted across preemptions
         s.sampling.frequency_penalty = 0.5f * float(g() % 5);
         s.sampling.presence_penalty = 1.5f - 0.5f * float(g() % 4);
+        if (submitted % 6 == 0) s.sampling.repetition_penalty = 1.0f + 0.25f * float(1 + g() % 4);
       }
       const uint64_t id = r.sched->submit(s).value();
       if (g() % 5 == 0) cancel_after[id] = int(g() % uint32_t(s.max_tokens));

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <span>
 #include <vector>
 #include <stdexcept>
@@ -142,6 +143,10 @@ inline std::vector<int32_t> toy_alone(const request_spec& s, int page_tokens = 1
       std::map<int32_t, int32_t> counts;
       for (int32_t t : out) ++counts[t];
       for (auto [id, n] : counts) p.seen_ids.push_back(id), p.seen_counts.push_back(n);
+      if (p.repetition_penalty != 1.f) {
+        const std::set<int32_t> distinct(s.prompt.begin(), s.prompt.end());
+        p.prompt_ids.assign(distinct.begin(), distinct.end());
+      }
     }
     out.push_back(sample(logits, p, int64_t(out.size())).token_id);
     seq.push_back(out.back());

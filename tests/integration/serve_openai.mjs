@@ -208,6 +208,25 @@ await check("frequency_penalty and presence_penalty: negative ones repeat a toke
     messages: [{ role: "user", content: "x" }] }), (e) => e.status === 400 && e.param === "presence_penalty");
 });
 
+await check("repetition_penalty: a large one keeps the prompt's and the answer's tokens out, a small one brings them back", async () => {
+  // the prompt holds the model's own greedy answer, so those tokens are the ones it would repeat
+  const base = await tiny.completions.create({ model: "tiny", prompt: "Hi", max_tokens: 8, temperature: 0,
+    logprobs: 0 });
+  const inPrompt = new Set(base.choices[0].logprobs.tokens);
+  const run = async (repetition_penalty) => (await tiny.completions.create({ model: "tiny",
+    prompt: "Hi" + base.choices[0].text, max_tokens: 16, temperature: 0, logprobs: 0, repetition_penalty,
+  })).choices[0].logprobs.tokens;
+  const plain = await run(1), avoided = await run(50), favoured = await run(0.02);
+  const repeats = (ts) => ts.filter((t, i) => inPrompt.has(t) || ts.indexOf(t) < i).length;
+  // the first answer token can only repeat the prompt: plain, it does not; favoured, it does
+  assert.ok(!inPrompt.has(plain[0]) && inPrompt.has(favoured[0]), `1: ${plain[0]}, 0.02: ${favoured[0]}`);
+  assert.ok(repeats(favoured) >= 12, `0.02: ${favoured.join("|")}`);
+  assert.equal(avoided.length, 16);
+  assert.equal(repeats(avoided), 0, `50: ${avoided.join("|")}`);
+  await assert.rejects(tiny.chat.completions.create({ model: "tiny", max_tokens: 4, repetition_penalty: 0,
+    messages: [{ role: "user", content: "x" }] }), (e) => e.status === 400 && e.param === "repetition_penalty");
+});
+
 await check("logit_bias: +100 makes a token the answer, -100 keeps it out; a bad key or id is a 400", async () => {
   const texts = async (logit_bias) => {
     const r = await tiny.completions.create({ model: "tiny", prompt: [5, 6, 7], max_tokens: 6, temperature: 0,
