@@ -3,6 +3,7 @@
 #include "net/handlers.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "net/api_writers.hpp"
 #include "net/dsv41_tokens.hpp"
@@ -145,6 +146,115 @@ void truncate_to_window(const server_state& state, const responses_request& req,
   prompt = render_responses(state, req, conversation);
 }
 
+
+/// The value of `name` in a URL query ("a=1&b=2"), percent-decoded; nullopt when absent.
+std::optional<std::string> query_value(std::string_view query, std::string_view name) {
+  while (!query.empty()) {
+    const std::string_view pair = query.substr(0, query.find('&'));
+    query.remove_prefix(std::min(query.size(), pair.size() + 1));
+    const auto eq = pair.find('=');
+    if (pair.substr(0, eq) == name) return percent_decoded(eq == std::string_view::npos ? "" : pair.substr(eq + 1));
+  }
+  return std::nullopt;
+}
+
+/// One conversation entry as the Responses items it was given as: a message, or an assistant
+/// turn's reasoning, text and function calls, or a function call's output. Each with an id
+/// made of the response's and the item's place, so that `after` finds it again.
+struct input_item {
+  std::string id;
+  const chat_message* m;
+  enum class part { message, reasoning, call, output } what;
+  std::size_t call = 0;  ///< part::call: which of m->tool_calls
+};
+
+std::vector<input_item> input_items_of(const stored_response& s) {
+  std::vector<input_item> items;
+  const std::string tag = s.id.substr(s.id.find('_') + 1);
+  // the last entry is this response's reply (its output), not part of its input
+  const std::size_t n = s.conversation.empty() ? 0 : s.conversation.size() - 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    const chat_message& m = s.conversation[i];
+    const auto add = [&](const char* prefix, input_item::part what, std::size_t call = 0) {
+      items.push_back({prefix + tag + "_" + std::to_string(items.size()), &m, what, call});
+    };
+    if (m.role == "tool") {
+      add("fco_", input_item::part::output);
+    } else if (m.role == "assistant") {
+      if (!m.reasoning_content.empty()) add("rs_", input_item::part::reasoning);
+      if (!m.content.empty() || m.tool_calls.empty()) add("msg_", input_item::part::message);
+      for (std::size_t c = 0; c < m.tool_calls.size(); ++c) add("fc_", input_item::part::call, c);
+    } else {
+      add("msg_", input_item::part::message);
+    }
+  }
+  return items;
+}
+
+void input_item_json(json_writer& w, const input_item& it) {
+  const chat_message& m = *it.m;
+  w.obj().kv("id", it.id);
+  switch (it.what) {
+    case input_item::part::output:
+      w.kv("type", "function_call_output").kv("call_id", m.tool_call_id).kv("output", m.content)
+          .kv("status", "completed");
+      break;
+    case input_item::part::reasoning:
+      w.kv("type", "reasoning").key("summary").arr().end_arr().key("content").arr()
+          .obj().kv("type", "reasoning_text").kv("text", m.reasoning_content).end_obj().end_arr();
+      break;
+    case input_item::part::call: {
+      const tool_call& c = m.tool_calls[it.call];
+      w.kv("type", "function_call").kv("status", "completed").kv("call_id", c.id).kv("name", c.name)
+          .kv("arguments", c.arguments);
+      break;
+    }
+    case input_item::part::message: {
+      const bool reply = m.role == "assistant";
+      w.kv("type", "message").kv("status", "completed").kv("role", m.role == "latest_reminder" ? "system" : m.role)
+          .key("content").arr().obj().kv("type", reply ? "output_text" : "input_text").kv("text", m.content);
+      if (reply) w.key("annotations").arr().end_arr();
+      w.end_obj().end_arr();
+      break;
+    }
+  }
+  w.end_obj();
+}
+
+/// GET /v1/responses/{id}/input_items: OpenAI's list, newest first unless order=asc, `limit`
+/// (1-100, default 20) items after the item `after`.
+simple_response input_items_response(const stored_response& s, std::string_view query) {
+  int64_t limit = 20;
+  if (auto v = query_value(query, "limit")) {
+    char* end = nullptr;
+    limit = std::strtoll(v->c_str(), &end, 10);
+    if (v->empty() || *end != '\0' || limit < 1 || limit > 100)
+      return error_response(bad_request("'limit' must be an integer from 1 to 100", "limit"));
+  }
+  const std::string order = query_value(query, "order").value_or("desc");
+  if (order != "asc" && order != "desc")
+    return error_response(bad_request("'order' must be 'asc' or 'desc'", "order"));
+  std::vector<input_item> items = input_items_of(s);
+  if (order == "desc") std::reverse(items.begin(), items.end());
+  std::size_t first = 0;
+  if (auto after = query_value(query, "after")) {
+    auto at = std::find_if(items.begin(), items.end(), [&](const input_item& it) { return it.id == *after; });
+    if (at == items.end())
+      return error_response(bad_request("No input item with id '" + *after + "' in response '" + s.id + "'", "after"));
+    first = std::size_t(at - items.begin()) + 1;
+  }
+  const std::size_t last = std::min(items.size(), first + std::size_t(limit));
+  json_writer w;
+  w.obj().kv("object", "list").key("data").arr();
+  for (std::size_t i = first; i < last; ++i) input_item_json(w, items[i]);
+  w.end_arr().key("first_id");
+  if (first < last) w.str(items[first].id); else w.null();
+  w.key("last_id");
+  if (first < last) w.str(items[last - 1].id); else w.null();
+  w.kv("has_more", last < items.size()).end_obj();
+  return {200, "application/json", w.take()};
+}
+
 }  // namespace
 
 simple_response error_response(const api_error& e) {
@@ -182,10 +292,18 @@ std::optional<simple_response> handle_get(server_state& state, std::string_view 
     return simple_response{200, "application/json", w.take()};
   }
   if (path.substr(0, 14) == "/v1/responses/") {
-    auto stored = state.responses->get(std::string(path.substr(14)));
+    std::string_view id = path.substr(14);
+    constexpr std::string_view items_suffix = "/input_items";
+    const bool items = id.size() > items_suffix.size() && id.ends_with(items_suffix);
+    if (items) id.remove_suffix(items_suffix.size());
+    auto stored = state.responses->get(std::string(id));
     if (!stored)
-      return error_response(not_found("No response with id '" + std::string(path.substr(14)) + "'",
-                                      "response_id", "response_not_found"));
+      return error_response(not_found("No response with id '" + std::string(id) + "'", "response_id",
+                                      "response_not_found"));
+    if (items) {
+      const auto q = target.find('?');
+      return input_items_response(*stored, q == std::string_view::npos ? "" : target.substr(q + 1));
+    }
     return simple_response{200, "application/json", stored->json};
   }
   return {};

@@ -427,6 +427,47 @@ await check("responses with the parser path: reasoning item and function_call it
     messages: [{ role: "user", content: "x" }] }), (e) => e.status === 400 && e.param === "tool_choice");
 });
 
+await check("responses input_items: the items a response was made from, newest first, paged with after; gone once deleted", async () => {
+  const rtools = [{ type: "function", name: "get_weather", parameters: tools[0].function.parameters }];
+  const r = await nul.responses.create({ model: "null", input: "Weather?", tools: rtools, max_output_tokens: 500 });
+  const call = r.output.find((o) => o.type === "function_call");
+  const r2 = await nul.responses.create({ model: "null", previous_response_id: r.id, tools: rtools,
+    max_output_tokens: 500, input: [{ type: "function_call_output", call_id: call.call_id, output: "sunny" }] });
+  // r2 was made from the question, r's reply (reasoning, text, call) and the call's output; not from r2's reply
+  const asc = (await nul.responses.inputItems.list(r2.id, { order: "asc" })).data;
+  assert.deepEqual(asc.map((i) => i.type), ["message", "reasoning", "message", "function_call", "function_call_output"]);
+  assert.equal(asc[0].role, "user");
+  assert.deepEqual(asc[0].content, [{ type: "input_text", text: "Weather?" }]);
+  assert.equal(asc[1].content[0].text, r.output[0].content[0].text);
+  assert.equal(asc[2].role, "assistant");
+  assert.equal(asc[2].content[0].text, r.output[1].content[0].text);
+  assert.equal(asc[3].call_id, call.call_id);
+  assert.equal(asc[3].name, "get_weather");
+  assert.deepEqual(JSON.parse(asc[3].arguments), JSON.parse(call.arguments));
+  assert.equal(asc[4].call_id, call.call_id);
+  assert.equal(asc[4].output, "sunny");
+  assert.equal(new Set(asc.map((i) => i.id)).size, asc.length, "ids repeat");
+  // the default order is newest first; the SDK's pages of one item walk them all through `after`
+  const desc = await (await fetch(`${process.env.URL_NULL}/v1/responses/${r2.id}/input_items`)).json();
+  assert.equal(desc.object, "list");
+  assert.deepEqual(desc.data.map((i) => i.id), asc.map((i) => i.id).reverse());
+  assert.deepEqual([desc.first_id, desc.last_id, desc.has_more], [asc[4].id, asc[0].id, false]);
+  const page = await (await fetch(`${process.env.URL_NULL}/v1/responses/${r2.id}/input_items?limit=2&after=${asc[4].id}`)).json();
+  assert.deepEqual(page.data.map((i) => i.id), [asc[3].id, asc[2].id]);
+  assert.equal(page.has_more, true);
+  const paged = [];
+  for await (const item of nul.responses.inputItems.list(r2.id, { order: "asc", limit: 1 })) paged.push(item.id);
+  assert.deepEqual(paged, asc.map((i) => i.id));
+  // bad queries name their parameter; an unknown response is a 404
+  await assert.rejects(nul.responses.inputItems.list(r2.id, { limit: 101 }), (e) => e.status === 400 && e.param === "limit");
+  await assert.rejects(nul.responses.inputItems.list(r2.id, { after: "msg_nope" }),
+    (e) => e.status === 400 && e.param === "after");
+  await nul.responses.delete(r2.id);
+  await assert.rejects(nul.responses.inputItems.list(r2.id), (e) => e.status === 404 && e.code === "response_not_found");
+  await assert.rejects(nul.responses.retrieve(r2.id), (e) => e.status === 404);
+  assert.equal((await nul.responses.retrieve(r.id)).id, r.id);  // the earlier turn stays
+});
+
 await check("tool_choice none keeps the tools in the prompt, so an agent's turn reuses its cached prefix", async () => {
   const messages = [{ role: "user", content: "Weather in Paris?" },
     { role: "assistant", content: "", tool_calls: [{ id: "c1", type: "function",
