@@ -71,6 +71,10 @@ struct session_info {
 struct step_timed_out {
   uint64_t step_id = 0;
 };
+/// Event (a layout's builder -> the runtime): the shards of switch `ticket` are built, or failed.
+struct layout_built {
+  uint64_t ticket = 0;
+};
 
 // ---- atoms ----
 using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
@@ -195,6 +199,10 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_timed_out& x) {
   return f(caf::meta::type_name("step_timed_out"), x.step_id);
 }
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, layout_built& x) {
+  return f(caf::meta::type_name("layout_built"), x.ticket);
+}
 
 // ---- layouts (actors/runtime_actor.hpp) ----
 
@@ -214,7 +222,8 @@ using runtime_actor = scheduler_actor::extend<
     caf::replies_to<switch_layout>::with<switch_result>,  ///< switch at a step boundary
     caf::replies_to<layout_atom>::with<layout_status>,    ///< layout, shards, per-group load
     caf::replies_to<kill_shard>::with<status_reply>,      ///< test hook: crash a shard
-    caf::replies_to<shard_join>::with<status_reply>>;     ///< a shard process offers itself
+    caf::replies_to<shard_join>::with<status_reply>,      ///< a shard process offers itself
+    caf::reacts_to<layout_built>>;                         ///< a switch's shards are ready
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, switch_layout& x) {
@@ -263,6 +272,7 @@ inline void register_messages(caf::actor_system_config& cfg) {
   cfg.add_message_type<session_changed>("cedar::session_changed");
   cfg.add_message_type<session_info>("cedar::session_info");
   cfg.add_message_type<step_timed_out>("cedar::step_timed_out");
+  cfg.add_message_type<layout_built>("cedar::layout_built");
   cfg.add_message_type<std::vector<std::vector<int32_t>>>("cedar::id_lists");
   cfg.add_message_type<std::vector<std::vector<float>>>("cedar::logprob_lists");
   cfg.add_message_type<switch_layout>("cedar::switch_layout");

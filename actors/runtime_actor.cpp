@@ -167,6 +167,7 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<ran
         return rp;
       },
       [=](layout_atom) -> layout_status { return make_status(self->state); },
+      [=](const layout_built& msg) { on_layout_built(self, msg.ticket); },
       [=](shard_join& msg) -> status_reply {
         auto& st = self->state;
         if (!st.src->remote_shards())

@@ -48,6 +48,20 @@ struct held_submit {
   caf::typed_response_promise<submit_reply> rp;
 };
 
+/// A switch's shards, made off the runtime's thread: loading a layout may take long, and the
+/// runtime goes on answering (held submits, cancels, metrics, status) meanwhile. The builder
+/// fills it and then sends layout_built; the runtime reads it only after that message.
+struct layout_build {
+  uint64_t ticket = 0;
+  layout_spec spec;
+  bool remote_first = false;  ///< rank 0 is a joined shard process (tp1); the rest are built here
+  kv_capacity cap;
+  std::vector<std::shared_ptr<shard>> shards;  ///< ranks remote_first.. of spec
+  std::shared_ptr<inproc_group> comm;
+  std::string error;  ///< what the build threw (then no shard is kept)
+  std::chrono::steady_clock::time_point t0;
+};
+
 /// A switch (or rebuild) waiting for the step boundary.
 struct pending_switch {
   layout_spec target;
@@ -76,6 +90,8 @@ struct runtime_state {
   bool paused = false;
   bool draining = false;
   std::optional<pending_switch> sw;
+  std::shared_ptr<layout_build> build;  ///< the switch's shards being made (null: none)
+  uint64_t next_build_ticket = 1;
   std::vector<held_submit> held;
   metrics_snapshot retired;  ///< the counters of groups a switch or rebuild replaced
   int64_t switches = 0, rebuilds = 0;
@@ -111,8 +127,11 @@ void add_counters(metrics_snapshot& m, const metrics_snapshot& x);
 /// The shards and schedulers of `spec` (generation `gen`), spawned and monitored.
 void build_layout(self_ptr self, const layout_spec& spec, std::vector<rank_entry>& ranks,
                   std::vector<std::unique_ptr<scheduler>>& groups, std::shared_ptr<inproc_group>& comm);
-/// Runs the pending switch or rebuild: no step may be in flight.
+/// Runs the pending switch or rebuild: no step may be in flight. Its shards are made off this
+/// thread; the switch goes on in on_layout_built.
 void run_switch(self_ptr self);
+/// The builder of switch `ticket` is done: the new layout takes over (or the switch fails).
+void on_layout_built(self_ptr self, uint64_t ticket);
 
 // runtime_actor.cpp
 /// Submits to the routed group and records the sink; answers the submitter (a submit past

@@ -1,9 +1,11 @@
 // Building a layout and switching to another one (see runtime_state_actor.hpp). A switch runs
-// at a step boundary with admission paused: the new shards and schedulers are built, every
-// request and cached page chain is re-homed (rehome.hpp), the old shards are stopped, and the
-// held submissions are admitted. A rebuild after a shard failure is a switch to the same
+// at a step boundary with admission paused: the new shards are built by a detached builder
+// (the runtime keeps answering meanwhile: submits are held, cancels, metrics and status
+// answer), then the schedulers are made, every request and cached page chain is re-homed
+// (rehome.hpp), the old shards are stopped, and the held submissions are admitted. A rebuild after a shard failure is a switch to the same
 // layout in which a failed shard's KV counts as lost.
 #include <algorithm>
+#include <stdexcept>
 
 #include "actors/rehome.hpp"
 #include "actors/runtime_state_actor.hpp"
@@ -55,46 +57,97 @@ void finish_switch(self_ptr self, const rehome_stats& moved, std::chrono::steady
 
 }  // namespace
 
-void build_layout(self_ptr self, const layout_spec& spec, std::vector<rank_entry>& ranks,
+namespace {
+
+/// Makes the shards of job.spec from rank job.remote_first on (the slow part of a layout: the
+/// models' weights and the KV arenas); any thread. A failure is kept in job.error.
+void make_shards(rank_source& src, layout_build& job, std::chrono::milliseconds timeout) {
+  try {
+    const int first = job.remote_first ? 1 : 0;
+    layout_ranks made = src.make(job.spec, first, timeout);
+    job.comm = made.comm;
+    for (auto& m : made.models) job.shards.push_back(std::make_shared<shard>(std::move(m), job.cap));
+  } catch (const std::exception& e) {
+    job.shards.clear();
+    job.comm.reset();
+    job.error = e.what();
+  }
+}
+
+std::shared_ptr<layout_build> new_build(self_ptr self, const layout_spec& spec) {
+  auto& st = self->state;
+  auto job = std::make_shared<layout_build>();
+  job->ticket = st.next_build_ticket++;
+  job->spec = spec;
+  job->remote_first = spec.num_shards == 1 && !st.remote_pool.empty();  // a joined shard process serves tp1
+  job->cap = plan_kv_capacity(st.src->layout(), st.options.kv_budget_bytes, st.options.max_num_seqs);
+  job->t0 = std::chrono::steady_clock::now();
+  return job;
+}
+
+/// The built shards as the layout's ranks (spawned and monitored) and its groups' schedulers.
+void adopt_layout(self_ptr self, layout_build& job, std::vector<rank_entry>& ranks,
                   std::vector<std::unique_ptr<scheduler>>& groups, std::shared_ptr<inproc_group>& comm) {
   auto& st = self->state;
-  const kv_layout& kv = st.src->layout();
-  const kv_capacity cap = plan_kv_capacity(kv, st.options.kv_budget_bytes, st.options.max_num_seqs);
-  if (spec.num_shards == 1 && !st.remote_pool.empty()) {  // a joined shard process serves tp1
+  if (!job.error.empty()) throw std::runtime_error(job.error);
+  if (job.remote_first) {
+    if (st.remote_pool.empty()) throw std::runtime_error("the shard process left while the layout was built");
     rank_entry e;
     e.actor = st.remote_pool.front();
     e.remote = true;
     ranks.push_back(std::move(e));
   }
-  const int first = int(ranks.size());
-  layout_ranks made = st.src->make(spec, first, std::chrono::milliseconds(st.options.step_timeout_ms));
-  comm = made.comm;
-  for (int r = first; r < spec.num_shards; ++r) {
-    auto s = std::make_shared<shard>(std::move(made.models[r - first]), cap);
+  comm = job.comm;
+  for (auto& s : job.shards) {
     rank_entry e;
     e.s = s;
-    e.group = spec.group_of_shard(r);
+    e.group = job.spec.group_of_shard(int(ranks.size()));
     e.actor = spawn_shard(self->system(), std::move(s));
     self->monitor(e.actor);
     ranks.push_back(std::move(e));
   }
-  for (int g = 0; g < spec.num_groups(); ++g) {
-    groups.push_back(std::make_unique<scheduler>(st.src->args(), kv, st.options));
+  job.shards.clear();
+  for (int g = 0; g < job.spec.num_groups(); ++g) {
+    groups.push_back(std::make_unique<scheduler>(st.src->args(), st.src->layout(), st.options));
     for (uint64_t session : st.live_sessions) groups.back()->session_opened(session);
     if (st.draining) groups.back()->drain();
   }
 }
 
+}  // namespace
+
+void build_layout(self_ptr self, const layout_spec& spec, std::vector<rank_entry>& ranks,
+                  std::vector<std::unique_ptr<scheduler>>& groups, std::shared_ptr<inproc_group>& comm) {
+  auto job = new_build(self, spec);
+  make_shards(*self->state.src, *job, std::chrono::milliseconds(self->state.options.step_timeout_ms));
+  adopt_layout(self, *job, ranks, groups, comm);
+}
+
 void run_switch(self_ptr self) {
   auto& st = self->state;
   CEDAR_CHECK(st.sw && !st.step);
-  const auto started = std::chrono::steady_clock::now();
   st.paused = true;
+  if (st.build) return;  // its builder is at work; on_layout_built goes on
+  st.build = new_build(self, st.sw->target);
+  self->system().spawn<caf::detached>([job = st.build, src = st.src,
+                                       timeout = std::chrono::milliseconds(st.options.step_timeout_ms),
+                                       rt = caf::actor_cast<runtime_actor>(self)](caf::event_based_actor* builder) {
+    make_shards(*src, *job, timeout);
+    builder->send(rt, layout_built{job->ticket});
+  });
+}
+
+void on_layout_built(self_ptr self, uint64_t ticket) {
+  auto& st = self->state;
+  if (!st.build || st.build->ticket != ticket || !st.sw) return;
+  const std::shared_ptr<layout_build> job = std::move(st.build);
+  st.build.reset();
+  const auto started = job->t0;
   std::vector<rank_entry> ranks;
   std::vector<std::unique_ptr<scheduler>> groups;
   std::shared_ptr<inproc_group> comm;
   try {
-    build_layout(self, st.sw->target, ranks, groups, comm);
+    adopt_layout(self, *job, ranks, groups, comm);
   } catch (const std::exception& e) {  // (device memory for a second set of arenas, a collective group)
     for (rank_entry& r : ranks) {
       if (r.remote) continue;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "actors/protocol.hpp"
@@ -338,6 +339,42 @@ class slow_source final : public rank_source {
   std::string slow_;
   int build_ms_;
 };
+
+TEST_CASE("runtime: while a slow layout builds, the runtime answers at once and holds submits until it is up") {
+  rig r("tp1", options(), std::make_shared<slow_source>("tp2", 1500));
+  client& c = r.open(9);
+  switch_result sw;
+  std::thread switcher([&] { sw = r.ask<switch_result>(r.rt, switch_layout{"tp2"}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // tp2's shards are being built
+  // metrics and the layout's status answer within 300 ms, mid-build (a server's /metrics, /health)
+  const auto t0 = std::chrono::steady_clock::now();
+  std::optional<layout_status> status;
+  {
+    caf::scoped_actor self{*r.sys};
+    self->request(r.rt, std::chrono::milliseconds(300), metrics_atom::value)
+        .receive([&](metrics_snapshot&) {}, [&](caf::error& e) { FAIL("metrics mid-build: " << r.sys->render(e)); });
+    self->request(r.rt, std::chrono::milliseconds(300), layout_atom::value)
+        .receive([&](layout_status& s) { status = s; },
+                 [&](caf::error& e) { FAIL("status mid-build: " << r.sys->render(e)); });
+  }
+  const double answered_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(status);
+  CHECK(status->switching);
+  CHECK(status->layout == "tp1");
+  // a turn submitted mid-build waits for tp2 and then runs whole on it
+  std::thread submitter([&] { r.turn(c, tokens_for(760, 20), 4); });
+  const layout_status still = r.ask<layout_status>(r.rt, layout_atom::value, 300);
+  CHECK(still.switching);
+  switcher.join();
+  submitter.join();
+  CHECK_MESSAGE(sw.error_code < 0, sw.error_message);
+  CHECK(sw.layout == "tp2");
+  REQUIRE(rig::wait(c, 30000));
+  CHECK(c.reasons[0] == "length");
+  CHECK(c.turns[0].size() == 4u);
+  MESSAGE("mid-build: metrics and status answered in " << answered_ms << " ms; the switch paused " << sw.pause_ms
+                                                        << " ms");
+}
 
 TEST_CASE("runtime: a turn its session gave up on while a switch ran never runs, and the session goes on") {
   rig r("tp1", options(), std::make_shared<slow_source>("tp2", 1500));
