@@ -12,21 +12,33 @@ using namespace runtime_detail;
 
 namespace runtime_detail {
 
-submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_actor_ptr& sink) {
+submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_actor_ptr& sink, uint64_t held_id) {
   auto& st = self->state;
-  if (msg.expired())  // its sender has rolled the turn back: running it would stream to nobody
+  if (held_id == 0 && msg.expired())  // its sender has rolled the turn back: running it would stream to nobody
     return {0, int32_t(engine_errc::cancelled), "the request waited longer than its sender would; not started"};
   std::vector<int64_t> load(st.groups.size(), 0);  // live requests per group
   for (const auto& [id, g] : st.request_group) ++load[g];
   const int g = st.router.route(msg.spec.session_id, load);
-  st.groups[g]->set_next_request_id(st.next_request_id);
+  st.groups[g]->set_next_request_id(held_id ? held_id : st.next_request_id);
   auto r = st.groups[g]->submit(std::move(msg.spec));
   if (!r) return {0, int32_t(r.error().code), r.error().message};
-  st.next_request_id = r.value() + 1;
+  st.next_request_id = std::max(st.next_request_id, r.value() + 1);
   st.request_group[r.value()] = g;
   st.sinks[r.value()] = sink;
   pump(self);
   return {r.value(), -1, {}};
+}
+
+void end_held(self_ptr self, held_submit& h, const std::string& reason, const std::string& error) {
+  h.cancelled = true;
+  token_batch b;
+  b.request_id = h.id;
+  b.session_id = h.msg.spec.session_id;
+  b.finished = true;
+  b.finish_reason = reason;
+  b.error = error;
+  b.usage.prompt_tokens = int64_t(h.msg.spec.prompt.size());
+  if (h.sink) self->send(caf::actor_cast<session_actor>(h.sink), std::move(b));
 }
 
 void add_counters(metrics_snapshot& m, const metrics_snapshot& x) {
@@ -58,6 +70,7 @@ metrics_snapshot sum_metrics(const runtime_state& st) {
     m.ttft_ms.insert(m.ttft_ms.end(), x.ttft_ms.begin(), x.ttft_ms.end());
     m.itl_ms.insert(m.itl_ms.end(), x.itl_ms.begin(), x.itl_ms.end());
   }
+  for (const held_submit& h : st.held) m.requests_waiting += !h.cancelled;  // behind a switch
   return m;
 }
 
@@ -102,17 +115,24 @@ runtime_actor::behavior_type runtime_behavior(self_ptr self, std::shared_ptr<ran
         auto& st = self->state;
         if (st.draining) return submit_reply{0, int32_t(engine_errc::draining), "the engine is draining"};
         if (st.paused) {
-          // the sender first: making the promise moves it out of the current message, and a
-          // held submit without it would run with nowhere to send its tokens
-          caf::strong_actor_ptr sink = self->current_sender();
-          auto rp = self->make_response_promise<submit_reply>();
-          st.held.push_back({std::move(msg), std::move(sink), rp});
-          return rp;
+          // held until the switch is done, but answered now: its caller (an I/O thread, through
+          // its session) goes on, and cancels it by this id as a running one
+          if (msg.expired())
+            return submit_reply{0, int32_t(engine_errc::cancelled), "the request waited longer than its sender would"};
+          if (auto e = st.groups.front()->check(msg.spec)) return submit_reply{0, int32_t(e->code), e->message};
+          const uint64_t id = st.next_request_id++;
+          st.held.push_back({std::move(msg), self->current_sender(), id});
+          return submit_reply{id, -1, {}};
         }
         return do_submit(self, msg, self->current_sender());
       },
       [=](const cancel_request& msg) -> status_reply {
         auto& st = self->state;
+        for (held_submit& h : st.held)
+          if (h.id == msg.request_id && !h.cancelled) {
+            end_held(self, h, "cancelled", {});
+            return {};
+          }
         auto it = st.request_group.find(msg.request_id);
         if (it == st.request_group.end())
           return {int32_t(engine_errc::unknown_request), "request " + std::to_string(msg.request_id) + " is not running"};

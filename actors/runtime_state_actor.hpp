@@ -41,11 +41,13 @@ struct global_step {
   std::string failure;                               ///< first error or fault; empty = fine
 };
 
-/// A submission that arrived while admission was paused.
+/// A submission that arrived while admission was paused: answered at once with the id it will
+/// run under (its caller goes on), admitted when the switch is done.
 struct held_submit {
   submit_request msg;
   caf::strong_actor_ptr sink;
-  caf::typed_response_promise<submit_reply> rp;
+  uint64_t id = 0;
+  bool cancelled = false;  ///< its final batch has gone; it is not admitted
 };
 
 /// A switch's shards, made off the runtime's thread: loading a layout may take long, and the
@@ -135,7 +137,10 @@ void on_layout_built(self_ptr self, uint64_t ticket);
 
 // runtime_actor.cpp
 /// Submits to the routed group and records the sink; answers the submitter (a submit past
-/// its deadline is refused and never runs).
-submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_actor_ptr& sink);
+/// its deadline is refused and never runs). held_id: the id a held submission was given (its
+/// caller has its answer, so no deadline applies).
+submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_actor_ptr& sink, uint64_t held_id = 0);
+/// Ends a held submission with its only batch: finished, with `reason` ("cancelled", "error").
+void end_held(self_ptr self, held_submit& h, const std::string& reason, const std::string& error);
 
 }  // namespace cedar::runtime_detail

@@ -28,7 +28,11 @@ void resume_admission(self_ptr self) {
   st.paused = false;
   std::vector<held_submit> held = std::move(st.held);
   st.held.clear();
-  for (held_submit& h : held) h.rp.deliver(do_submit(self, h.msg, h.sink));
+  for (held_submit& h : held) {
+    if (h.cancelled) continue;
+    const submit_reply r = do_submit(self, h.msg, h.sink, h.id);
+    if (r.error_code >= 0) end_held(self, h, "error", r.error_message);
+  }
   pump(self);
 }
 

@@ -44,7 +44,7 @@ scheduler::scheduler(const model_args& args, const kv_layout& layout, const engi
   lookback_ = args.history_lookback();
 }
 
-outcome<uint64_t> scheduler::submit(request_spec spec) {
+std::optional<engine_error> scheduler::check(const request_spec& spec) const {
   const int64_t n = int64_t(spec.prompt.size());
   if (draining_) return engine_error{engine_errc::draining, "the engine is draining and takes no new requests"};
   if (n == 0) return engine_error{engine_errc::bad_params, "the prompt is empty"};
@@ -85,6 +85,12 @@ outcome<uint64_t> scheduler::submit(request_spec spec) {
                             (by_kv ? std::string("KV budget") : std::string("context")) + " holds at most " +
                             std::to_string(context_tokens_ - 1) + " prompt tokens"};
   }
+  return std::nullopt;
+}
+
+outcome<uint64_t> scheduler::submit(request_spec spec) {
+  if (auto e = check(spec)) return *e;
+  const int64_t n = int64_t(spec.prompt.size());
   const uint64_t id = next_request_id_++;
   request_state r;
   r.id = id;

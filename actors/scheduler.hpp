@@ -29,6 +29,8 @@ class scheduler {
 
   /// Validates and queues a request (spec.prompt = the full prompt). Returns its id.
   outcome<uint64_t> submit(request_spec spec);
+  /// What submit would refuse `spec` for (its checks, without admitting it), or nothing.
+  std::optional<engine_error> check(const request_spec& spec) const;
   /// Cancels a waiting or running request; its KV is freed at the next step boundary and a
   /// final batch with finish_reason "cancelled" is emitted.
   status cancel(uint64_t request_id);
