@@ -26,9 +26,9 @@ inline int64_t steady_now_ms() {
 struct submit_request {
   request_spec spec;
   /// The latest time the request may start, on steady_now_ms()'s clock (0: any time). The sender
-  /// sets it short of its reply timeout. A submit taken up later (it waited in the mailbox
-  /// behind a layout switch or rebuild, or was held by one) is refused and never runs: its
-  /// sender has given up on it and rolled the turn back.
+  /// sets it short of its reply timeout. A submit taken up later (it waited in the mailbox) is
+  /// refused and never runs: its sender has given up on it and rolled the turn back. One held
+  /// by a layout switch is answered when it arrives, so the deadline is checked then.
   int64_t deadline_ms = 0;
   /// Past the deadline: the request must not start.
   bool expired() const { return deadline_ms > 0 && steady_now_ms() > deadline_ms; }

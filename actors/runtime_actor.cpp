@@ -20,7 +20,7 @@ submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_act
   for (const auto& [id, g] : st.request_group) ++load[g];
   const int g = st.router.route(msg.spec.session_id, load);
   st.groups[g]->set_next_request_id(held_id ? held_id : st.next_request_id);
-  auto r = st.groups[g]->submit(std::move(msg.spec));
+  auto r = st.groups[g]->submit(std::move(msg.spec), held_id != 0);
   if (!r) return {0, int32_t(r.error().code), r.error().message};
   st.next_request_id = std::max(st.next_request_id, r.value() + 1);
   st.request_group[r.value()] = g;

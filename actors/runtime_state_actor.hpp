@@ -138,7 +138,7 @@ void on_layout_built(self_ptr self, uint64_t ticket);
 // runtime_actor.cpp
 /// Submits to the routed group and records the sink; answers the submitter (a submit past
 /// its deadline is refused and never runs). held_id: the id a held submission was given (its
-/// caller has its answer, so no deadline applies).
+/// caller has its answer, so neither its deadline nor a drain begun since refuses it).
 submit_reply do_submit(self_ptr self, submit_request& msg, const caf::strong_actor_ptr& sink, uint64_t held_id = 0);
 /// Ends a held submission with its only batch: finished, with `reason` ("cancelled", "error").
 void end_held(self_ptr self, held_submit& h, const std::string& reason, const std::string& error);

@@ -44,9 +44,9 @@ scheduler::scheduler(const model_args& args, const kv_layout& layout, const engi
   lookback_ = args.history_lookback();
 }
 
-std::optional<engine_error> scheduler::check(const request_spec& spec) const {
+std::optional<engine_error> scheduler::check(const request_spec& spec, bool accepted) const {
   const int64_t n = int64_t(spec.prompt.size());
-  if (draining_) return engine_error{engine_errc::draining, "the engine is draining and takes no new requests"};
+  if (draining_ && !accepted) return engine_error{engine_errc::draining, "the engine is draining and takes no new requests"};
   if (n == 0) return engine_error{engine_errc::bad_params, "the prompt is empty"};
   if (spec.min_tokens < 0 || spec.min_tokens > spec.max_tokens)
     return engine_error{engine_errc::bad_params, "min_tokens must be in [0, max_tokens]"};
@@ -88,8 +88,8 @@ std::optional<engine_error> scheduler::check(const request_spec& spec) const {
   return std::nullopt;
 }
 
-outcome<uint64_t> scheduler::submit(request_spec spec) {
-  if (auto e = check(spec)) return *e;
+outcome<uint64_t> scheduler::submit(request_spec spec, bool accepted) {
+  if (auto e = check(spec, accepted)) return *e;
   const int64_t n = int64_t(spec.prompt.size());
   const uint64_t id = next_request_id_++;
   request_state r;

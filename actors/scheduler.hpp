@@ -28,9 +28,11 @@ class scheduler {
   scheduler(const model_args& args, const kv_layout& layout, const engine_options& options);
 
   /// Validates and queues a request (spec.prompt = the full prompt). Returns its id.
-  outcome<uint64_t> submit(request_spec spec);
+  /// accepted: the request was answered before a drain began (a submission held by a layout
+  /// switch), so a drain does not refuse it.
+  outcome<uint64_t> submit(request_spec spec, bool accepted = false);
   /// What submit would refuse `spec` for (its checks, without admitting it), or nothing.
-  std::optional<engine_error> check(const request_spec& spec) const;
+  std::optional<engine_error> check(const request_spec& spec, bool accepted = false) const;
   /// Cancels a waiting or running request; its KV is freed at the next step boundary and a
   /// final batch with finish_reason "cancelled" is emitted.
   status cancel(uint64_t request_id);

@@ -399,6 +399,25 @@ TEST_CASE("runtime: a session that waits 300 ms for an answer gets one mid-build
   CHECK(m.requests_running + m.requests_waiting == 0);
 }
 
+TEST_CASE("runtime: a drain begun while a submission is held lets it run; a later submit is refused") {
+  rig r("tp1", options(), std::make_shared<slow_source>("tp2", 1000));
+  client& c = r.open(0);
+  switch_result sw;
+  std::thread switcher([&] { sw = r.ask<switch_result>(r.rt, switch_layout{"tp2"}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the runtime is building tp2
+  r.turn(c, tokens_for(750, 16), 4);                             // held, and answered
+  CHECK(r.ask<status_reply>(r.rt, drain_atom::value).error_code < 0);
+  request_spec late;
+  late.prompt = tokens_for(751, 8);
+  late.max_tokens = 2;
+  CHECK(r.ask<submit_reply>(r.rt, submit_request{late, 0}).error_code == int32_t(engine_errc::draining));
+  switcher.join();
+  CHECK_MESSAGE(sw.error_code < 0, sw.error_message);
+  REQUIRE(rig::wait(c, 30000));
+  CHECK(c.reasons[0] == "length");  // it was accepted before the drain: it runs whole
+  CHECK(c.turns[0].size() == 4u);
+}
+
 TEST_CASE("runtime: a session closed while its turn waits behind a switch cancels the turn; it never runs") {
   rig r("tp1", options(), std::make_shared<slow_source>("tp2", 1500));
   client& c = r.open(8);
