@@ -109,8 +109,8 @@ using session_actor = caf::typed_actor<
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p, x.seed, x.logprobs,
-           x.allowed, x.frequency_penalty, x.presence_penalty, x.repetition_penalty, x.seen_ids, x.seen_counts, x.prompt_ids, x.bias_ids,
-           x.bias_values);
+           x.allowed, x.frequency_penalty, x.presence_penalty, x.repetition_penalty, x.seen_ids, x.seen_counts,
+           x.prompt_ids, x.bias_ids, x.bias_values);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, grammar_node& x) {

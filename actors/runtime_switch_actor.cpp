@@ -2,8 +2,9 @@
 // at a step boundary with admission paused: the new shards are built by a detached builder
 // (the runtime keeps answering meanwhile: submits are held, cancels, metrics and status
 // answer), then the schedulers are made, every request and cached page chain is re-homed
-// (rehome.hpp), the old shards are stopped, and the held submissions are admitted. A rebuild after a shard failure is a switch to the same
-// layout in which a failed shard's KV counts as lost.
+// (rehome.hpp), the old shards are stopped, and the held submissions are admitted. A rebuild
+// after a shard failure is a switch to the same layout in which a failed shard's KV counts as
+// lost.
 #include <algorithm>
 #include <stdexcept>
 

@@ -46,7 +46,8 @@ scheduler::scheduler(const model_args& args, const kv_layout& layout, const engi
 
 std::optional<engine_error> scheduler::check(const request_spec& spec, bool accepted) const {
   const int64_t n = int64_t(spec.prompt.size());
-  if (draining_ && !accepted) return engine_error{engine_errc::draining, "the engine is draining and takes no new requests"};
+  if (draining_ && !accepted)
+    return engine_error{engine_errc::draining, "the engine is draining and takes no new requests"};
   if (n == 0) return engine_error{engine_errc::bad_params, "the prompt is empty"};
   if (spec.min_tokens < 0 || spec.min_tokens > spec.max_tokens)
     return engine_error{engine_errc::bad_params, "min_tokens must be in [0, max_tokens]"};

@@ -146,7 +146,6 @@ void truncate_to_window(const server_state& state, const responses_request& req,
   prompt = render_responses(state, req, conversation);
 }
 
-
 /// The value of `name` in a URL query ("a=1&b=2"), percent-decoded; nullopt when absent.
 std::optional<std::string> query_value(std::string_view query, std::string_view name) {
   while (!query.empty()) {
