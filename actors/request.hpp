@@ -41,6 +41,8 @@ struct request_state {
   bool lead_done = false;
   /// With a frequency, presence or repetition penalty: each completion token and how often it came.
   std::unordered_map<int32_t, int32_t> seen;
+  /// With a repetition penalty: the prompt's distinct ids, ascending (sent with sampling steps only).
+  std::vector<int32_t> prompt_ids;
   steady_time submit_time{};
   steady_time last_token_time{};
 

@@ -99,8 +99,9 @@ outcome<uint64_t> scheduler::submit(request_spec spec, bool accepted) {
   r.prompt_len = n;
   r.spec = std::move(spec);
   r.spec.prompt.clear();  // kept once, in tokens
+  r.spec.sampling.prompt_ids.clear();  // the request's own, below: not copied into every step
   if (r.spec.sampling.repetition_penalty != 1.f) {
-    auto& ids = r.spec.sampling.prompt_ids;
+    auto& ids = r.prompt_ids;
     ids = r.tokens;
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());

@@ -165,6 +165,7 @@ step_item scheduler::make_item(request_state& r, int64_t num_tokens) {
     if (it.sample && (r.matcher || r.in_lead() || too_soon || !r.spec.banned_ids.empty()))
       it.sampling.allowed = allowed_tokens(r);
     if (it.sample) {
+      it.sampling.prompt_ids = r.prompt_ids;
       for (const auto& [id, count] : r.seen) {
         it.sampling.seen_ids.push_back(id);
         it.sampling.seen_counts.push_back(count);
